@@ -1,0 +1,52 @@
+# Obtain the pinned, patched llama.cpp tree (tools/fetch_llama.py) and add its libraries.
+# Nothing of upstream is committed; see vendor/llama.cpp/PIN and patches/README.md.
+execute_process(
+    COMMAND ${Python_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/fetch_llama.py
+    RESULT_VARIABLE fetch_result
+    OUTPUT_VARIABLE LLAMA_CPP_TREE
+    OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT fetch_result EQUAL 0)
+    message(FATAL_ERROR "Could not prepare the pinned llama.cpp source (see the error above).")
+endif()
+message(STATUS "pyllamaopt: llama.cpp tree ${LLAMA_CPP_TREE}")
+
+# Reconfigure when the pin or a patch changes.
+file(GLOB LLAMA_OPT_PATCHES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/patches/*.patch)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+    ${PROJECT_SOURCE_DIR}/vendor/llama.cpp/PIN ${LLAMA_OPT_PATCHES})
+
+function(llama_opt_pin_value key out)
+    file(STRINGS ${PROJECT_SOURCE_DIR}/vendor/llama.cpp/PIN line REGEX "^${key} *=")
+    string(REGEX REPLACE "^${key} *= *" "" value "${line}")
+    set(${out} "${value}" PARENT_SCOPE)
+endfunction()
+llama_opt_pin_value(upstream_build LLAMA_BUILD_NUMBER)
+llama_opt_pin_value(upstream_commit LLAMA_BUILD_COMMIT)
+
+# Only the libraries, statically, into our one extension module.
+set(BUILD_SHARED_LIBS     OFF CACHE BOOL "" FORCE)
+set(LLAMA_BUILD_COMMON    OFF CACHE BOOL "" FORCE)
+set(LLAMA_BUILD_TESTS     OFF CACHE BOOL "" FORCE)
+set(LLAMA_BUILD_TOOLS     OFF CACHE BOOL "" FORCE)
+set(LLAMA_BUILD_EXAMPLES  OFF CACHE BOOL "" FORCE)
+set(LLAMA_BUILD_SERVER    OFF CACHE BOOL "" FORCE)
+set(LLAMA_BUILD_APP       OFF CACHE BOOL "" FORCE)
+set(LLAMA_CURL            OFF CACHE BOOL "" FORCE)
+set(LLAMA_OPENSSL         OFF CACHE BOOL "" FORCE)
+set(GGML_BUILD_TESTS      OFF CACHE BOOL "" FORCE)
+set(GGML_BUILD_EXAMPLES   OFF CACHE BOOL "" FORCE)
+add_subdirectory(${LLAMA_CPP_TREE} llama.cpp EXCLUDE_FROM_ALL)
+
+# -march=native turns on AMX on these machines, and AMX instructions die with SIGILL
+# (tinygemm_kernel_amx). Keep every other native extension (AVX-512 matters for prefill).
+# Portable builds: CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON ...", as for llama-cpp-python.
+option(LLAMA_OPT_NO_AMX "compile ggml without AMX instructions" ON)
+if(LLAMA_OPT_NO_AMX AND TARGET ggml-cpu AND CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
+    include(CheckCCompilerFlag)
+    check_c_compiler_flag(-mno-amx-tile LLAMA_OPT_HAS_MNO_AMX)
+    if(LLAMA_OPT_HAS_MNO_AMX)
+        # appended after ggml's own -march=native, so these win
+        target_compile_options(ggml-cpu PRIVATE -mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
+        message(STATUS "pyllamaopt: ggml-cpu built without AMX")
+    endif()
+endif()

@@ -1,0 +1,22 @@
+#pragma once
+
+// One register_<thing> per bound class; module.cpp calls them in order.
+
+#include <pybind11/pybind11.h>
+
+#include <string>
+
+namespace py = pybind11;
+
+void register_errors(py::module_ & m);
+void register_config(py::module_ & m);
+void register_stats(py::module_ & m);
+void register_hash(py::module_ & m);
+void register_model(py::module_ & m);
+void register_context(py::module_ & m);
+void register_session(py::module_ & m);
+
+// Text from llama.cpp may end inside a UTF-8 sequence; never fail on it.
+inline py::str decode_utf8(const std::string & s) {
+    return py::reinterpret_steal<py::str>(PyUnicode_DecodeUTF8(s.data(), (Py_ssize_t) s.size(), "replace"));
+}

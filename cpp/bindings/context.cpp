@@ -1,0 +1,33 @@
+// Context (llama_opt_context).
+
+#include "bindings.h"
+
+#include "llama-opt-context.h"
+#include "llama-opt-session.h"
+
+void register_context(py::module_ & m) {
+    py::class_<llama_opt_context, std::shared_ptr<llama_opt_context>>(m, "Context", "A llama context with sessions (see pyllamaopt.Context).")
+        .def(py::init([](std::shared_ptr<llama_opt_model> model, const llama_opt_settings & settings, uint32_t n_ctx,
+                         uint32_t n_batch, uint32_t n_seq_max, int32_t n_threads, int32_t n_threads_batch, bool flash_attn,
+                         bool swa_full) {
+                 llama_opt_context_params p;
+                 p.n_ctx = n_ctx;
+                 p.n_batch = n_batch;
+                 p.n_seq_max = n_seq_max;
+                 p.n_threads = n_threads;
+                 p.n_threads_batch = n_threads_batch;
+                 p.flash_attn = flash_attn;
+                 p.swa_full = swa_full;
+                 py::gil_scoped_release nogil;
+                 return std::make_shared<llama_opt_context>(std::move(model), p, settings);
+             }), py::arg("model"), py::arg("settings"), py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_seq_max"),
+             py::arg("n_threads"), py::arg("n_threads_batch"), py::arg("flash_attn"), py::arg("swa_full"))
+        .def("open_session", &llama_opt_context::open_session)
+        .def("close", &llama_opt_context::close, py::call_guard<py::gil_scoped_release>())
+        .def("stats", &llama_opt_context::stats)
+        .def("reset_stats", &llama_opt_context::reset_stats)
+        .def_property_readonly("closed", &llama_opt_context::closed)
+        .def_property_readonly("n_ctx", &llama_opt_context::n_ctx)
+        .def_property_readonly("n_sessions", &llama_opt_context::n_sessions)
+        .def_property_readonly("settings", &llama_opt_context::settings);
+}

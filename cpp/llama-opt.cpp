@@ -1,0 +1,383 @@
+#include "llama-opt.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#if !defined(LLAMA_OPT_DEDUP) || !defined(LLAMA_OPT_H2O)
+#error "compile with the LLAMA_OPT_* definitions of cmake/llama-opt-options.cmake"
+#endif
+
+extern char ** environ;
+
+//
+// features
+//
+
+const std::vector<llama_opt_feature> & llama_opt_features() {
+    // `implemented` turns true in the change that lands the feature's code path.
+    static const std::vector<llama_opt_feature> features = {
+        { "dedup",       "LLAMA_OPT_DEDUP",       "dedup_enabled",       1, LLAMA_OPT_DEDUP != 0,       false },
+        { "kv_diff",     "LLAMA_OPT_KV_DIFF",     "diff_enabled",        1, LLAMA_OPT_KV_DIFF != 0,     false },
+        { "schema_skip", "LLAMA_OPT_SCHEMA_SKIP", "schema_skip_enabled", 1, LLAMA_OPT_SCHEMA_SKIP != 0, false },
+        { "kv_canon",    "LLAMA_OPT_KV_CANON",    "canon_enabled",       1, LLAMA_OPT_KV_CANON != 0,    false },
+        { "precompute",  "LLAMA_OPT_PRECOMPUTE",  "precompute_enabled",  1, LLAMA_OPT_PRECOMPUTE != 0,  false },
+        { "kv_persist",  "LLAMA_OPT_KV_PERSIST",  "persist_enabled",     1, LLAMA_OPT_KV_PERSIST != 0,  false },
+        { "memo",        "LLAMA_OPT_MEMO",        "memo_enabled",        1, LLAMA_OPT_MEMO != 0,        false },
+        { "attn_prune",  "LLAMA_OPT_ATTN_PRUNE",  "attn_prune_enabled",  2, LLAMA_OPT_ATTN_PRUNE != 0,  false },
+        { "sparse_attn", "LLAMA_OPT_SPARSE_ATTN", "sparse_attn_enabled", 2, LLAMA_OPT_SPARSE_ATTN != 0, false },
+        { "act_dedup",   "LLAMA_OPT_ACT_DEDUP",   "act_dedup_enabled",   1, LLAMA_OPT_ACT_DEDUP != 0,   false },
+        { "noop",        "LLAMA_OPT_NOOP",        "noop_enabled",        1, LLAMA_OPT_NOOP != 0,        false },
+        { "algebraic",   "LLAMA_OPT_ALGEBRAIC",   "algebraic_enabled",   1, LLAMA_OPT_ALGEBRAIC != 0,   false },
+        { "h2o",         "LLAMA_OPT_H2O",         "h2o_enabled",         2, LLAMA_OPT_H2O != 0,         false },
+    };
+    return features;
+}
+
+static const llama_opt_feature * feature_for_field(const std::string & field) {
+    for (const auto & f : llama_opt_features()) {
+        if (field == f.enabled_field) {
+            return &f;
+        }
+    }
+    return nullptr;
+}
+
+//
+// configuration
+//
+
+llama_opt_config llama_opt_config_default() {
+    llama_opt_config c;
+    c.dedup_enabled       = LLAMA_OPT_DEDUP != 0;
+    c.diff_enabled        = LLAMA_OPT_KV_DIFF != 0;
+    c.schema_skip_enabled = LLAMA_OPT_SCHEMA_SKIP != 0;
+    c.canon_enabled       = LLAMA_OPT_KV_CANON != 0;
+    c.precompute_enabled  = LLAMA_OPT_PRECOMPUTE != 0;
+    c.persist_enabled     = false;  // runtime default off, as the specification says
+    c.memo_enabled        = LLAMA_OPT_MEMO != 0;
+    c.noop_enabled        = LLAMA_OPT_NOOP != 0;
+    // Tier 2 and speculative Phase-5 features stay off even when compiled in.
+    return c;
+}
+
+#define OPT_BOOL(name, env, help) \
+    { #name, env, llama_opt_value_kind::boolean, 0, 1, help, &llama_opt_config::name, nullptr, nullptr, nullptr }
+#define OPT_UINT(name, env, lo, hi, help) \
+    { #name, env, llama_opt_value_kind::uint, lo, hi, help, nullptr, &llama_opt_config::name, nullptr, nullptr }
+#define OPT_REAL(name, env, lo, hi, help) \
+    { #name, env, llama_opt_value_kind::real, lo, hi, help, nullptr, nullptr, &llama_opt_config::name, nullptr }
+#define OPT_TEXT(name, env, help) \
+    { #name, env, llama_opt_value_kind::text, 0, 0, help, nullptr, nullptr, nullptr, &llama_opt_config::name }
+
+const std::vector<llama_opt_field> & llama_opt_fields() {
+    static const std::vector<llama_opt_field> fields = {
+        OPT_UINT(block_size,                 "LLAMA_OPT_BLOCK_SIZE",           1, 65536,      "tokens per hashed block"),
+        OPT_BOOL(dedup_enabled,              "LLAMA_OPT_DEDUP_ENABLED",                        "context block deduplication"),
+        OPT_UINT(dedup_pool_max,             "LLAMA_OPT_DEDUP_POOL_MAX",       1, 1u << 30,   "max blocks in the dedup pool"),
+        OPT_BOOL(diff_enabled,               "LLAMA_OPT_DIFF_ENABLED",                         "structural KV cache diffing"),
+        OPT_UINT(diff_min_unchanged,         "LLAMA_OPT_DIFF_MIN_UNCHANGED",   1, 1u << 30,   "min unchanged span worth keeping"),
+        OPT_BOOL(schema_skip_enabled,        "LLAMA_OPT_SCHEMA_SKIP_ENABLED",                  "schema-aware token skipping"),
+        OPT_BOOL(canon_enabled,              "LLAMA_OPT_CANON_ENABLED",                        "KV cache canonicalization"),
+        OPT_BOOL(precompute_enabled,         "LLAMA_OPT_PRECOMPUTE_ENABLED",                   "deterministic precomputation"),
+        OPT_UINT(precompute_rope_max,        "LLAMA_OPT_PRECOMPUTE_ROPE_MAX",  1, 1u << 30,   "max RoPE cache entries"),
+        OPT_BOOL(persist_enabled,            "LLAMA_OPT_PERSIST_ENABLED",                      "persistent KV cache on disk"),
+        OPT_TEXT(persist_dir,                "LLAMA_OPT_PERSIST_DIR",                          "directory of the persistent KV cache"),
+        OPT_BOOL(memo_enabled,               "LLAMA_OPT_MEMO_ENABLED",                         "token-level output memoization"),
+        OPT_UINT(memo_trie_max,              "LLAMA_OPT_MEMO_TRIE_MAX",        1, 1u << 30,   "max memoization trie nodes"),
+        OPT_BOOL(attn_prune_enabled,         "LLAMA_OPT_ATTN_PRUNE_ENABLED",                   "attention sink pruning (Tier 2)"),
+        OPT_UINT(attn_prune_window,          "LLAMA_OPT_ATTN_PRUNE_WINDOW",    1, 1u << 20,   "turns of inactivity before eviction"),
+        OPT_REAL(attn_prune_threshold,       "LLAMA_OPT_ATTN_PRUNE_THRESHOLD", 0, 1,          "attention weight threshold"),
+        OPT_BOOL(sparse_attn_enabled,        "LLAMA_OPT_SPARSE_ATTN_ENABLED",                  "sparse attention over tool results (Tier 2)"),
+        OPT_REAL(sparse_relevance_threshold, "LLAMA_OPT_SPARSE_ATTN_THRESHOLD", 0, 1,         "min relevance score of a span"),
+        OPT_BOOL(act_dedup_enabled,          "LLAMA_OPT_ACT_DEDUP_ENABLED",                    "activation deduplication (CSE)"),
+        OPT_BOOL(noop_enabled,               "LLAMA_OPT_NOOP_ENABLED",                         "no-op detection and elision"),
+        OPT_BOOL(algebraic_enabled,          "LLAMA_OPT_ALGEBRAIC_ENABLED",                    "exact algebraic rewriting"),
+        OPT_BOOL(h2o_enabled,                "LLAMA_OPT_H2O_ENABLED",                          "H2O heavy-hitter attention (Tier 2)"),
+        OPT_UINT(h2o_local_window,           "LLAMA_OPT_H2O_LOCAL_WINDOW",     1, 1u << 24,   "H2O recent-token window"),
+        OPT_UINT(h2o_heavy_budget,           "LLAMA_OPT_H2O_HEAVY_BUDGET",     0, 1u << 24,   "H2O heavy-hitter budget"),
+        OPT_BOOL(stats_enabled,              "LLAMA_OPT_STATS",                                "print per-turn statistics to stderr"),
+    };
+    return fields;
+}
+
+#undef OPT_BOOL
+#undef OPT_UINT
+#undef OPT_REAL
+#undef OPT_TEXT
+
+const llama_opt_field * llama_opt_find_field(const std::string & name) {
+    for (const auto & f : llama_opt_fields()) {
+        if (name == f.name) {
+            return &f;
+        }
+    }
+    return nullptr;
+}
+
+const char * llama_opt_source_name(llama_opt_source source) {
+    switch (source) {
+        case llama_opt_source::default_value: return "default";
+        case llama_opt_source::environment:   return "environment";
+        case llama_opt_source::argument:      return "argument";
+    }
+    return "?";
+}
+
+static std::string lower(std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return (char) std::tolower(c); });
+    return s;
+}
+
+static std::string trim(const std::string & s) {
+    const auto b = s.find_first_not_of(" \t\r\n");
+    const auto e = s.find_last_not_of(" \t\r\n");
+    return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+static std::string format_real(double v) {
+    char buf[64];
+    snprintf(buf, sizeof(buf), "%.9g", v);
+    return buf;
+}
+
+// "LLAMA_OPT_BLOCK_SIZE=abc" for environment values, "block_size='abc'" for arguments.
+static std::string describe(const llama_opt_field & f, const std::string & text, llama_opt_source src) {
+    if (src == llama_opt_source::environment) {
+        return std::string(f.env) + "=" + text;
+    }
+    return std::string(f.name) + "='" + text + "'";
+}
+
+static bool parse_bool(const std::string & text, bool & out) {
+    const std::string t = lower(trim(text));
+    if (t == "1" || t == "true" || t == "yes" || t == "on") {
+        out = true;
+        return true;
+    }
+    if (t == "0" || t == "false" || t == "no" || t == "off") {
+        out = false;
+        return true;
+    }
+    return false;
+}
+
+void llama_opt_settings::set(const std::string & name, const std::string & text, llama_opt_source src) {
+    const llama_opt_field * f = llama_opt_find_field(name);
+    if (!f) {
+        throw llama_opt_error(llama_opt_errc::config, "unknown configuration option '" + name + "'", name);
+    }
+    const std::string who = src == llama_opt_source::environment ? f->env : f->name;
+    const std::string t   = trim(text);
+    auto fail = [&](const std::string & why) {
+        throw llama_opt_error(llama_opt_errc::config, describe(*f, text, src) + ": " + why, who);
+    };
+    auto check_range = [&](double v) {
+        if (!(v >= f->min && v <= f->max)) {  // also rejects NaN
+            fail("must be between " + format_real(f->min) + " and " + format_real(f->max));
+        }
+    };
+
+    switch (f->kind) {
+        case llama_opt_value_kind::boolean: {
+            bool v = false;
+            if (!parse_bool(t, v)) {
+                fail("expected 1/0, true/false, yes/no or on/off");
+            }
+            const llama_opt_feature * feature = feature_for_field(f->name);
+            if (v && feature && !feature->compiled) {
+                throw llama_opt_error(llama_opt_errc::feature_unavailable,
+                    describe(*f, text, src) + ": this build compiled the feature out (" +
+                    feature->cmake_switch + "=OFF); reinstall with CMAKE_ARGS=\"-D" +
+                    feature->cmake_switch + "=ON\" to use it", who);
+            }
+            config.*(f->as_bool) = v;
+            break;
+        }
+        case llama_opt_value_kind::uint: {
+            if (t.empty() || t.find_first_not_of("0123456789") != std::string::npos) {
+                fail("expected a whole number");
+            }
+            errno = 0;
+            const unsigned long long v = std::strtoull(t.c_str(), nullptr, 10);
+            if (errno == ERANGE) {
+                fail("number too large");
+            }
+            check_range((double) v);
+            config.*(f->as_uint) = (uint32_t) v;
+            break;
+        }
+        case llama_opt_value_kind::real: {
+            char * end = nullptr;
+            errno = 0;
+            const double v = t.empty() ? NAN : std::strtod(t.c_str(), &end);
+            if (t.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v)) {
+                fail("expected a number");
+            }
+            check_range(v);
+            config.*(f->as_real) = (float) v;
+            break;
+        }
+        case llama_opt_value_kind::text:
+            config.*(f->as_text) = text;
+            break;
+    }
+    source[f->name] = src;
+}
+
+std::string llama_opt_settings::get(const std::string & name) const {
+    const llama_opt_field * f = llama_opt_find_field(name);
+    if (!f) {
+        throw llama_opt_error(llama_opt_errc::config, "unknown configuration option '" + name + "'", name);
+    }
+    switch (f->kind) {
+        case llama_opt_value_kind::boolean: return config.*(f->as_bool) ? "1" : "0";
+        case llama_opt_value_kind::uint:    return std::to_string(config.*(f->as_uint));
+        case llama_opt_value_kind::real:    return format_real(config.*(f->as_real));
+        case llama_opt_value_kind::text:    return config.*(f->as_text);
+    }
+    return "";
+}
+
+llama_opt_source llama_opt_settings::source_of(const std::string & name) const {
+    const auto it = source.find(name);
+    return it == source.end() ? llama_opt_source::default_value : it->second;
+}
+
+static size_t edit_distance(const std::string & a, const std::string & b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) {
+        row[j] = j;
+    }
+    for (size_t i = 1; i <= a.size(); ++i) {
+        size_t diag = row[0];
+        row[0]      = i;
+        for (size_t j = 1; j <= b.size(); ++j) {
+            const size_t up = row[j];
+            row[j] = std::min({ row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1) });
+            diag   = up;
+        }
+    }
+    return row[b.size()];
+}
+
+std::vector<std::string> llama_opt_env_names() {
+    std::vector<std::string> names;
+    for (const auto & f : llama_opt_fields()) {
+        names.push_back(f.env);
+    }
+    return names;
+}
+
+llama_opt_settings llama_opt_settings::from_env(const std::map<std::string, std::string> & env,
+                                                const std::vector<std::string> & other_names) {
+    static const std::string prefix = "LLAMA_OPT_";
+    llama_opt_settings settings;
+    std::vector<std::string> known = llama_opt_env_names();
+    known.insert(known.end(), other_names.begin(), other_names.end());
+
+    for (const auto & kv : env) {
+        const std::string & name = kv.first;
+        if (name.compare(0, prefix.size(), prefix) != 0) {
+            continue;
+        }
+        const llama_opt_field * field = nullptr;
+        for (const auto & f : llama_opt_fields()) {
+            if (name == f.env) {
+                field = &f;
+            }
+        }
+        if (field) {
+            settings.set(field->name, kv.second, llama_opt_source::environment);
+            continue;
+        }
+        if (std::find(other_names.begin(), other_names.end(), name) != other_names.end()) {
+            continue;
+        }
+        const auto closest = std::min_element(known.begin(), known.end(), [&](const std::string & a, const std::string & b) {
+            return edit_distance(name, a) < edit_distance(name, b);
+        });
+        std::string message = "unknown variable " + name + " in the environment";
+        if (edit_distance(name, *closest) <= 4) {
+            message += "; did you mean " + *closest + "?";
+        }
+        message += " (`pyllamaopt config --list` shows every variable; unset it to continue)";
+        throw llama_opt_error(llama_opt_errc::config, message, name);
+    }
+    return settings;
+}
+
+std::map<std::string, std::string> llama_opt_environ() {
+    std::map<std::string, std::string> env;
+    for (char ** e = environ; e && *e; ++e) {
+        const std::string entry = *e;
+        const auto eq = entry.find('=');
+        if (eq != std::string::npos) {
+            env[entry.substr(0, eq)] = entry.substr(eq + 1);
+        }
+    }
+    return env;
+}
+
+//
+// statistics
+//
+
+#define STAT(name) { #name, &llama_opt_stats::name }
+
+const std::vector<llama_opt_stats_field> & llama_opt_stats_fields() {
+    static const std::vector<llama_opt_stats_field> fields = {
+        STAT(dedup_blocks_total), STAT(dedup_blocks_hit), STAT(dedup_tokens_saved),
+        STAT(diff_tokens_total), STAT(diff_tokens_unchanged), STAT(diff_tokens_recomputed),
+        STAT(schema_tokens_total), STAT(schema_tokens_skipped), STAT(schema_tokens_inferred),
+        STAT(canon_entries_total), STAT(canon_entries_deduped), STAT(canon_bytes_saved),
+        STAT(precompute_rope_hits), STAT(precompute_norm_hits), STAT(precompute_mask_hits),
+        STAT(persist_loads), STAT(persist_saves), STAT(persist_tokens_restored),
+        STAT(memo_lookups), STAT(memo_hits), STAT(memo_tokens_skipped),
+        STAT(attn_blocks_pruned), STAT(attn_tokens_pruned),
+        STAT(act_lookups), STAT(act_hits),
+        STAT(noop_ops_elided),
+        STAT(tokens_prefilled), STAT(tokens_decoded), STAT(tokens_generated), STAT(forward_passes),
+    };
+    return fields;
+}
+
+#undef STAT
+
+llama_opt_stats & llama_opt_stats::operator+=(const llama_opt_stats & other) {
+    for (const auto & f : llama_opt_stats_fields()) {
+        this->*(f.member) += other.*(f.member);
+    }
+    return *this;
+}
+
+llama_opt_stats llama_opt_stats::operator-(const llama_opt_stats & other) const {
+    llama_opt_stats d = *this;
+    for (const auto & f : llama_opt_stats_fields()) {
+        d.*(f.member) -= other.*(f.member);
+    }
+    return d;
+}
+
+std::string llama_opt_stats::to_string() const {
+    // Fields are grouped by their prefix ("dedup", "diff", ...), one line per group.
+    std::ostringstream out;
+    std::string group;
+    for (const auto & f : llama_opt_stats_fields()) {
+        const std::string name = f.name;
+        const std::string g    = name.substr(0, name.find('_'));
+        if (g != group) {
+            out << (group.empty() ? "" : "\n") << g << ":";
+            group = g;
+        }
+        out << " " << name.substr(g.size() + 1) << "=" << this->*(f.member);
+    }
+    return out.str();
+}
+
+void llama_opt_stats::print() const {
+    fprintf(stderr, "[llama-opt stats]\n%s\n", to_string().c_str());
+}

@@ -1,0 +1,209 @@
+#pragma once
+
+// llama-opt: configuration, statistics and errors of the optimization layer.
+// Plain C++17 with no dependency on llama.cpp, so it is unit-testable on its own.
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+typedef int32_t llama_token;  // same typedef as llama.h (a redeclaration is legal C++)
+typedef int32_t llama_pos;
+
+//
+// errors
+//
+
+// What went wrong, so that the Python layer can raise a specific exception type.
+enum class llama_opt_errc {
+    config,               // malformed LLAMA_OPT_* value or option
+    feature_unavailable,  // asked for a feature that this build compiled out
+    model_load,           // missing, unreadable or invalid model file
+    invalid_token,        // token id outside the vocabulary
+    context_overflow,     // history would not fit the context
+    session_closed,       // use of a closed session
+    decode_failed,        // llama_decode failed for another reason
+    invalid_argument,     // any other bad argument
+};
+
+struct llama_opt_error : std::runtime_error {
+    llama_opt_errc code;
+    std::string    variable;  // the LLAMA_OPT_* variable or option at fault, if any
+
+    llama_opt_error(llama_opt_errc code, const std::string & message, std::string variable = "")
+        : std::runtime_error(message), code(code), variable(std::move(variable)) {}
+};
+
+//
+// features
+//
+
+struct llama_opt_feature {
+    const char * name;           // "dedup"
+    const char * cmake_switch;   // "LLAMA_OPT_DEDUP"
+    const char * enabled_field;  // "dedup_enabled" (config field that turns it on at runtime)
+    int          tier;           // 1 = exact, 2 = approximate
+    bool         compiled;       // compiled into this build
+    bool         implemented;    // has a working code path in this version
+};
+
+const std::vector<llama_opt_feature> & llama_opt_features();
+
+//
+// configuration
+//
+
+struct llama_opt_config {
+    uint32_t block_size = 64;  // tokens per hashed block
+
+    bool     dedup_enabled  = false;  // compile-time defaults are set in llama_opt_config_default()
+    uint32_t dedup_pool_max = 16384;
+
+    bool     diff_enabled       = false;
+    uint32_t diff_min_unchanged = 8;
+
+    bool schema_skip_enabled = false;
+    bool canon_enabled       = false;
+
+    bool     precompute_enabled  = false;
+    uint32_t precompute_rope_max = 131072;
+
+    bool        persist_enabled = false;
+    std::string persist_dir;
+
+    bool     memo_enabled  = false;
+    uint32_t memo_trie_max = 65536;
+
+    bool     attn_prune_enabled   = false;
+    uint32_t attn_prune_window    = 10;
+    float    attn_prune_threshold = 0.001f;
+
+    bool  sparse_attn_enabled        = false;
+    float sparse_relevance_threshold = 0.1f;
+
+    bool act_dedup_enabled = false;
+    bool noop_enabled      = false;
+    bool algebraic_enabled = false;
+
+    bool     h2o_enabled      = false;
+    uint32_t h2o_local_window = 256;  // recent tokens always attended
+    uint32_t h2o_heavy_budget = 256;  // heavy-hitter tokens kept beyond the window
+
+    bool stats_enabled = false;  // print per-turn statistics to stderr
+};
+
+// The compile-time defaults: the specification's defaults, minus compiled-out features.
+llama_opt_config llama_opt_config_default();
+
+enum class llama_opt_value_kind { boolean, uint, real, text };
+
+// One configurable value: its name, environment variable, type and limits.
+struct llama_opt_field {
+    const char *         name;     // "block_size"
+    const char *         env;      // "LLAMA_OPT_BLOCK_SIZE"
+    llama_opt_value_kind kind;
+    double               min;      // inclusive limits for numbers
+    double               max;
+    const char *         help;
+
+    bool        llama_opt_config::* as_bool;
+    uint32_t    llama_opt_config::* as_uint;
+    float       llama_opt_config::* as_real;
+    std::string llama_opt_config::* as_text;
+};
+
+const std::vector<llama_opt_field> & llama_opt_fields();
+const llama_opt_field * llama_opt_find_field(const std::string & name);
+
+enum class llama_opt_source { default_value, environment, argument };
+const char * llama_opt_source_name(llama_opt_source source);
+
+// The effective configuration and where each value came from:
+// compile-time default -> LLAMA_OPT_* environment -> explicit arguments.
+struct llama_opt_settings {
+    llama_opt_config                          config = llama_opt_config_default();
+    std::map<std::string, llama_opt_source>   source;  // by field name; absent = default
+
+    // Applies every LLAMA_OPT_* variable of `env`. A variable that is neither a field's nor
+    // listed in `other_names` is an error (with the closest known name as a suggestion).
+    static llama_opt_settings from_env(const std::map<std::string, std::string> & env,
+                                       const std::vector<std::string> & other_names = {});
+
+    // Parses `text` for field `name` and records its source. Throws llama_opt_error.
+    void set(const std::string & name, const std::string & text, llama_opt_source src);
+
+    std::string get(const std::string & name) const;  // the value as text
+    llama_opt_source source_of(const std::string & name) const;
+};
+
+// The process environment as a map (for from_env).
+std::map<std::string, std::string> llama_opt_environ();
+
+// Every known variable name (fields' variables), for help texts and typo suggestions.
+std::vector<std::string> llama_opt_env_names();
+
+//
+// statistics
+//
+
+struct llama_opt_stats {
+    // Phase 1 - context block dedup
+    uint64_t dedup_blocks_total   = 0;
+    uint64_t dedup_blocks_hit     = 0;
+    uint64_t dedup_tokens_saved   = 0;
+    // Phase 1 - KV cache diffing
+    uint64_t diff_tokens_total      = 0;
+    uint64_t diff_tokens_unchanged  = 0;
+    uint64_t diff_tokens_recomputed = 0;
+    // Phase 1 - schema-aware skipping
+    uint64_t schema_tokens_total    = 0;
+    uint64_t schema_tokens_skipped  = 0;
+    uint64_t schema_tokens_inferred = 0;
+    // Phase 2 - KV canonicalization
+    uint64_t canon_entries_total   = 0;
+    uint64_t canon_entries_deduped = 0;
+    uint64_t canon_bytes_saved     = 0;
+    // Phase 2 - precomputation
+    uint64_t precompute_rope_hits = 0;
+    uint64_t precompute_norm_hits = 0;
+    uint64_t precompute_mask_hits = 0;
+    // Phase 2 - persistent KV
+    uint64_t persist_loads           = 0;
+    uint64_t persist_saves           = 0;
+    uint64_t persist_tokens_restored = 0;
+    // Phase 3 - output memoization
+    uint64_t memo_lookups        = 0;
+    uint64_t memo_hits           = 0;
+    uint64_t memo_tokens_skipped = 0;
+    // Phase 4 - attention pruning
+    uint64_t attn_blocks_pruned = 0;
+    uint64_t attn_tokens_pruned = 0;
+    // Phase 5 - activation dedup
+    uint64_t act_lookups = 0;
+    uint64_t act_hits    = 0;
+    // Phase 5 - no-op elision
+    uint64_t noop_ops_elided = 0;
+
+    // Work counters of the engine (what the optimizations save is measured against these)
+    uint64_t tokens_prefilled = 0;  // tokens whose KV was computed by append (prompt batches)
+    uint64_t tokens_decoded   = 0;  // tokens whose KV was computed by generation steps
+    uint64_t tokens_generated = 0;  // tokens sampled
+    uint64_t forward_passes   = 0;  // llama_decode calls (one ubatch each)
+
+    void reset() { *this = llama_opt_stats(); }
+
+    llama_opt_stats & operator+=(const llama_opt_stats & other);
+    llama_opt_stats   operator-(const llama_opt_stats & other) const;
+
+    std::string to_string() const;  // human-readable, one group per line
+    void        print() const;      // to_string() to stderr
+};
+
+struct llama_opt_stats_field {
+    const char *              name;
+    uint64_t llama_opt_stats::* member;
+};
+
+const std::vector<llama_opt_stats_field> & llama_opt_stats_fields();

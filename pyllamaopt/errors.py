@@ -1,0 +1,52 @@
+"""Exceptions of pyllamaopt. Catch PyllamaoptError for all of them.
+
+The engine (C++) raises these same classes; each has a ``variable`` attribute naming the
+option or LLAMA_OPT_* variable at fault, when there is one.
+"""
+from __future__ import annotations
+
+
+class PyllamaoptError(Exception):
+    """Base class of every pyllamaopt error."""
+
+    variable: str | None = None
+
+
+class ConfigError(PyllamaoptError, ValueError):
+    """A malformed LLAMA_OPT_* variable or configuration argument."""
+
+
+class FeatureUnavailableError(ConfigError):
+    """An optimization was asked for that this build compiled out."""
+
+
+class InvalidArgumentError(PyllamaoptError, ValueError):
+    """An argument outside its valid range."""
+
+
+class ModelLoadError(PyllamaoptError):
+    """The model file is missing, unreadable, not GGUF, or rejected by llama.cpp."""
+
+
+class ModelNotFoundError(ModelLoadError):
+    """A model name could not be resolved (package not installed, not in the hub cache...)."""
+
+
+class InvalidTokenError(PyllamaoptError, ValueError):
+    """A token id outside the model's vocabulary."""
+
+
+class ContextOverflowError(PyllamaoptError):
+    """The tokens would not fit the context (or the KV cache is full)."""
+
+
+class SessionClosedError(PyllamaoptError):
+    """Use of a session (or context) after close()."""
+
+
+class DecodeError(PyllamaoptError):
+    """llama.cpp failed to evaluate a batch."""
+
+
+class ChatTemplateError(PyllamaoptError):
+    """The chat template is missing or failed to render."""
