@@ -116,6 +116,12 @@ void llama_opt_context::count(llama_opt_stats & session_stats, uint64_t llama_op
     stats_.*counter += n;
 }
 
+void llama_opt_context::forget(int32_t seq, size_t from) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    check_open();
+    llama_memory_seq_rm(llama_get_memory(ctx_), seq, (llama_pos) from, -1);
+}
+
 void llama_opt_context::release(int32_t seq) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (ctx_) {

@@ -60,7 +60,8 @@ private:
     // Adds n to a counter of both the session's and the context's statistics.
     void count(llama_opt_stats & session_stats, uint64_t llama_opt_stats::* counter, uint64_t n);
 
-    void release(int32_t seq);  // frees a sequence's KV and id
+    void forget(int32_t seq, size_t from);  // removes the KV of positions >= from
+    void release(int32_t seq);              // frees a sequence's KV and id
     void check_open() const;
 
     std::shared_ptr<llama_opt_model>              model_;

@@ -40,18 +40,63 @@ void llama_opt_session::evaluate_pending(uint64_t llama_opt_stats::* counter) {
     if (n_evaluated_ < tokens_.size()) {
         ctx_->decode(seq_, tokens_, n_evaluated_, tokens_.size(), logits_, stats_, counter);
         n_evaluated_ = tokens_.size();
+        logits_for_  = n_evaluated_;
+    }
+}
+
+void llama_opt_session::ensure_logits(uint64_t llama_opt_stats::* counter) {
+    evaluate_pending(counter);
+    if (logits_for_ != n_evaluated_ && n_evaluated_ > 0) {
+        // the history was cut back: recompute its last token to get its logits
+        ctx_->forget(seq_, n_evaluated_ - 1);
+        n_evaluated_ -= 1;
+        evaluate_pending(counter);
+    }
+}
+
+const std::vector<float> & llama_opt_session::logits() {
+    check_open();
+    ensure_logits(&llama_opt_stats::tokens_prefilled);
+    return logits_;
+}
+
+void llama_opt_session::check_fits(size_t n_tokens) const {
+    if (n_tokens > ctx_->n_ctx()) {
+        throw llama_opt_error(llama_opt_errc::context_overflow,
+            "the session would hold " + std::to_string(n_tokens) + " tokens, more than the context size n_ctx=" +
+            std::to_string(ctx_->n_ctx()) + "; start a new session or create the Context with a larger n_ctx", "n_ctx");
+    }
+}
+
+void llama_opt_session::sync(const std::vector<llama_token> & tokens) {
+    check_open();
+    ctx_->model().check_tokens(tokens.data(), tokens.size());
+    check_fits(tokens.size());
+
+    size_t common = 0;  // only tokens with KV count: a pending token has none yet
+    while (common < n_evaluated_ && common < tokens.size() && tokens_[common] == tokens[common]) {
+        ++common;
+    }
+    ctx_->count(stats_, &llama_opt_stats::diff_tokens_total, tokens.size());
+    ctx_->count(stats_, &llama_opt_stats::diff_tokens_unchanged, common);
+    ctx_->count(stats_, &llama_opt_stats::diff_tokens_recomputed, tokens.size() - common);
+    if (common < n_evaluated_) {
+        ctx_->forget(seq_, common);
+        n_evaluated_ = common;
+    }
+    tokens_ = tokens;
+    try {
+        evaluate_pending(&llama_opt_stats::tokens_prefilled);
+    } catch (...) {
+        tokens_.resize(n_evaluated_);
+        throw;
     }
 }
 
 void llama_opt_session::append(const std::vector<llama_token> & tokens) {
     check_open();
     ctx_->model().check_tokens(tokens.data(), tokens.size());
-    if (tokens.size() > room()) {
-        throw llama_opt_error(llama_opt_errc::context_overflow,
-            "appending " + std::to_string(tokens.size()) + " tokens to a session of " + std::to_string(tokens_.size()) +
-            " would exceed the context size n_ctx=" + std::to_string(ctx_->n_ctx()) +
-            "; start a new session or create the Context with a larger n_ctx", "n_ctx");
-    }
+    check_fits(tokens_.size() + tokens.size());
     const size_t old_size = tokens_.size();
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
     try {
@@ -93,7 +138,7 @@ llama_token llama_opt_session::next_token() {
         throw llama_opt_error(llama_opt_errc::invalid_argument,
             "the session is empty: append a prompt before generating");
     }
-    evaluate_pending(&llama_opt_stats::tokens_decoded);
+    ensure_logits(&llama_opt_stats::tokens_decoded);
 
     candidates_.resize(logits_.size());
     for (size_t i = 0; i < logits_.size(); ++i) {

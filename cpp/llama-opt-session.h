@@ -31,6 +31,11 @@ public:
     // overflow, decode failure) the session is left exactly as it was.
     void append(const std::vector<llama_token> & tokens);
 
+    // Sets the history to `tokens`: the KV of the common prefix with the current history is
+    // kept, the rest is computed. On a bad token or an overflow the session is unchanged; if
+    // computing fails, the history is cut back to the tokens whose KV exists.
+    void sync(const std::vector<llama_token> & tokens);
+
     // Sampler for the following next_token() calls.
     void set_sampling(const llama_opt_sampling & sampling);
 
@@ -48,15 +53,17 @@ public:
     size_t                           n_evaluated() const { return n_evaluated_; }
     size_t                           room() const;  // tokens that still fit the context
     int32_t                          seq() const { return seq_; }
-    // Logits after the last evaluated token (empty before the first append).
-    const std::vector<float> &       logits() const { return logits_; }
+    // Logits after the last token of the history (computed if needed; empty if no history).
+    const std::vector<float> &       logits();
     const llama_opt_stats &          stats() const { return stats_; }
 
 private:
     friend class llama_opt_context;
 
     void check_open() const;
+    void check_fits(size_t n_tokens) const;
     void evaluate_pending(uint64_t llama_opt_stats::* counter);
+    void ensure_logits(uint64_t llama_opt_stats::* counter);
 
     std::shared_ptr<llama_opt_context> ctx_;
     int32_t                            seq_;
@@ -64,6 +71,7 @@ private:
     std::vector<llama_token>           tokens_;           // history
     size_t                             n_evaluated_ = 0;  // tokens_[0, n_evaluated_) have KV
     std::vector<float>                 logits_;
+    size_t                             logits_for_  = 0;  // logits_ follow token logits_for_ - 1
     llama_sampler *                    sampler_ = nullptr;
     std::vector<llama_token_data>      candidates_;       // sampling scratch, reused per step
     llama_opt_stats                    stats_;

@@ -1,1 +1,47 @@
-"""pyllamaopt."""
+"""pyllamaopt: local LLM inference over llama.cpp that is cheap for workloads that repeat
+themselves, without changing the answers.
+
+    >>> from pyllamaopt import Model, Context
+    >>> model = Model("gemma3-270m")               # or a path to any .gguf file
+    >>> session = Context(model).session()
+    >>> session.append_text("The capital of France is")
+    >>> session.generate_text(max_tokens=16)
+"""
+from __future__ import annotations
+
+from . import _core
+from .chat import Chat, ChatTemplate
+from .config import OptConfig, features, fields
+from .context import Context
+from .errors import (
+    ChatTemplateError,
+    ConfigError,
+    ContextOverflowError,
+    DecodeError,
+    FeatureUnavailableError,
+    InvalidArgumentError,
+    InvalidTokenError,
+    ModelLoadError,
+    ModelNotFoundError,
+    PyllamaoptError,
+    SessionClosedError,
+)
+from .model import Model
+from .session import Generation, Session, Token
+from .stats import Stats
+
+__version__: str = _core.build_info()["version"]
+
+
+def build_info() -> dict[str, object]:
+    """Versions, the pinned llama.cpp commit and the CPU features this build uses."""
+    return dict(_core.build_info())
+
+
+__all__ = [
+    "Chat", "ChatTemplate", "Context", "Generation", "Model", "OptConfig", "Session", "Stats", "Token",
+    "build_info", "features", "fields",
+    "ChatTemplateError", "ConfigError", "ContextOverflowError", "DecodeError", "FeatureUnavailableError",
+    "InvalidArgumentError", "InvalidTokenError", "ModelLoadError", "ModelNotFoundError", "PyllamaoptError",
+    "SessionClosedError",
+]

@@ -10,6 +10,7 @@
 void register_session(py::module_ & m) {
     py::class_<llama_opt_session, std::shared_ptr<llama_opt_session>>(m, "Session", "One sequence of a context (see pyllamaopt.Session).")
         .def("append", &llama_opt_session::append, py::arg("tokens"), py::call_guard<py::gil_scoped_release>())
+        .def("sync", &llama_opt_session::sync, py::arg("tokens"), py::call_guard<py::gil_scoped_release>())
         .def("set_sampling", [](llama_opt_session & self, float temperature, int32_t top_k, float top_p, float min_p, uint32_t seed) {
                  self.set_sampling({ temperature, top_k, top_p, min_p, seed });
              }, py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("seed"))
@@ -17,9 +18,13 @@ void register_session(py::module_ & m) {
         .def("end_turn", &llama_opt_session::end_turn)
         .def("close", &llama_opt_session::close)
         .def("stats", &llama_opt_session::stats)
-        .def("logits", [](const llama_opt_session & self) {
-                 const auto & l = self.logits();
-                 return py::array_t<float>((py::ssize_t) l.size(), l.data());  // a copy
+        .def("logits", [](llama_opt_session & self) {
+                 const std::vector<float> * l = nullptr;
+                 {
+                     py::gil_scoped_release nogil;
+                     l = &self.logits();
+                 }
+                 return py::array_t<float>((py::ssize_t) l->size(), l->data());  // a copy
              })
         .def_property_readonly("closed", &llama_opt_session::closed)
         .def_property_readonly("tokens", &llama_opt_session::tokens)

@@ -1,0 +1,115 @@
+"""Chat convenience: render a model's chat template with jinja2 and keep a conversation.
+
+Raw tokens remain the contract; this module only produces them from messages.
+"""
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+import jinja2.sandbox
+
+from .errors import ChatTemplateError
+
+if TYPE_CHECKING:
+    from .model import Model
+    from .session import Generation, Session
+
+Message = dict[str, str]
+
+# Used when a GGUF file carries no template (Gemma 3 270M's does not): the published turn
+# format of the architecture's family.
+BUILTIN_TEMPLATES: dict[str, str] = {
+    "gemma3": (
+        "{{ bos_token }}"
+        "{%- if messages and messages[0]['role'] == 'system' -%}"
+        "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}"
+        "{%- set loop_messages = messages[1:] -%}"
+        "{%- else -%}"
+        "{%- set first_user_prefix = '' -%}"
+        "{%- set loop_messages = messages -%}"
+        "{%- endif -%}"
+        "{%- for message in loop_messages -%}"
+        "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+        "{%- endif -%}"
+        "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+        "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') }}"
+        "{{ message['content'] | trim }}"
+        "{{ '<end_of_turn>\\n' }}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
+    ),
+}
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(f"chat template: {message}")
+
+
+class ChatTemplate:
+    """A jinja2 chat template (rendered in a sandbox, as llama-cpp-python does)."""
+
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"invalid chat template: {exc}") from None
+        self.source = source
+        self.bos_token, self.eos_token = bos_token, eos_token
+
+    @classmethod
+    def for_model(cls, model: Model) -> ChatTemplate:
+        """The model's own template, else a built-in one for its architecture."""
+        source = model.chat_template or BUILTIN_TEMPLATES.get(model.architecture)
+        if source is None:
+            raise ChatTemplateError(
+                f"model {model.path!r} has no chat template and none is built in for architecture "
+                f"{model.architecture!r}; pass template=ChatTemplate('...jinja...')")
+        special = lambda t: model.detokenize([t], special=True) if t >= 0 else ""  # noqa: E731
+        return cls(source, bos_token=special(model.bos_token), eos_token=special(model.eos_token))
+
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = True, **extra: Any) -> str:
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise ChatTemplateError(f"message {i} must be a dict with str 'role' and 'content', got {m!r}")
+        try:
+            return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+        except jinja2.TemplateError as exc:
+            raise ChatTemplateError(f"chat template failed to render: {exc}") from None
+
+
+class Chat:
+    """A conversation on one session.
+
+    >>> chat = Chat(ctx.session(), system="You are terse.")
+    >>> chat.send("Name a prime number.")
+    """
+
+    def __init__(self, session: Session, *, system: str | None = None, template: ChatTemplate | None = None) -> None:
+        self.session = session
+        self.template = template or ChatTemplate.for_model(session.context.model)
+        self.messages: list[Message] = [{"role": "system", "content": system}] if system else []
+
+    def stream(self, content: str, **generate_kwargs: Any) -> Generation:
+        """Add a user message and stream the reply; the reply joins the messages when it ends."""
+        self.messages.append({"role": "user", "content": content})
+        prompt = self.template.render(self.messages, add_generation_prompt=True)
+        model = self.session.context.model
+        self.session.sync(model.tokenize(prompt, add_bos=False, special=True))
+        return self.session.generate(
+            **generate_kwargs,
+            on_finish=lambda g: self.messages.append({"role": "assistant", "content": g.text}))
+
+    def send(self, content: str, **generate_kwargs: Any) -> str:
+        """Add a user message and return the whole reply."""
+        generation = self.stream(content, **generate_kwargs)
+        for _ in generation:
+            pass
+        return generation.text

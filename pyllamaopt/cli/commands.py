@@ -1,0 +1,137 @@
+"""The CLI's subcommands: each takes the parsed arguments and returns an exit code."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .. import build_info, features, fields
+from ..chat import Chat
+from ..config import CLI_VARIABLES, OptConfig
+from ..context import Context
+from ..model import Model
+from ..session import Generation
+
+# Gemma 3 270M is a base model: a plain question/answer transcript suits it better than a chat
+# template. Each turn re-sends the whole transcript, as agents do; the session keeps the KV of
+# what it has already seen.
+DEMO_PREAMBLE = "A conversation between a programmer and a Python expert who answers in one sentence.\n\n"
+DEMO_QUESTIONS = [
+    "What does the function `def add(a, b): return a + b` do?",
+    "How would I test it with pytest?",
+    "What happens if a and b are strings?",
+    "What is a better name for the function?",
+    "What is a docstring?",
+    "Thank you!",
+]
+
+
+def _context(args: argparse.Namespace) -> Context:
+    model = Model(args.model, verbose=args.verbose)
+    return Context(model, n_ctx=args.n_ctx, n_threads=args.threads)
+
+
+def _sampling(args: argparse.Namespace) -> dict[str, object]:
+    return {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}
+
+
+def _stream(generation: Generation) -> None:
+    for token in generation:
+        sys.stdout.write(token.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    with _context(args) as ctx:
+        session = ctx.session()
+        if args.chat:
+            _stream(Chat(session).stream(prompt, **_sampling(args)))
+        else:
+            session.append_text(prompt)
+            _stream(session.generate(**_sampling(args)))
+    return 0
+
+
+def chat(args: argparse.Namespace) -> int:
+    with _context(args) as ctx:
+        conversation = Chat(ctx.session(), system=args.system)
+        print("(an empty line or Ctrl-D ends the chat)", file=sys.stderr)
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                break
+            if not line.strip():
+                break
+            try:
+                _stream(conversation.stream(line, **_sampling(args)))
+            except KeyboardInterrupt:
+                print("\n(interrupted; the session goes on)", file=sys.stderr)
+    return 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    with _context(args) as ctx:
+        print(f"model: {ctx.model.description}   context: {ctx.n_ctx} tokens\n")
+        session, transcript, rows = ctx.session(), DEMO_PREAMBLE, []
+        for turn, question in enumerate(DEMO_QUESTIONS[: max(1, args.turns)], 1):
+            transcript += f"Q: {question}\nA:"
+            before, start = session.stats, time.perf_counter()
+            session.sync(ctx.model.tokenize(transcript))
+            generation = session.generate(stop=["\nQ:", "\n\n"], **_sampling(args))
+            first_token_at = None
+            print(f"[{turn}] Q: {question}\n    A:", end="")
+            for token in generation:
+                first_token_at = first_token_at or time.perf_counter()
+                sys.stdout.write(token.text.replace("\n", " "))
+                sys.stdout.flush()
+            transcript += generation.text + "\n"
+            spent = session.stats - before
+            rows.append((turn, session.n_tokens - len(generation.tokens), spent.tokens_prefilled,
+                         spent.tokens_generated, spent.forward_passes,
+                         (first_token_at or time.perf_counter()) - start, time.perf_counter() - start))
+            print("\n")
+        print("turn  prompt  computed  generated  forward passes  first token  total")
+        for turn, prompt, computed, generated, passes, ttft, total in rows:
+            print(f"{turn:>4}  {prompt:>6}  {computed:>8}  {generated:>9}  {passes:>14}  {ttft * 1000:>8.0f} ms"
+                  f"  {total:.2f} s")
+        print("\nEvery turn re-sends the whole transcript; 'computed' counts the prompt tokens whose KV"
+              "\nhad to be computed, the rest was kept from the previous turn. LLAMA_OPT_STATS=1 prints"
+              "\nevery counter per turn.")
+    return 0
+
+
+def config(args: argparse.Namespace) -> int:
+    if args.list:
+        print("LLAMA_OPT_* variables of the optimization layer:")
+        for f in fields():
+            print(f"  {f.env:<34} {f.type:<5} default {f.default!s:<8} {f.help}")
+        print("\nLLAMA_OPT_* variables of the CLI:")
+        for name, text in CLI_VARIABLES.items():
+            print(f"  {name:<34} {text}")
+        return 0
+    cfg = OptConfig()
+    print(f"{'option':<28} {'value':<10} {'source':<12} variable")
+    for name, value, source, env in cfg.table():
+        print(f"{name:<28} {value!s:<10} {source:<12} {env}")
+    print(f"\n{'feature':<12} {'tier':<5} {'compiled':<9} {'implemented':<12} runtime switch")
+    values = cfg.as_dict()
+    for f in features():
+        state = "on" if values[f.enabled_field] else "off"
+        print(f"{f.name:<12} {f.tier:<5} {'yes' if f.compiled else 'no':<9} {'yes' if f.implemented else 'not yet':<12}"
+              f" {f.enabled_field}={state}")
+    return 0
+
+
+def info(args: argparse.Namespace) -> int:
+    for key, value in build_info().items():
+        print(f"{key}: {value}")
+    if args.model:
+        model = Model(args.model)
+        print(f"\nmodel: {model.path}\n  {model.description}, architecture {model.architecture}")
+        print(f"  layers {model.n_layer}, embedding {model.n_embd}, heads {model.n_head} (KV {model.n_head_kv}), "
+              f"vocabulary {model.n_vocab}, trained context {model.n_ctx_train}, sliding window {model.n_swa}")
+        print(f"  chat template: {'in the file' if model.chat_template else 'none in the file'}")
+    return 0

@@ -1,0 +1,126 @@
+"""OptConfig: the optimization layer's configuration and where each value came from.
+
+Values are resolved in order: compile-time default -> ``LLAMA_OPT_*`` environment -> explicit
+arguments. Parsing and validation happen in the engine (cpp/llama-opt.cpp), so the CLI, the
+library and the C++ tests agree on what is valid.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import _core
+from .errors import ConfigError
+
+# LLAMA_OPT_* variables read by the CLI rather than by the optimization layer.
+CLI_VARIABLES: dict[str, str] = {
+    "LLAMA_OPT_MODEL": "model path or name used by the CLI (default: gemma3-270m)",
+    "LLAMA_OPT_N_CTX": "context size used by the CLI (default: 4096)",
+    "LLAMA_OPT_THREADS": "threads used by the CLI (default: all hardware threads)",
+    "LLAMA_OPT_VERBOSE": "1 prints llama.cpp's log to stderr",
+}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One configurable value."""
+
+    name: str
+    env: str
+    type: str  # "bool", "int", "float" or "str"
+    min: float
+    max: float
+    help: str
+    default: Any
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One optimization and its state in this build."""
+
+    name: str
+    cmake_switch: str
+    enabled_field: str
+    tier: int
+    compiled: bool
+    implemented: bool
+
+
+def fields() -> list[Field]:
+    return [Field(**f) for f in _core.fields()]
+
+
+def features() -> list[Feature]:
+    return [Feature(**f) for f in _core.features()]
+
+
+_FIELDS = {f.name: f for f in fields()}
+
+
+def _as_text(field: Field, value: Any) -> str:
+    """Check a Python value's type for `field` and turn it into the engine's text form."""
+    if field.type == "bool":
+        if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+            return "1" if value else "0"
+    elif field.type == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+    elif field.type == "float":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return repr(float(value))
+    elif isinstance(value, (str, os.PathLike)):
+        return os.fspath(value)
+    raise ConfigError(f"{field.name}={value!r}: expected a value of type {field.type}")
+
+
+class OptConfig:
+    """Configuration of the optimization layer.
+
+    >>> OptConfig(block_size=32).block_size
+    32
+    >>> OptConfig(block_size=32).source("block_size")
+    'argument'
+
+    ``env`` defaults to ``os.environ``; pass ``{}`` to ignore the environment.
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None, **values: Any) -> None:
+        environment = os.environ if env is None else env
+        self._settings = _core.Settings.from_env(dict(environment), list(CLI_VARIABLES))
+        for name, value in values.items():
+            self.set(name, value)
+
+    def set(self, name: str, value: Any) -> None:
+        """Set one value (source: argument). Raises ConfigError if it is not valid."""
+        field = _FIELDS.get(name)
+        if field is None:
+            close = difflib.get_close_matches(name, _FIELDS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown configuration option {name!r}{hint}")
+        self._settings.set(name, _as_text(field, value), "argument")
+
+    def source(self, name: str) -> str:
+        """Where the value came from: 'default', 'environment' or 'argument'."""
+        if name not in _FIELDS:
+            raise ConfigError(f"unknown configuration option {name!r}")
+        return self._settings.source_of(name)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._settings.values())
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in _FIELDS:
+            raise AttributeError(name)
+        return self._settings.values()[name]
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self.as_dict().items() if self.source(k) != "default"}
+        return f"OptConfig({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+    def table(self) -> list[tuple[str, Any, str, str]]:
+        """(name, value, source, variable) for every field."""
+        values = self.as_dict()
+        return [(f.name, values[f.name], self.source(f.name), f.env) for f in _FIELDS.values()]

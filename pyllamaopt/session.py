@@ -1,0 +1,208 @@
+"""Session: one conversation's token history in a context, and generation from it."""
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+from .model import check_token_ids
+from .stats import Stats
+
+if TYPE_CHECKING:
+    from .context import Context
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token: its id and the text it releases (may be '' while text is held
+    back, e.g. an unfinished UTF-8 character or a possible stop string)."""
+
+    id: int
+    text: str
+
+
+class Generation(Iterator[Token]):
+    """A streaming generation: iterate for tokens; afterwards ``text``, ``tokens`` and
+    ``finish_reason`` ('eos', 'length', 'stop', 'context_full' or 'interrupted')."""
+
+    def __init__(self, session: Session, max_tokens: int | None, stop: Sequence[str],
+                 on_finish: Callable[[Generation], None] | None = None) -> None:
+        self.session = session
+        self._on_finish = on_finish
+        self.tokens: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self._steps = self._run(max_tokens, list(stop))
+
+    def __next__(self) -> Token:
+        return next(self._steps)
+
+    def _run(self, max_tokens: int | None, stop: list[str]) -> Iterator[Token]:
+        core, model = self.session._core, self.session.context.model
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        full = ""  # all text decoded so far; self.text is the part released
+        if max_tokens == 0:
+            self.finish_reason = "length"
+        elif core.room == 0:
+            self.finish_reason = "context_full"
+        try:
+            while self.finish_reason is None:
+                token = core.next_token()
+                self.tokens.append(token)
+                if model.is_eog(token):
+                    self.finish_reason = "eos"
+                else:
+                    full += decoder.decode(model.token_bytes(token))
+                    cut = _find_stop(full, stop, len(self.text))
+                    if cut is not None:
+                        full, self.finish_reason = full[:cut], "stop"
+                    elif max_tokens is not None and len(self.tokens) >= max_tokens:
+                        self.finish_reason = "length"
+                    elif core.room == 0:
+                        self.finish_reason = "context_full"
+                if self.finish_reason is None:
+                    release = len(full) - _held_back(full, stop)
+                else:
+                    if self.finish_reason != "stop":
+                        full += decoder.decode(b"", final=True)
+                    release = len(full)
+                piece, self.text = full[len(self.text):release], full[:release]
+                yield Token(token, piece)
+        except KeyboardInterrupt:
+            self.finish_reason = "interrupted"
+            raise
+        finally:
+            if self.finish_reason is None:  # abandoned by the caller
+                self.finish_reason = "interrupted"
+            core.end_turn()
+            if self._on_finish:
+                self._on_finish(self)
+
+
+def _find_stop(text: str, stop: list[str], released: int) -> int | None:
+    """Index where the earliest stop string starts, searching only where a new one can be."""
+    hits = [i for s in stop if (i := text.find(s, max(0, released - len(s) + 1))) >= 0]
+    return min(hits) if hits else None
+
+
+def _held_back(text: str, stop: list[str]) -> int:
+    """Length of the longest end of `text` that could still grow into a stop string."""
+    return max((n for s in stop for n in range(len(s) - 1, 0, -1) if text.endswith(s[:n])), default=0)
+
+
+class Session:
+    """One sequence of a context: an append-only token history.
+
+    >>> session = ctx.session()
+    >>> session.append_text("The capital of France is")
+    >>> print(session.generate_text(max_tokens=16))
+
+    Raw token ids are the contract (``append``, ``tokens``); text and chat are conveniences.
+    """
+
+    def __init__(self, context: Context, core: Any) -> None:
+        self.context = context
+        self._core = core
+
+    # history
+
+    @property
+    def tokens(self) -> list[int]:
+        """The history: appended and generated tokens."""
+        return self._core.tokens
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self._core.tokens)
+
+    @property
+    def text(self) -> str:
+        return self.context.model.detokenize(self.tokens)
+
+    def append(self, tokens: Iterable[int]) -> None:
+        """Add tokens to the history and compute their KV. On error the session is unchanged."""
+        self._core.append(check_token_ids(tokens))
+
+    def sync(self, tokens: Sequence[int]) -> None:
+        """Set the history to `tokens` (what chat clients re-send every turn): the KV of the
+        common prefix with the current history is kept, the rest is computed. On a context
+        overflow or a bad token the session is unchanged."""
+        self._core.sync(check_token_ids(tokens))
+
+    def append_text(self, text: str, *, add_bos: bool | None = None, special: bool = False) -> list[int]:
+        """Tokenize and append `text`; returns its tokens. ``add_bos`` defaults to: only at
+        the start of an empty session, if the model uses BOS."""
+        if add_bos is None:
+            add_bos = self.n_tokens == 0
+        tokens = self.context.model.tokenize(text, add_bos=add_bos, special=special)
+        self.append(tokens)
+        return tokens
+
+    # generation
+
+    def generate(self, max_tokens: int | None = 256, *, temperature: float = 0.0, top_k: int = 40,
+                 top_p: float = 0.95, min_p: float = 0.05, seed: int | None = None,
+                 stop: str | Sequence[str] = (),
+                 on_finish: Callable[[Generation], None] | None = None) -> Generation:
+        """Stream generated tokens (greedy unless ``temperature`` > 0).
+
+        max_tokens  at most this many tokens (None: until end of generation or a full context)
+        seed        makes sampling reproducible (default: random)
+        stop        strings that end generation; they are not part of the returned text
+        on_finish   called with the Generation when it ends
+        """
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or not 0 <= max_tokens <= self.context.n_ctx):
+            raise InvalidArgumentError(
+                f"max_tokens must be between 0 and the context size {self.context.n_ctx} (or None for "
+                f"'until done'), got {max_tokens!r}")
+        if seed is not None and not (isinstance(seed, int) and 0 <= seed < 0xFFFFFFFF):
+            raise InvalidArgumentError(f"seed must be an integer in [0, 2**32 - 1), got {seed!r}")
+        for name, value in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)):
+            if not isinstance(value, (int, float)) or not value >= 0:
+                raise InvalidArgumentError(f"{name} must be a number >= 0, got {value!r}")
+        stops = [stop] if isinstance(stop, str) else list(stop)
+        if any(not isinstance(s, str) or not s for s in stops):
+            raise InvalidArgumentError("stop must be a non-empty string or a list of them")
+        self._core.set_sampling(float(temperature), int(top_k), float(top_p), float(min_p),
+                                0xFFFFFFFF if seed is None else seed)
+        return Generation(self, max_tokens, stops, on_finish)
+
+    def generate_text(self, max_tokens: int | None = 256, **kwargs: Any) -> str:
+        """Generate and return the text (see generate)."""
+        generation = self.generate(max_tokens, **kwargs)
+        for _ in generation:
+            pass
+        return generation.text
+
+    def logits(self) -> np.ndarray:
+        """Logits after the last evaluated token (a copy; empty before the first append)."""
+        return self._core.logits()
+
+    # lifecycle
+
+    @property
+    def stats(self) -> Stats:
+        return self._core.stats()
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    def close(self) -> None:
+        """Free the session's KV cells. Using it afterwards raises SessionClosedError."""
+        self._core.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self.n_tokens} tokens"
+        return f"<Session {state}>"
