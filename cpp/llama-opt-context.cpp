@@ -66,7 +66,8 @@ std::shared_ptr<llama_opt_session> llama_opt_context::open_session() {
     std::lock_guard<std::mutex> lock(mutex_);
     check_open();
     for (size_t seq = 0; seq < sessions_.size(); ++seq) {
-        if (sessions_[seq].expired()) {
+        const auto old = sessions_[seq].lock();
+        if (!old || old->closed_) {  // a closed session has given its KV back already
             auto session   = std::make_shared<llama_opt_session>(shared_from_this(), (int32_t) seq);
             sessions_[seq] = session;
             return session;
@@ -97,7 +98,10 @@ void llama_opt_context::close() {
 
 uint32_t llama_opt_context::n_sessions() const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return (uint32_t) std::count_if(sessions_.begin(), sessions_.end(), [](const auto & w) { return !w.expired(); });
+    return (uint32_t) std::count_if(sessions_.begin(), sessions_.end(), [](const auto & w) {
+        const auto s = w.lock();
+        return s && !s->closed_;
+    });
 }
 
 llama_opt_stats llama_opt_context::stats() const {

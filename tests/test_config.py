@@ -1,0 +1,112 @@
+"""OptConfig: defaults, environment, arguments, sources, and every kind of bad value."""
+from __future__ import annotations
+
+import pytest
+
+from pyllamaopt import ConfigError, FeatureUnavailableError, OptConfig, features, fields
+
+SPEC_DEFAULTS = {  # the specification's table (runtime defaults)
+    "block_size": 64, "dedup_pool_max": 16384, "diff_min_unchanged": 8, "precompute_rope_max": 131072,
+    "persist_enabled": False, "persist_dir": "", "memo_trie_max": 65536, "attn_prune_enabled": False,
+    "attn_prune_window": 10, "sparse_attn_enabled": False, "act_dedup_enabled": False,
+    "algebraic_enabled": False, "h2o_enabled": False, "stats_enabled": False,
+}
+SPEC_VARIABLES = [
+    "LLAMA_OPT_BLOCK_SIZE", "LLAMA_OPT_DEDUP_ENABLED", "LLAMA_OPT_DEDUP_POOL_MAX", "LLAMA_OPT_DIFF_ENABLED",
+    "LLAMA_OPT_DIFF_MIN_UNCHANGED", "LLAMA_OPT_SCHEMA_SKIP_ENABLED", "LLAMA_OPT_CANON_ENABLED",
+    "LLAMA_OPT_PRECOMPUTE_ENABLED", "LLAMA_OPT_PERSIST_ENABLED", "LLAMA_OPT_PERSIST_DIR", "LLAMA_OPT_MEMO_ENABLED",
+    "LLAMA_OPT_ATTN_PRUNE_ENABLED", "LLAMA_OPT_ATTN_PRUNE_WINDOW", "LLAMA_OPT_ATTN_PRUNE_THRESHOLD",
+    "LLAMA_OPT_SPARSE_ATTN_ENABLED", "LLAMA_OPT_ACT_DEDUP_ENABLED", "LLAMA_OPT_NOOP_ENABLED",
+    "LLAMA_OPT_ALGEBRAIC_ENABLED", "LLAMA_OPT_STATS",
+]
+
+
+def test_defaults_follow_the_specification():
+    cfg = OptConfig(env={})
+    for name, value in SPEC_DEFAULTS.items():
+        assert getattr(cfg, name) == value, name
+        assert cfg.source(name) == "default"
+    assert cfg.attn_prune_threshold == pytest.approx(0.001)
+    assert cfg.sparse_relevance_threshold == pytest.approx(0.1)
+    compiled = {f.enabled_field: f.compiled for f in features()}
+    for flag in ("dedup_enabled", "diff_enabled", "schema_skip_enabled", "canon_enabled", "precompute_enabled",
+                 "memo_enabled", "noop_enabled"):  # on by default when compiled in
+        assert getattr(cfg, flag) == compiled[flag]
+
+
+def test_every_variable_of_the_specification_is_known():
+    known = {f.env for f in fields()}
+    assert set(SPEC_VARIABLES) <= known
+
+
+def test_environment_then_arguments(monkeypatch):
+    monkeypatch.setenv("LLAMA_OPT_BLOCK_SIZE", "32")
+    monkeypatch.setenv("LLAMA_OPT_DIFF_MIN_UNCHANGED", "16")
+    cfg = OptConfig(diff_min_unchanged=4, persist_dir="/tmp/kv")
+    assert (cfg.block_size, cfg.source("block_size")) == (32, "environment")
+    assert (cfg.diff_min_unchanged, cfg.source("diff_min_unchanged")) == (4, "argument")
+    assert (cfg.persist_dir, cfg.source("persist_dir")) == ("/tmp/kv", "argument")
+    assert cfg.source("dedup_pool_max") == "default"
+    row = next(r for r in cfg.table() if r[0] == "block_size")
+    assert row == ("block_size", 32, "environment", "LLAMA_OPT_BLOCK_SIZE")
+
+
+@pytest.mark.parametrize("text,expected", [("1", True), ("0", False), ("true", True), ("No", False),
+                                           ("ON", True), (" yes ", True)])
+def test_boolean_spellings(text, expected):
+    assert OptConfig(env={"LLAMA_OPT_STATS": text}).stats_enabled is expected
+
+
+@pytest.mark.parametrize("variable,value", [
+    ("LLAMA_OPT_BLOCK_SIZE", "abc"), ("LLAMA_OPT_BLOCK_SIZE", "0"), ("LLAMA_OPT_BLOCK_SIZE", "-64"),
+    ("LLAMA_OPT_BLOCK_SIZE", ""), ("LLAMA_OPT_DEDUP_POOL_MAX", "1e9"), ("LLAMA_OPT_DEDUP_ENABLED", "maybe"),
+    ("LLAMA_OPT_ATTN_PRUNE_THRESHOLD", "-0.001"), ("LLAMA_OPT_ATTN_PRUNE_THRESHOLD", "nan"),
+    ("LLAMA_OPT_SPARSE_ATTN_THRESHOLD", "2"), ("LLAMA_OPT_BLOCK_SIZE", "99999999999999999999999"),
+])
+def test_malformed_environment_values_name_the_variable(variable, value):
+    with pytest.raises(ConfigError, match=variable) as info:
+        OptConfig(env={variable: value})
+    assert info.value.variable == variable
+
+
+def test_typo_in_a_variable_name_is_an_error_with_a_suggestion():
+    with pytest.raises(ConfigError, match="did you mean LLAMA_OPT_DEDUP_ENABLED"):
+        OptConfig(env={"LLAMA_OPT_DEDUP_ENABLE": "1"})
+    with pytest.raises(ConfigError, match="LLAMA_OPT_WHATEVER_THIS_IS"):
+        OptConfig(env={"LLAMA_OPT_WHATEVER_THIS_IS": "1"})
+
+
+def test_cli_variables_are_not_typos():
+    assert OptConfig(env={"LLAMA_OPT_MODEL": "x.gguf", "LLAMA_OPT_N_CTX": "8192"}).block_size == 64
+
+
+@pytest.mark.parametrize("name,value", [("block_size", "64"), ("block_size", 0), ("block_size", True),
+                                        ("dedup_enabled", "yes"), ("attn_prune_threshold", -1.0),
+                                        ("persist_dir", 3), ("blok_size", 64)])
+def test_bad_arguments(name, value):
+    with pytest.raises(ConfigError):
+        OptConfig(env={}, **{name: value})
+
+
+def test_unknown_argument_suggests_the_name():
+    with pytest.raises(ConfigError, match="did you mean 'block_size'"):
+        OptConfig(env={}, blok_size=64)
+
+
+def test_compiled_out_feature_is_a_clear_error_not_silence():
+    compiled_out = [f for f in features() if not f.compiled]
+    assert compiled_out, "the default build compiles the Tier-2 features out"
+    for f in compiled_out:
+        with pytest.raises(FeatureUnavailableError, match=f.cmake_switch):
+            OptConfig(env={}, **{f.enabled_field: True})
+        variable = next(x.env for x in fields() if x.name == f.enabled_field)
+        with pytest.raises(FeatureUnavailableError, match=variable):
+            OptConfig(env={variable: "1"})
+        assert getattr(OptConfig(env={variable: "0"}), f.enabled_field) is False
+
+
+def test_tier2_features_are_off_by_default():
+    cfg = OptConfig(env={})
+    for f in features():
+        if f.tier == 2:
+            assert getattr(cfg, f.enabled_field) is False

