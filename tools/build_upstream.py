@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""Build upstream llama.cpp programs from the pinned tree, with pyllamaopt's CPU flags.
+
+    python tools/build_upstream.py            # prints the folder holding llama-simple, llama-bench
+
+The build is cached under ~/.cache/pyllamaopt/upstream/<key> (key: the tree's stamp and
+CMAKE_ARGS), so only the first call compiles (about 3 minutes on 2 cores).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fetch_llama  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = ("llama-simple", "llama-bench")
+
+
+def build(targets: tuple[str, ...] = TARGETS) -> Path:
+    tree = fetch_llama.prepare()
+    cmake_args = shlex.split(os.environ.get("CMAKE_ARGS", ""))
+    recipe = (tree / fetch_llama.STAMP_NAME).read_text() + repr(cmake_args)
+    recipe += (ROOT / "tools" / "upstream" / "CMakeLists.txt").read_text()
+    recipe += (ROOT / "cmake" / "llama-no-amx.cmake").read_text()
+    build_dir = fetch_llama.cache_dir() / "upstream" / hashlib.sha256(recipe.encode()).hexdigest()[:16]
+    bin_dir = build_dir / "bin"
+    if all((bin_dir / t).exists() for t in targets):
+        return bin_dir
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    subprocess.run(["cmake", "-S", str(ROOT / "tools" / "upstream"), "-B", str(build_dir), *generator,
+                    "-DCMAKE_BUILD_TYPE=Release", f"-DLLAMA_CPP_TREE={tree}",
+                    f"-DCMAKE_RUNTIME_OUTPUT_DIRECTORY={bin_dir}", *cmake_args],
+                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", str(build_dir), "--parallel", str(os.cpu_count() or 2),
+                    "--target", *targets], check=True, stdout=subprocess.DEVNULL)
+    return bin_dir
+
+
+if __name__ == "__main__":
+    print(build())
