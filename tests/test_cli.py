@@ -4,14 +4,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
-CLI = [sys.executable, "-m", "pyllamaopt.cli"]
+# the installed console script, run outside the checkout (whose pyllamaopt/ has no _core)
+CLI = Path(sys.executable).parent / "pyllamaopt"
 
 
 def run(*args, env=None, input=None):
     environment = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_OPT_")}
     environment.update(env or {})
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=environment, input=input, timeout=300)
+    with tempfile.TemporaryDirectory() as cwd:
+        return subprocess.run([str(CLI), *args], capture_output=True, text=True, env=environment, input=input,
+                              cwd=cwd, timeout=300)
 
 
 def test_help_names_every_command():
