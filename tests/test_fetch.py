@@ -32,7 +32,8 @@ def test_pin_is_complete():
 
 def test_extracts_only_the_tree(tmp_path):
     archive = make_archive(tmp_path / "a.tar.gz", {
-        "pkg-1/vendor/llama.cpp/include/llama.h": "// header", "pkg-1/setup.py": "x", "pkg-1/vendor/other/x": "y"})
+        "pkg-1/vendor/llama.cpp/include/llama.h": "// header", "pkg-1/setup.py": "x", "pkg-1/vendor/other/x": "y",
+        "pkg-1/vendor/llama.cpp/.git": "gitdir: ../../.git/modules/vendor/llama.cpp"})
     fetch_llama.extract_tree(archive, "pkg-1/vendor/llama.cpp", tmp_path / "tree")
     assert sorted(p.relative_to(tmp_path / "tree").as_posix() for p in (tmp_path / "tree").rglob("*")) == [
         "include", "include/llama.h"]

@@ -100,7 +100,9 @@ def extract_tree(archive: Path, member_root: str, into: Path) -> None:
             raise FetchError(f"{archive} has no '{member_root}' folder")
         for member in members:
             member.name = member.name[len(prefix):]
-        kept = [m for m in members if m.name]
+        # the sdist's tree is a git submodule: its ".git" file points to a repository that is
+        # not there, and would make `git apply` fail
+        kept = [m for m in members if m.name and m.name.split("/")[0] != ".git"]
         if hasattr(tarfile, "data_filter"):  # refuses links and paths that leave `into`
             tar.extractall(into, members=kept, filter="data")
         else:
