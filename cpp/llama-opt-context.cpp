@@ -7,6 +7,14 @@
 #include <algorithm>
 #include <thread>
 
+// Measured on this build (tests/integration/test_numerics.py): with flash attention, rows
+// computed in a chunk of fewer than 64 tokens differ from the same rows in a larger chunk, and
+// a sequence's cells must start at multiples of 64 for its logits not to depend on other
+// sequences' cells; without flash attention, 16 is enough for both.
+static uint32_t numerics_granularity(bool flash_attn) {
+    return flash_attn ? 64 : 16;
+}
+
 llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, const llama_opt_context_params & params,
                                      const llama_opt_settings & settings)
     : model_(std::move(model)), params_(params), settings_(settings) {
@@ -26,18 +34,45 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
         invalid("n_threads must be positive, or 0 for all hardware threads", "n_threads");
     }
 
+    const llama_opt_config & cfg = settings_.config;
+    block_ = cfg.block_size;
+    if (params.canonical) {
+        align_ = numerics_granularity(params.flash_attn);
+        if (block_ % align_ != 0) {
+            throw llama_opt_error(llama_opt_errc::config,
+                "block_size=" + std::to_string(block_) + " cannot be exact with flash_attn=" +
+                (params.flash_attn ? "on" : "off") + " on this build: use a multiple of " + std::to_string(align_) +
+                " (docs/exactness.md)", "block_size");
+        }
+        if (params.n_batch < block_) {
+            invalid("n_batch (" + std::to_string(params.n_batch) + ") must be at least block_size (" +
+                    std::to_string(block_) + ")", "n_batch");
+        }
+        chunk_ = params.n_batch / block_ * block_;
+        if (!params.swa_full && model_->n_swa() > 0) {
+            invalid("the canonical schedule needs swa_full=True on a sliding-window model", "swa_full");
+        }
+    } else if (cfg.dedup_enabled || cfg.diff_enabled) {
+        throw llama_opt_error(llama_opt_errc::config,
+            "the llama schedule cannot reuse KV: turn dedup_enabled and diff_enabled off, or use the canonical schedule",
+            "schedule");
+    }
+    if (cfg.dedup_enabled) {
+        pool_ = std::make_unique<llama_opt_block_pool>(cfg.dedup_pool_max);
+    }
+
     const int32_t hw = (int32_t) std::max(1u, std::thread::hardware_concurrency());
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx           = params.n_ctx;
     // One ubatch per llama_decode call: we choose every chunk boundary ourselves.
-    cp.n_batch         = params.n_batch;
-    cp.n_ubatch        = params.n_batch;
+    cp.n_batch         = params.canonical ? chunk_ + align_ : params.n_batch;  // room for a merged remainder
+    cp.n_ubatch        = cp.n_batch;
     cp.n_seq_max       = params.n_seq_max;
     cp.n_threads       = params.n_threads > 0 ? params.n_threads : hw;
     cp.n_threads_batch = params.n_threads_batch > 0 ? params.n_threads_batch : cp.n_threads;
     cp.flash_attn_type = params.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.swa_full        = params.swa_full;
-    cp.kv_unified      = true;  // sessions can share KV cells of a common prefix
+    cp.kv_unified      = true;  // sessions share the KV cells of a common prefix
     cp.no_perf         = true;
 
     llama_opt_log_take_errors();
@@ -49,7 +84,14 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
             "\nTry a smaller n_ctx (memory) or other parameters.", "n_ctx");
     }
     n_ctx_ = llama_n_ctx(ctx_);
-    sessions_.resize(params.n_seq_max);
+    if (params.canonical && !llama_memory_set_cell_align(llama_get_memory(ctx_), align_)) {
+        llama_free(ctx_);
+        ctx_ = nullptr;
+        throw llama_opt_error(llama_opt_errc::invalid_argument,
+            "this model's KV memory does not support aligned placement; use schedule='llama'", "schedule");
+    }
+    slots_.resize(params.n_seq_max);
+    cached_blocks_.resize(params.n_seq_max);
 }
 
 llama_opt_context::~llama_opt_context() {
@@ -63,116 +105,200 @@ void llama_opt_context::check_open() const {
 }
 
 std::shared_ptr<llama_opt_session> llama_opt_context::open_session() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
     check_open();
-    for (size_t seq = 0; seq < sessions_.size(); ++seq) {
-        const auto old = sessions_[seq].lock();
-        if (!old || old->closed_) {  // a closed session has given its KV back already
-            auto session   = std::make_shared<llama_opt_session>(shared_from_this(), (int32_t) seq);
-            sessions_[seq] = session;
-            return session;
+    auto pick = [&]() -> int32_t {
+        for (size_t seq = 0; seq < slots_.size(); ++seq) {
+            if (slots_[seq].state == slot_state::free) {
+                return (int32_t) seq;
+            }
         }
+        // no free sequence: give up the least recently used cached one
+        int32_t oldest = -1;
+        for (size_t seq = 0; seq < slots_.size(); ++seq) {
+            if (slots_[seq].state == slot_state::cached && (oldest < 0 || slots_[seq].last_use < slots_[oldest].last_use)) {
+                oldest = (int32_t) seq;
+            }
+        }
+        if (oldest >= 0) {
+            drop_sequence(oldest);
+            stats_.dedup_sequences_evicted += 1;
+        }
+        return oldest;
+    };
+    const int32_t seq = pick();
+    if (seq < 0) {
+        throw llama_opt_error(llama_opt_errc::context_overflow,
+            "all " + std::to_string(slots_.size()) + " session slots of this context are in use; close a session "
+            "or create the Context with a larger n_seq_max", "n_seq_max");
     }
-    throw llama_opt_error(llama_opt_errc::context_overflow,
-        "all " + std::to_string(sessions_.size()) + " session slots of this context are in use; close a session "
-        "or create the Context with a larger n_seq_max", "n_seq_max");
+    auto session        = std::make_shared<llama_opt_session>(shared_from_this(), seq);
+    slots_[seq].state   = slot_state::session;
+    slots_[seq].session = session;
+    touch(seq);
+    return session;
 }
 
 void llama_opt_context::close() {
-    std::vector<std::shared_ptr<llama_opt_session>> open;
-    {
-        std::lock_guard<std::mutex> lock(mutex_);
-        for (auto & weak : sessions_) {
-            if (auto s = weak.lock()) {
-                open.push_back(s);
-            }
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    for (auto & s : slots_) {
+        if (auto session = s.session.lock()) {
+            session->closed_ = true;
         }
+        s = slot();
     }
-    for (auto & s : open) {
-        s->close();
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
+    pool_.reset();
     llama_free(ctx_);
     ctx_ = nullptr;
 }
 
 uint32_t llama_opt_context::n_sessions() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return (uint32_t) std::count_if(sessions_.begin(), sessions_.end(), [](const auto & w) {
-        const auto s = w.lock();
-        return s && !s->closed_;
-    });
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    return (uint32_t) std::count_if(slots_.begin(), slots_.end(), [](const slot & s) { return s.state == slot_state::session; });
+}
+
+uint32_t llama_opt_context::n_cached() const {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    return (uint32_t) std::count_if(slots_.begin(), slots_.end(), [](const slot & s) { return s.state == slot_state::cached; });
+}
+
+uint32_t llama_opt_context::kv_cells_used() const {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    return ctx_ ? (uint32_t) llama_memory_cells_used(llama_get_memory(ctx_)) : 0;
 }
 
 llama_opt_stats llama_opt_context::stats() const {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
     return stats_;
 }
 
 void llama_opt_context::reset_stats() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
     stats_.reset();
 }
 
-void llama_opt_context::count(llama_opt_stats & session_stats, uint64_t llama_opt_stats::* counter, uint64_t n) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    session_stats.*counter += n;
+void llama_opt_context::count(llama_opt_session & s, uint64_t llama_opt_stats::* counter, uint64_t n) {
+    s.stats_.*counter += n;
     stats_.*counter += n;
 }
 
-void llama_opt_context::forget(int32_t seq, size_t from) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    check_open();
-    llama_memory_seq_rm(llama_get_memory(ctx_), seq, (llama_pos) from, -1);
+void llama_opt_context::touch(int32_t seq) {
+    slots_[seq].last_use = ++clock_;
+    if (pool_) {
+        pool_->next_turn();
+    }
 }
 
-void llama_opt_context::release(int32_t seq) {
-    std::lock_guard<std::mutex> lock(mutex_);
+void llama_opt_context::drop_sequence(int32_t seq) {
     if (ctx_) {
         llama_memory_seq_rm(llama_get_memory(ctx_), seq, -1, -1);
     }
-    // sessions_[seq] expires with the session object itself
+    if (pool_) {
+        for (uint64_t id : cached_blocks_[seq]) {
+            if (const auto * b = pool_->find(id)) {
+                pool_->unref(b, seq);
+            }
+        }
+    }
+    cached_blocks_[seq].clear();
+    slots_[seq] = slot();
 }
 
-void llama_opt_context::decode(int32_t seq, const std::vector<llama_token> & tokens, size_t begin, size_t end,
-                               std::vector<float> & logits, llama_opt_stats & session_stats,
-                               uint64_t llama_opt_stats::* counter) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    check_open();
-    llama_memory_t mem = llama_get_memory(ctx_);
+void llama_opt_context::retire(llama_opt_session & s) {
+    slot & sl = slots_[s.seq_];
+    if (pool_ && ctx_ && !s.blocks_.empty()) {
+        s.forget(s.blocks_.size() * block_);  // keep the pooled complete blocks only
+        cached_blocks_[s.seq_] = s.blocks_;
+        sl.state = slot_state::cached;
+        sl.session.reset();
+        return;
+    }
+    s.forget(0);
+    slots_[s.seq_] = slot();
+}
 
-    const size_t n_chunk = params_.n_batch;
-    llama_batch  batch   = llama_batch_init((int32_t) std::min(n_chunk, end - begin), 0, 1);
-    for (size_t pos = begin; pos < end; pos += n_chunk) {
-        const size_t n = std::min(n_chunk, end - pos);
-        batch.n_tokens = (int32_t) n;
+bool llama_opt_context::evict_one(int32_t except, bool cached_only) {
+    // cached sequences first, then idle sessions; least recently used first
+    int32_t victim = -1;
+    for (const slot_state state : { slot_state::cached, slot_state::session }) {
+        if (state == slot_state::session && cached_only) {
+            break;
+        }
+        for (size_t seq = 0; seq < slots_.size(); ++seq) {
+            const slot & s = slots_[seq];
+            if ((int32_t) seq != except && s.state == state && (victim < 0 || s.last_use < slots_[victim].last_use)) {
+                victim = (int32_t) seq;
+            }
+        }
+        if (victim >= 0) {
+            break;
+        }
+    }
+    if (victim < 0) {
+        return false;
+    }
+    if (slots_[victim].state == slot_state::cached) {
+        drop_sequence(victim);
+        stats_.dedup_sequences_evicted += 1;
+    } else {
+        if (auto session = slots_[victim].session.lock()) {
+            session->evict();
+        }
+        drop_sequence(victim);
+        stats_.sessions_evicted += 1;
+    }
+    return true;
+}
+
+void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, uint64_t llama_opt_stats::* counter) {
+    check_open();
+    touch(s.seq_);
+    llama_memory_t mem = llama_get_memory(ctx_);
+    const std::vector<llama_token> & tokens = s.tokens_;
+
+    llama_batch batch = llama_batch_init((int32_t) llama_n_batch(ctx_), 0, 1);
+    auto fail = [&](llama_opt_errc code, const std::string & message) {
+        llama_batch_free(batch);
+        llama_memory_seq_rm(mem, s.seq_, (llama_pos) begin, -1);
+        throw llama_opt_error(code, message, code == llama_opt_errc::context_overflow ? "n_ctx" : "");
+    };
+    for (size_t pos = begin; pos < end;) {
+        size_t stop = std::min(end, pos + params_.n_batch);
+        if (params_.canonical) {
+            stop = std::min(end, (pos / chunk_ + 1) * chunk_);
+            if (end - stop < align_) {
+                stop = end;  // a too small remainder joins this chunk
+            }
+        }
+        const size_t n    = stop - pos;
+        batch.n_tokens    = (int32_t) n;
         for (size_t i = 0; i < n; ++i) {
             batch.token[i]     = tokens[pos + i];
             batch.pos[i]       = (llama_pos) (pos + i);
             batch.n_seq_id[i]  = 1;
-            batch.seq_id[i][0] = seq;
+            batch.seq_id[i][0] = s.seq_;
             batch.logits[i]    = pos + i + 1 == end;
         }
-        const int32_t rc = llama_decode(ctx_, batch);
+        int32_t rc = llama_decode(ctx_, batch);
+        while (rc == 1 && evict_one(s.seq_)) {  // no room: free the least recently used KV, retry
+            rc = llama_decode(ctx_, batch);
+        }
+        if (rc == 1) {
+            fail(llama_opt_errc::context_overflow,
+                 "the KV cache is full (" + std::to_string(n_ctx_) + " cells shared by all sessions of this "
+                 "context); close other sessions or create the Context with a larger n_ctx");
+        }
         if (rc != 0) {
-            llama_batch_free(batch);
-            llama_memory_seq_rm(mem, seq, (llama_pos) begin, -1);
             const std::string why = llama_opt_log_take_errors();
-            if (rc == 1) {
-                throw llama_opt_error(llama_opt_errc::context_overflow,
-                    "the KV cache is full (" + std::to_string(n_ctx_) + " cells shared by all sessions of this "
-                    "context); close other sessions or create the Context with a larger n_ctx", "n_ctx");
-            }
-            throw llama_opt_error(llama_opt_errc::decode_failed,
-                "llama_decode failed with code " + std::to_string(rc) + (why.empty() ? "" : ":\n" + why));
+            fail(llama_opt_errc::decode_failed, "llama_decode failed with code " + std::to_string(rc) + (why.empty() ? "" : ":\n" + why));
         }
-        for (llama_opt_stats * s : { &stats_, &session_stats }) {
-            s->*counter += n;
-            s->forward_passes += 1;
-        }
+        count(s, counter, n);
+        count(s, &llama_opt_stats::forward_passes, 1);
+        pos = stop;
     }
     llama_batch_free(batch);
 
     const float * out = llama_get_logits_ith(ctx_, -1);
-    logits.assign(out, out + model_->n_vocab());
+    s.logits_.assign(out, out + model_->n_vocab());
+    s.logits_for_ = end;
 }

@@ -1,8 +1,19 @@
 #pragma once
 
-// llama-opt-context: one llama_context with a unified KV cache shared by many sessions
-// (one sequence id each). It computes KV for token spans of a sequence and counts the work.
+// llama-opt-context: one llama_context with a unified KV cache shared by many sessions (one
+// sequence id each). It computes KV for token spans of a sequence, owns the block pool that
+// lets sessions share the KV of a common prefix, and evicts least recently used KV when the
+// cache is full.
+//
+// Canonical block schedule (the default): KV is computed in chunks whose boundaries are
+// multiples of block_size and that hold at least min_chunk() tokens, and every sequence's cells
+// are placed tile-aligned and in position order (patches/0001). Then the KV of a complete block
+// and the logits at the end of a history are pure functions of the tokens, whatever the history
+// was built from, which makes sharing and reuse bitwise exact (docs/exactness.md). Reuse off
+// means: the same schedule, computing everything. The "llama" schedule is llama.cpp's own
+// (n_batch chunks from where the new tokens start, default placement), without reuse.
 
+#include "llama-kv-cache-dedup.h"
 #include "llama-opt-model.h"
 #include "llama-opt.h"
 
@@ -15,12 +26,13 @@ class llama_opt_session;
 
 struct llama_opt_context_params {
     uint32_t n_ctx           = 4096;  // KV cells shared by all sessions
-    uint32_t n_batch         = 512;   // tokens per llama_decode call (= one ubatch, see below)
-    uint32_t n_seq_max       = 8;     // sessions open at once
+    uint32_t n_batch         = 512;   // tokens per llama_decode call (= one ubatch)
+    uint32_t n_seq_max       = 8;     // sequences: open sessions plus cached (closed) ones
     int32_t  n_threads       = 0;     // 0 = all hardware threads
     int32_t  n_threads_batch = 0;     // 0 = n_threads
     bool     flash_attn      = true;  // fixed per context: numerics depend on it
     bool     swa_full        = true;  // keep every token of sliding-window layers (prefix reuse needs them)
+    bool     canonical       = true;  // canonical block schedule; false: llama.cpp's own, no reuse
 };
 
 class llama_opt_context : public std::enable_shared_from_this<llama_opt_context> {
@@ -32,44 +44,72 @@ public:
     llama_opt_context(const llama_opt_context &)             = delete;
     llama_opt_context & operator=(const llama_opt_context &) = delete;
 
-    // Throws llama_opt_error(context_overflow) when n_seq_max sessions are open.
+    // Throws llama_opt_error(context_overflow) when every sequence is taken by an open session.
     std::shared_ptr<llama_opt_session> open_session();
 
     // Frees the llama context; open sessions become closed.
     void close();
     bool closed() const { return ctx_ == nullptr; }
 
-    const llama_opt_model &    model() const { return *model_; }
-    const llama_opt_settings & settings() const { return settings_; }
+    const llama_opt_model &          model() const { return *model_; }
+    const llama_opt_settings &       settings() const { return settings_; }
     const llama_opt_context_params & params() const { return params_; }
     uint32_t n_ctx() const { return n_ctx_; }
-    uint32_t n_sessions() const;
+    uint32_t n_sessions() const;   // open sessions
+    uint32_t n_cached() const;     // closed sessions whose blocks are kept for reuse
+    uint32_t block_size() const { return block_; }
+    uint32_t min_chunk() const { return align_; }  // fewest tokens per canonical chunk
+    bool     canonical() const { return params_.canonical; }
+    bool     dedup() const { return pool_ != nullptr; }
+    uint32_t kv_cells_used() const;
 
     llama_opt_stats stats() const;
     void            reset_stats();
 
+    // The lock every session operation holds: a llama_context is not thread-safe.
+    std::recursive_mutex & mutex() const { return mutex_; }
+
 private:
     friend class llama_opt_session;
 
-    // Computes KV for tokens[begin, end) of `seq` at positions begin..end-1, in chunks of at
-    // most n_batch tokens; copies the logits of the last token into `logits`. On failure the
-    // KV of [begin, end) is removed again and llama_opt_error is thrown.
-    void decode(int32_t seq, const std::vector<llama_token> & tokens, size_t begin, size_t end,
-                std::vector<float> & logits, llama_opt_stats & session_stats, uint64_t llama_opt_stats::* counter);
+    enum class slot_state { free, session, cached };
+    struct slot {
+        slot_state                       state = slot_state::free;
+        std::weak_ptr<llama_opt_session> session;
+        uint64_t                         last_use = 0;
+    };
 
-    // Adds n to a counter of both the session's and the context's statistics.
-    void count(llama_opt_stats & session_stats, uint64_t llama_opt_stats::* counter, uint64_t n);
+    // Computes KV for tokens[begin, end) of `seq` at positions begin..end-1 and copies the
+    // logits of the last token into `logits`. Canonical chunks end at multiples of chunk_, and a
+    // remainder smaller than min_chunk() joins the chunk before it; otherwise n_batch chunks.
+    // When the cache is full, cached sequences and then idle sessions are evicted, least
+    // recently used first. On failure the KV of [begin, end) is removed and llama_opt_error
+    // is thrown.
+    void decode(llama_opt_session & s, size_t begin, size_t end, uint64_t llama_opt_stats::* counter);
 
-    void forget(int32_t seq, size_t from);  // removes the KV of positions >= from
-    void release(int32_t seq);              // frees a sequence's KV and id
+    void count(llama_opt_session & s, uint64_t llama_opt_stats::* counter, uint64_t n);
+    void touch(int32_t seq);
+    // Frees the least recently used cached sequence (or, unless cached_only, idle session)
+    // other than `except`; false if there is none.
+    bool evict_one(int32_t except, bool cached_only = false);
+    void drop_sequence(int32_t seq);       // frees a sequence's KV, pool references and id
+    void retire(llama_opt_session & s);    // a closing session's blocks stay cached
     void check_open() const;
 
-    std::shared_ptr<llama_opt_model>              model_;
-    llama_opt_context_params                      params_;
-    llama_opt_settings                            settings_;
-    llama_context *                               ctx_   = nullptr;
-    uint32_t                                      n_ctx_ = 0;
-    std::vector<std::weak_ptr<llama_opt_session>> sessions_;  // by sequence id
-    llama_opt_stats                               stats_;
-    mutable std::mutex                            mutex_;     // a llama_context is not thread-safe
+    llama_opt_block_pool * pool() { return pool_.get(); }
+
+    std::shared_ptr<llama_opt_model>      model_;
+    llama_opt_context_params              params_;
+    llama_opt_settings                    settings_;
+    llama_context *                       ctx_       = nullptr;
+    uint32_t                              n_ctx_     = 0;
+    uint32_t                              block_     = 0;
+    uint32_t                              align_     = 1;  // cell tile and minimum chunk (measured numerics rule)
+    uint32_t                              chunk_     = 0;  // largest multiple of block_ <= n_batch
+    std::unique_ptr<llama_opt_block_pool> pool_;
+    std::vector<slot>                     slots_;           // by sequence id
+    std::vector<std::vector<uint64_t>>    cached_blocks_;   // pool ids held by cached sequences
+    uint64_t                              clock_ = 0;       // for LRU
+    llama_opt_stats                       stats_;
+    mutable std::recursive_mutex          mutex_;
 };

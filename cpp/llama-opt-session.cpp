@@ -1,8 +1,12 @@
 #include "llama-opt-session.h"
 
+#include "llama-context-hash.h"
 #include "llama-opt-context.h"
 
+#include <algorithm>
 #include <cstdio>
+
+using lock_t = std::lock_guard<std::recursive_mutex>;
 
 llama_opt_session::llama_opt_session(std::shared_ptr<llama_opt_context> ctx, int32_t seq)
     : ctx_(std::move(ctx)), seq_(seq) {
@@ -15,10 +19,15 @@ llama_opt_session::~llama_opt_session() {
 }
 
 bool llama_opt_session::closed() const {
-    return closed_ || ctx_->closed();
+    return closed_ || evicted_ || ctx_->closed();
 }
 
 void llama_opt_session::check_open() const {
+    if (evicted_) {
+        throw llama_opt_error(llama_opt_errc::session_evicted,
+            "this session was idle when the KV cache ran out of room and its KV was evicted; open a new session "
+            "(and sync it to the same tokens), or create the Context with a larger n_ctx");
+    }
     if (closed()) {
         throw llama_opt_error(llama_opt_errc::session_closed,
             "this session is closed; open a new one with context.session()");
@@ -26,38 +35,20 @@ void llama_opt_session::check_open() const {
 }
 
 void llama_opt_session::close() {
-    if (!closed_) {
-        closed_ = true;
-        ctx_->release(seq_);
+    lock_t lock(ctx_->mutex());
+    if (!closed_ && !evicted_ && !ctx_->closed()) {
+        ctx_->retire(*this);
     }
+    closed_ = true;
+}
+
+void llama_opt_session::evict() {
+    forget(0);
+    evicted_ = true;
 }
 
 size_t llama_opt_session::room() const {
     return ctx_->n_ctx() > tokens_.size() ? ctx_->n_ctx() - tokens_.size() : 0;
-}
-
-void llama_opt_session::evaluate_pending(uint64_t llama_opt_stats::* counter) {
-    if (n_evaluated_ < tokens_.size()) {
-        ctx_->decode(seq_, tokens_, n_evaluated_, tokens_.size(), logits_, stats_, counter);
-        n_evaluated_ = tokens_.size();
-        logits_for_  = n_evaluated_;
-    }
-}
-
-void llama_opt_session::ensure_logits(uint64_t llama_opt_stats::* counter) {
-    evaluate_pending(counter);
-    if (logits_for_ != n_evaluated_ && n_evaluated_ > 0) {
-        // the history was cut back: recompute its last token to get its logits
-        ctx_->forget(seq_, n_evaluated_ - 1);
-        n_evaluated_ -= 1;
-        evaluate_pending(counter);
-    }
-}
-
-const std::vector<float> & llama_opt_session::logits() {
-    check_open();
-    ensure_logits(&llama_opt_stats::tokens_prefilled);
-    return logits_;
 }
 
 void llama_opt_session::check_fits(size_t n_tokens) const {
@@ -68,43 +59,212 @@ void llama_opt_session::check_fits(size_t n_tokens) const {
     }
 }
 
-void llama_opt_session::sync(const std::vector<llama_token> & tokens) {
-    check_open();
-    ctx_->model().check_tokens(tokens.data(), tokens.size());
-    check_fits(tokens.size());
+void llama_opt_session::forget(size_t pos) {
+    if (pos >= n_evaluated_) {
+        return;
+    }
+    llama_memory_seq_rm(llama_get_memory(ctx_->ctx_), seq_, (llama_pos) pos, -1);
+    const size_t keep_blocks = ctx_->canonical() ? pos / ctx_->block_size() : 0;
+    if (llama_opt_block_pool * pool = ctx_->pool()) {
+        for (size_t k = keep_blocks; k < blocks_.size(); ++k) {
+            if (const auto * b = pool->find(blocks_[k])) {
+                pool->unref(b, seq_);
+            }
+        }
+    }
+    blocks_.resize(std::min(blocks_.size(), keep_blocks));
+    chain_.resize(std::min(chain_.size(), keep_blocks));
+    n_canonical_ = std::min(n_canonical_, keep_blocks * ctx_->block_size());
+    n_evaluated_ = pos;
+}
 
-    size_t common = 0;  // only tokens with KV count: a pending token has none yet
-    while (common < n_evaluated_ && common < tokens.size() && tokens_[common] == tokens[common]) {
-        ++common;
+// The canonical prefix that may be kept when computing up to `end`: the last chunk must hold at
+// least min_chunk() tokens (and it computes the logits of the last token).
+static size_t reusable_prefix(size_t end, const llama_opt_context & ctx) {
+    return end >= ctx.min_chunk() ? (end - ctx.min_chunk()) / ctx.block_size() * ctx.block_size() : 0;
+}
+
+void llama_opt_session::adopt_shared_prefix() {
+    llama_opt_block_pool * pool = ctx_->pool();
+    const uint32_t B = ctx_->block_size();
+    const size_t shareable = reusable_prefix(tokens_.size(), *ctx_) / B;
+    const size_t own       = n_canonical_ / B;
+    if (shareable <= own) {
+        return;
     }
-    ctx_->count(stats_, &llama_opt_stats::diff_tokens_total, tokens.size());
-    ctx_->count(stats_, &llama_opt_stats::diff_tokens_unchanged, common);
-    ctx_->count(stats_, &llama_opt_stats::diff_tokens_recomputed, tokens.size() - common);
-    if (common < n_evaluated_) {
-        ctx_->forget(seq_, common);
-        n_evaluated_ = common;
+    ctx_->count(*this, &llama_opt_stats::dedup_blocks_total, shareable - own);
+
+    // walk the pool along this history; a holder of block k holds every block before it
+    std::vector<const llama_opt_kv_block *> path;
+    uint64_t chain = LLAMA_OPT_CHAIN_ROOT, parent = 0;
+    for (size_t k = 0; k < shareable; ++k) {
+        const llama_token * t = tokens_.data() + k * B;
+        chain = llama_opt_hash_chain(chain, t, B);
+        const llama_opt_kv_block * b = pool->lookup(chain, parent, t, B);
+        if (!b || std::none_of(b->holders.begin(), b->holders.end(), [&](int32_t h) { return h != seq_; })) {
+            break;
+        }
+        path.push_back(b);
+        parent = b->id;
     }
-    tokens_ = tokens;
-    try {
-        evaluate_pending(&llama_opt_stats::tokens_prefilled);
-    } catch (...) {
-        tokens_.resize(n_evaluated_);
-        throw;
+    if (path.size() <= own) {
+        return;
+    }
+    // take the whole prefix from one holder, so that our cells stay in position order
+    int32_t holder = -1;
+    for (int32_t h : path.back()->holders) {
+        if (h != seq_) {
+            holder = h;
+            break;
+        }
+    }
+    const size_t n_shared = path.size() * B;
+    forget(0);
+    llama_memory_seq_cp(llama_get_memory(ctx_->ctx_), holder, seq_, 0, (llama_pos) n_shared);
+    chain_.clear();
+    chain = LLAMA_OPT_CHAIN_ROOT;
+    for (size_t k = 0; k < path.size(); ++k) {
+        pool->ref(path[k], seq_);
+        blocks_.push_back(path[k]->id);
+        chain = llama_opt_hash_chain(chain, tokens_.data() + k * B, B);
+        chain_.push_back(chain);
+    }
+    ctx_->count(*this, &llama_opt_stats::dedup_blocks_hit, path.size() - own);
+    ctx_->count(*this, &llama_opt_stats::dedup_tokens_saved, n_shared - own * B);
+    n_canonical_ = n_evaluated_ = n_shared;
+}
+
+void llama_opt_session::register_blocks() {
+    const uint32_t B = ctx_->block_size();
+    llama_opt_block_pool * pool = ctx_->pool();
+    for (size_t k = chain_.size(); (k + 1) * B <= n_canonical_; ++k) {
+        const llama_token * t = tokens_.data() + k * B;
+        chain_.push_back(llama_opt_hash_chain(k == 0 ? LLAMA_OPT_CHAIN_ROOT : chain_[k - 1], t, B));
+        if (pool && blocks_.size() == k) {  // a block can be pooled only after its parent
+            const llama_opt_kv_block * b = pool->insert(chain_[k], k == 0 ? 0 : blocks_[k - 1], (uint32_t) k, t, B);
+            while (!b && ctx_->evict_one(seq_, /* cached_only */ true)) {
+                b = pool->insert(chain_[k], k == 0 ? 0 : blocks_[k - 1], (uint32_t) k, t, B);
+            }
+            if (b) {
+                pool->ref(b, seq_);
+                blocks_.push_back(b->id);
+            }
+        }
     }
 }
 
+void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
+    const size_t end = tokens_.size();
+    if (ctx_->canonical()) {
+        // the partial block and generated tokens are computed again, on the canonical schedule
+        forget(std::min(n_canonical_, reusable_prefix(end, *ctx_)));
+        if (ctx_->dedup()) {
+            adopt_shared_prefix();
+        }
+    }
+    if (n_evaluated_ < end) {
+        ctx_->decode(*this, n_evaluated_, end, counter);
+        n_evaluated_ = end;
+    }
+    if (ctx_->canonical()) {
+        n_canonical_ = end / ctx_->block_size() * ctx_->block_size();
+        register_blocks();
+    }
+}
+
+void llama_opt_session::ensure_logits(uint64_t llama_opt_stats::* counter) {
+    if (n_evaluated_ < tokens_.size()) {
+        if (ctx_->canonical()) {
+            prefill(counter);
+        } else {
+            ctx_->decode(*this, n_evaluated_, tokens_.size(), counter);
+            n_evaluated_ = tokens_.size();
+        }
+    }
+    if (logits_for_ != n_evaluated_ && n_evaluated_ > 0) {
+        // the history was cut back: compute its end again (canonical: a whole last chunk)
+        forget(ctx_->canonical() ? reusable_prefix(n_evaluated_, *ctx_) : n_evaluated_ - 1);
+        ensure_logits(counter);
+    }
+}
+
+const std::vector<float> & llama_opt_session::logits() {
+    lock_t lock(ctx_->mutex());
+    check_open();
+    ensure_logits(&llama_opt_stats::tokens_prefilled);
+    return logits_;
+}
+
 void llama_opt_session::append(const std::vector<llama_token> & tokens) {
+    lock_t lock(ctx_->mutex());
     check_open();
     ctx_->model().check_tokens(tokens.data(), tokens.size());
     check_fits(tokens_.size() + tokens.size());
     const size_t old_size = tokens_.size();
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
     try {
-        evaluate_pending(&llama_opt_stats::tokens_prefilled);
+        prefill(&llama_opt_stats::tokens_prefilled);
     } catch (...) {
-        tokens_.resize(old_size);  // decode() already removed the new KV
+        tokens_.resize(old_size);  // decode() removed the new KV; a recomputed tail is computed again later
         throw;
     }
+}
+
+void llama_opt_session::sync(const std::vector<llama_token> & tokens) {
+    lock_t lock(ctx_->mutex());
+    check_open();
+    ctx_->model().check_tokens(tokens.data(), tokens.size());
+    check_fits(tokens.size());
+
+    size_t keep = 0;  // exact reuse: the common prefix only (KV after a change depends on it)
+    if (ctx_->settings().config.diff_enabled) {
+        while (keep < n_evaluated_ && keep < tokens.size() && tokens_[keep] == tokens[keep]) {
+            ++keep;
+        }
+    }
+    const uint64_t computed_before = stats_.tokens_prefilled;
+    forget(keep);
+    tokens_ = tokens;
+    try {
+        prefill(&llama_opt_stats::tokens_prefilled);
+    } catch (...) {
+        tokens_.resize(n_evaluated_);
+        throw;
+    }
+    if (!ctx_->settings().config.diff_enabled) {
+        return;
+    }
+    const uint64_t recomputed = stats_.tokens_prefilled - computed_before;
+    ctx_->count(*this, &llama_opt_stats::diff_tokens_total, tokens.size());
+    ctx_->count(*this, &llama_opt_stats::diff_tokens_recomputed, recomputed);
+    ctx_->count(*this, &llama_opt_stats::diff_tokens_unchanged, tokens.size() - std::min<uint64_t>(recomputed, tokens.size()));
+}
+
+std::shared_ptr<llama_opt_session> llama_opt_session::fork() {
+    lock_t lock(ctx_->mutex());
+    check_open();
+    auto other = ctx_->open_session();
+    other->tokens_ = tokens_;
+    // canonical: share the complete blocks, the partial one is the fork's own to compute;
+    // otherwise share everything computed so far
+    const size_t shared = ctx_->canonical() ? n_canonical_ : n_evaluated_;
+    if (shared > 0) {
+        llama_memory_seq_cp(llama_get_memory(ctx_->ctx_), seq_, other->seq_, 0, (llama_pos) shared);
+    }
+    other->n_evaluated_ = shared;
+    other->n_canonical_ = ctx_->canonical() ? shared : 0;
+    other->chain_       = chain_;
+    if (llama_opt_block_pool * pool = ctx_->pool()) {
+        for (uint64_t id : blocks_) {
+            pool->ref(pool->find(id), other->seq_);
+        }
+        other->blocks_ = blocks_;
+    }
+    if (!ctx_->canonical() && logits_for_ == n_evaluated_) {
+        other->logits_     = logits_;
+        other->logits_for_ = logits_for_;
+    }
+    return other;
 }
 
 void llama_opt_session::set_sampling(const llama_opt_sampling & s) {
@@ -129,6 +289,7 @@ void llama_opt_session::set_sampling(const llama_opt_sampling & s) {
 }
 
 llama_token llama_opt_session::next_token() {
+    lock_t lock(ctx_->mutex());
     check_open();
     if (room() == 0) {
         throw llama_opt_error(llama_opt_errc::context_overflow,
@@ -138,7 +299,12 @@ llama_token llama_opt_session::next_token() {
         throw llama_opt_error(llama_opt_errc::invalid_argument,
             "the session is empty: append a prompt before generating");
     }
-    ensure_logits(&llama_opt_stats::tokens_decoded);
+    if (n_evaluated_ + 1 == tokens_.size() && logits_for_ == n_evaluated_) {
+        // the pending sampled token: one decode step, not a (canonical) prefill
+        ctx_->decode(*this, n_evaluated_, tokens_.size(), &llama_opt_stats::tokens_decoded);
+        n_evaluated_ = tokens_.size();
+    }
+    ensure_logits(&llama_opt_stats::tokens_prefilled);
 
     candidates_.resize(logits_.size());
     for (size_t i = 0; i < logits_.size(); ++i) {
@@ -150,11 +316,12 @@ llama_token llama_opt_session::next_token() {
     llama_sampler_accept(sampler_, token);
 
     tokens_.push_back(token);
-    ctx_->count(stats_, &llama_opt_stats::tokens_generated, 1);
+    ctx_->count(*this, &llama_opt_stats::tokens_generated, 1);
     return token;
 }
 
 void llama_opt_session::end_turn() {
+    lock_t lock(ctx_->mutex());
     if (ctx_->settings().config.stats_enabled) {
         (stats_ - turn_start_).print();
     }

@@ -1,7 +1,12 @@
 #pragma once
 
 // llama-opt-session: one sequence of a context. An append-only token history (the tokens are
-// the contract), the logits after its last evaluated token, and sampling.
+// the contract), the logits after its last token, and sampling.
+//
+// KV bookkeeping: tokens_[0, n_evaluated_) have KV in the cache; in canonical mode
+// tokens_[0, n_canonical_) form complete blocks computed by the canonical schedule (or shared
+// from a sequence that computed them so). The partial last block and generated tokens (decoded
+// one at a time, a different kernel path) are recomputed before the history grows past them.
 
 #include "llama-opt.h"
 #include "llama.h"
@@ -28,13 +33,17 @@ public:
     llama_opt_session & operator=(const llama_opt_session &) = delete;
 
     // Adds tokens to the history and computes their KV. On error (bad token, context
-    // overflow, decode failure) the session is left exactly as it was.
+    // overflow, decode failure) the history is unchanged.
     void append(const std::vector<llama_token> & tokens);
 
     // Sets the history to `tokens`: the KV of the common prefix with the current history is
-    // kept, the rest is computed. On a bad token or an overflow the session is unchanged; if
+    // kept (when diffing is on), blocks other sequences hold are shared (when dedup is on),
+    // the rest is computed. On a bad token or an overflow the session is unchanged; if
     // computing fails, the history is cut back to the tokens whose KV exists.
     void sync(const std::vector<llama_token> & tokens);
+
+    // A new session with the same history, sharing this one's KV blocks.
+    std::shared_ptr<llama_opt_session> fork();
 
     // Sampler for the following next_token() calls.
     void set_sampling(const llama_opt_sampling & sampling);
@@ -46,11 +55,15 @@ public:
     // Ends a turn: prints the turn's statistics when LLAMA_OPT_STATS is on.
     void end_turn();
 
+    // Closes the session. With dedup on, its complete blocks stay in the context for reuse
+    // until the space is needed.
     void close();
-    bool closed() const;  // closed itself, or its context was closed
+    bool closed() const;   // closed itself, evicted, or its context was closed
+    bool evicted() const { return evicted_; }
 
     const std::vector<llama_token> & tokens() const { return tokens_; }
     size_t                           n_evaluated() const { return n_evaluated_; }
+    size_t                           n_canonical() const { return n_canonical_; }
     size_t                           room() const;  // tokens that still fit the context
     int32_t                          seq() const { return seq_; }
     // Logits after the last token of the history (computed if needed; empty if no history).
@@ -62,17 +75,26 @@ private:
 
     void check_open() const;
     void check_fits(size_t n_tokens) const;
-    void evaluate_pending(uint64_t llama_opt_stats::* counter);
+
+    void prefill(uint64_t llama_opt_stats::* counter);  // computes tokens_[n_evaluated_, end)
     void ensure_logits(uint64_t llama_opt_stats::* counter);
+    void forget(size_t pos);               // drops the KV of positions >= pos
+    void adopt_shared_prefix();            // dedup: take a longer canonical prefix another sequence holds
+    void register_blocks();                // dedup: put new complete blocks into the pool
+    void evict();                          // called by the context: the KV is gone
 
     std::shared_ptr<llama_opt_context> ctx_;
     int32_t                            seq_;
     bool                               closed_      = false;
+    bool                               evicted_     = false;
     std::vector<llama_token>           tokens_;           // history
     size_t                             n_evaluated_ = 0;  // tokens_[0, n_evaluated_) have KV
+    size_t                             n_canonical_ = 0;  // complete canonical blocks, a multiple of the block size
+    std::vector<uint64_t>              blocks_;           // pool ids of the canonical blocks (may stop early: pool full)
+    std::vector<uint64_t>              chain_;            // chained hashes of the canonical blocks
     std::vector<float>                 logits_;
     size_t                             logits_for_  = 0;  // logits_ follow token logits_for_ - 1
-    llama_sampler *                    sampler_ = nullptr;
+    llama_sampler *                    sampler_     = nullptr;
     std::vector<llama_token_data>      candidates_;       // sampling scratch, reused per step
     llama_opt_stats                    stats_;
     llama_opt_stats                    turn_start_;

@@ -20,8 +20,8 @@ extern char ** environ;
 const std::vector<llama_opt_feature> & llama_opt_features() {
     // `implemented` turns true in the change that lands the feature's code path.
     static const std::vector<llama_opt_feature> features = {
-        { "dedup",       "LLAMA_OPT_DEDUP",       "dedup_enabled",       1, LLAMA_OPT_DEDUP != 0,       false },
-        { "kv_diff",     "LLAMA_OPT_KV_DIFF",     "diff_enabled",        1, LLAMA_OPT_KV_DIFF != 0,     false },
+        { "dedup",       "LLAMA_OPT_DEDUP",       "dedup_enabled",       1, LLAMA_OPT_DEDUP != 0,       true  },
+        { "kv_diff",     "LLAMA_OPT_KV_DIFF",     "diff_enabled",        1, LLAMA_OPT_KV_DIFF != 0,     true  },
         { "schema_skip", "LLAMA_OPT_SCHEMA_SKIP", "schema_skip_enabled", 1, LLAMA_OPT_SCHEMA_SKIP != 0, false },
         { "kv_canon",    "LLAMA_OPT_KV_CANON",    "canon_enabled",       1, LLAMA_OPT_KV_CANON != 0,    false },
         { "precompute",  "LLAMA_OPT_PRECOMPUTE",  "precompute_enabled",  1, LLAMA_OPT_PRECOMPUTE != 0,  false },
@@ -330,7 +330,7 @@ std::map<std::string, std::string> llama_opt_environ() {
 
 const std::vector<llama_opt_stats_field> & llama_opt_stats_fields() {
     static const std::vector<llama_opt_stats_field> fields = {
-        STAT(dedup_blocks_total), STAT(dedup_blocks_hit), STAT(dedup_tokens_saved),
+        STAT(dedup_blocks_total), STAT(dedup_blocks_hit), STAT(dedup_tokens_saved), STAT(dedup_sequences_evicted),
         STAT(diff_tokens_total), STAT(diff_tokens_unchanged), STAT(diff_tokens_recomputed),
         STAT(schema_tokens_total), STAT(schema_tokens_skipped), STAT(schema_tokens_inferred),
         STAT(canon_entries_total), STAT(canon_entries_deduped), STAT(canon_bytes_saved),
@@ -341,6 +341,7 @@ const std::vector<llama_opt_stats_field> & llama_opt_stats_fields() {
         STAT(act_lookups), STAT(act_hits),
         STAT(noop_ops_elided),
         STAT(tokens_prefilled), STAT(tokens_decoded), STAT(tokens_generated), STAT(forward_passes),
+        STAT(sessions_evicted),
     };
     return fields;
 }

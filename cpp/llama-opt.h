@@ -24,6 +24,7 @@ enum class llama_opt_errc {
     invalid_token,        // token id outside the vocabulary
     context_overflow,     // history would not fit the context
     session_closed,       // use of a closed session
+    session_evicted,      // use of a session whose KV was evicted to make room
     decode_failed,        // llama_decode failed for another reason
     invalid_argument,     // any other bad argument
 };
@@ -153,6 +154,7 @@ struct llama_opt_stats {
     uint64_t dedup_blocks_total   = 0;
     uint64_t dedup_blocks_hit     = 0;
     uint64_t dedup_tokens_saved   = 0;
+    uint64_t dedup_sequences_evicted = 0;  // cached (closed) sequences dropped to make room
     // Phase 1 - KV cache diffing
     uint64_t diff_tokens_total      = 0;
     uint64_t diff_tokens_unchanged  = 0;
@@ -191,6 +193,7 @@ struct llama_opt_stats {
     uint64_t tokens_decoded   = 0;  // tokens whose KV was computed by generation steps
     uint64_t tokens_generated = 0;  // tokens sampled
     uint64_t forward_passes   = 0;  // llama_decode calls (one ubatch each)
+    uint64_t sessions_evicted = 0;  // idle sessions whose KV was dropped to make room
 
     void reset() { *this = llama_opt_stats(); }
 

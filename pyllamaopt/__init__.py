@@ -25,6 +25,7 @@ from .errors import (
     ModelNotFoundError,
     PyllamaoptError,
     SessionClosedError,
+    SessionEvictedError,
 )
 from .model import Model
 from .session import Generation, Session, Token
@@ -43,5 +44,5 @@ __all__ = [
     "build_info", "features", "fields",
     "ChatTemplateError", "ConfigError", "ContextOverflowError", "DecodeError", "FeatureUnavailableError",
     "InvalidArgumentError", "InvalidTokenError", "ModelLoadError", "ModelNotFoundError", "PyllamaoptError",
-    "SessionClosedError",
+    "SessionClosedError", "SessionEvictedError",
 ]

@@ -31,11 +31,17 @@ class Context:
     flash_attn  flash attention on/off; fixed per context, since numerics depend on it
     swa_full    keep all tokens of sliding-window layers (needed to reuse long prefixes)
     config      OptConfig (default: defaults + LLAMA_OPT_* environment)
+    schedule    "canonical" (default): KV computed on the canonical block schedule, which makes
+                reuse bitwise exact (docs/exactness.md); "llama": llama.cpp's own schedule and
+                cell placement, with every reuse optimization off
     """
 
     def __init__(self, model: Model | str | os.PathLike[str], *, n_ctx: int = 4096, n_batch: int = 512,
                  n_seq_max: int = 8, n_threads: int | None = None, n_threads_batch: int | None = None,
-                 flash_attn: bool = True, swa_full: bool = True, config: OptConfig | None = None) -> None:
+                 flash_attn: bool = True, swa_full: bool = True, config: OptConfig | None = None,
+                 schedule: str = "canonical") -> None:
+        if schedule not in ("canonical", "llama"):
+            raise InvalidArgumentError(f"schedule must be 'canonical' or 'llama', got {schedule!r}")
         self.model = model if isinstance(model, Model) else Model(model)
         self.config = config if config is not None else OptConfig()
         self._core = _core.Context(
@@ -45,7 +51,7 @@ class Context:
             _check_int("n_seq_max", n_seq_max, 1, 256),
             _check_int("n_threads", n_threads or 0, 0, 1024),
             _check_int("n_threads_batch", n_threads_batch or 0, 0, 1024),
-            bool(flash_attn), bool(swa_full))
+            bool(flash_attn), bool(swa_full), schedule == "canonical")
 
     def session(self) -> Session:
         """Open a new, empty session (one sequence of this context)."""
@@ -59,6 +65,24 @@ class Context:
     def n_sessions(self) -> int:
         """Sessions currently open."""
         return self._core.n_sessions
+
+    @property
+    def n_cached(self) -> int:
+        """Closed sessions whose KV blocks are kept for reuse (dropped first when room is needed)."""
+        return self._core.n_cached
+
+    @property
+    def block_size(self) -> int:
+        return self._core.block_size
+
+    @property
+    def schedule(self) -> str:
+        return "canonical" if self._core.canonical else "llama"
+
+    @property
+    def kv_cells_used(self) -> int:
+        """KV cells in use; a cell shared by several sessions counts once."""
+        return self._core.kv_cells_used
 
     @property
     def stats(self) -> Stats:

@@ -44,6 +44,11 @@ class SessionClosedError(PyllamaoptError):
     """Use of a session (or context) after close()."""
 
 
+class SessionEvictedError(SessionClosedError):
+    """The session was idle when the KV cache ran out of room, and its KV was dropped
+    (least recently used first). Open a new session and sync it to the same tokens."""
+
+
 class DecodeError(PyllamaoptError):
     """llama.cpp failed to evaluate a batch."""
 

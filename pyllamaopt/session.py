@@ -133,6 +133,11 @@ class Session:
         overflow or a bad token the session is unchanged."""
         self._core.sync(check_token_ids(tokens))
 
+    def fork(self) -> Session:
+        """A new session with the same history, sharing this one's KV (no recomputation of
+        complete blocks)."""
+        return Session(self.context, self._core.fork())
+
     def append_text(self, text: str, *, add_bos: bool | None = None, special: bool = False) -> list[int]:
         """Tokenize and append `text`; returns its tokens. ``add_bos`` defaults to: only at
         the start of an empty session, if the model uses BOS."""
@@ -191,7 +196,13 @@ class Session:
 
     @property
     def closed(self) -> bool:
+        """Closed, evicted, or its context was closed."""
         return self._core.closed
+
+    @property
+    def evicted(self) -> bool:
+        """The KV cache needed room while this session was idle, and its KV was dropped."""
+        return self._core.evicted
 
     def close(self) -> None:
         """Free the session's KV cells. Using it afterwards raises SessionClosedError."""

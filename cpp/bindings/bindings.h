@@ -12,6 +12,7 @@ void register_errors(py::module_ & m);
 void register_config(py::module_ & m);
 void register_stats(py::module_ & m);
 void register_hash(py::module_ & m);
+void register_diff(py::module_ & m);
 void register_model(py::module_ & m);
 void register_context(py::module_ & m);
 void register_session(py::module_ & m);

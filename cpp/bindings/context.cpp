@@ -9,7 +9,7 @@ void register_context(py::module_ & m) {
     py::class_<llama_opt_context, std::shared_ptr<llama_opt_context>>(m, "Context", "A llama context with sessions (see pyllamaopt.Context).")
         .def(py::init([](std::shared_ptr<llama_opt_model> model, const llama_opt_settings & settings, uint32_t n_ctx,
                          uint32_t n_batch, uint32_t n_seq_max, int32_t n_threads, int32_t n_threads_batch, bool flash_attn,
-                         bool swa_full) {
+                         bool swa_full, bool canonical) {
                  llama_opt_context_params p;
                  p.n_ctx = n_ctx;
                  p.n_batch = n_batch;
@@ -18,10 +18,11 @@ void register_context(py::module_ & m) {
                  p.n_threads_batch = n_threads_batch;
                  p.flash_attn = flash_attn;
                  p.swa_full = swa_full;
+                 p.canonical = canonical;
                  py::gil_scoped_release nogil;
                  return std::make_shared<llama_opt_context>(std::move(model), p, settings);
              }), py::arg("model"), py::arg("settings"), py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_seq_max"),
-             py::arg("n_threads"), py::arg("n_threads_batch"), py::arg("flash_attn"), py::arg("swa_full"))
+             py::arg("n_threads"), py::arg("n_threads_batch"), py::arg("flash_attn"), py::arg("swa_full"), py::arg("canonical"))
         .def("open_session", &llama_opt_context::open_session)
         .def("close", &llama_opt_context::close, py::call_guard<py::gil_scoped_release>())
         .def("stats", &llama_opt_context::stats)
@@ -29,5 +30,10 @@ void register_context(py::module_ & m) {
         .def_property_readonly("closed", &llama_opt_context::closed)
         .def_property_readonly("n_ctx", &llama_opt_context::n_ctx)
         .def_property_readonly("n_sessions", &llama_opt_context::n_sessions)
+        .def_property_readonly("n_cached", &llama_opt_context::n_cached)
+        .def_property_readonly("kv_cells_used", &llama_opt_context::kv_cells_used)
+        .def_property_readonly("block_size", &llama_opt_context::block_size)
+        .def_property_readonly("min_chunk", &llama_opt_context::min_chunk)
+        .def_property_readonly("canonical", &llama_opt_context::canonical)
         .def_property_readonly("settings", &llama_opt_context::settings);
 }

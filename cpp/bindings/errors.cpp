@@ -12,6 +12,7 @@ static const char * exception_name(llama_opt_errc code) {
         case llama_opt_errc::invalid_token:       return "InvalidTokenError";
         case llama_opt_errc::context_overflow:    return "ContextOverflowError";
         case llama_opt_errc::session_closed:      return "SessionClosedError";
+        case llama_opt_errc::session_evicted:     return "SessionEvictedError";
         case llama_opt_errc::decode_failed:       return "DecodeError";
         case llama_opt_errc::invalid_argument:    return "InvalidArgumentError";
     }

@@ -16,6 +16,7 @@ PYBIND11_MODULE(_core, m) {
     register_config(m);
     register_stats(m);
     register_hash(m);
+    register_diff(m);
     register_model(m);
     register_context(m);
     register_session(m);

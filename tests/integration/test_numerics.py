@@ -1,17 +1,22 @@
 """Re-derives, for this build and CPU, the rules of llama.cpp's batch-shape-dependent numerics
-that the exactness contract stands on (../shared/DESIGN.md). A new llama.cpp or new CPU flags
-can change them; when one of these tests fails, the rules in docs/exactness.md must change too.
+that the exactness contract stands on (../shared/DESIGN.md, docs/exactness.md). A new
+llama.cpp or new CPU flags can change them; when one of these tests fails, the canonical
+schedule (cpp/llama-opt-context.cpp, numerics_granularity) and docs/exactness.md must change.
 
-Measured on Gemma 3 270M with a 512-token prompt, comparing final logits bit for bit.
+Gemma 3 270M, final logits compared bit for bit. Raw llama.cpp behaviour is probed with the
+"llama" schedule, where each append is computed as one chunk.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pyllamaopt import Context
+from pyllamaopt import Context, OptConfig
 
 pytestmark = pytest.mark.integration
+
+OFF = {"dedup_enabled": False, "diff_enabled": False}
+ON = {"dedup_enabled": True, "diff_enabled": True}
 
 
 @pytest.fixture(scope="module")
@@ -20,37 +25,45 @@ def prompt(gemma) -> list[int]:
     return gemma.tokenize(text)[:512]
 
 
-def logits_after(gemma, prompt, *, n_batch=512, flash_attn=True, n_threads=2, cells_before=0):
-    """Logits after `prompt`, prefilled in chunks of n_batch, in a session whose KV cells
+def logits_after(gemma, prompt, splits=(), *, flash_attn=True, n_threads=2, cells_before=0,
+                 schedule="llama", config=OFF):
+    """Logits after `prompt`, appended in pieces cut at `splits`, in a session whose KV cells
     start after `cells_before` cells held by another session."""
-    with Context(gemma, n_ctx=2048, n_batch=n_batch, n_threads=n_threads, flash_attn=flash_attn) as ctx:
+    with Context(gemma, n_ctx=2048, n_batch=1024, n_threads=n_threads, flash_attn=flash_attn,
+                 schedule=schedule, config=OptConfig(env={}, **config)) as ctx:
         other = ctx.session()  # kept open: its cells stay taken
         if cells_before:
             other.append(gemma.tokenize("word " * cells_before, add_bos=False)[:cells_before])
         session = ctx.session()
-        session.append(prompt)
+        for start, stop in zip((0, *splits), (*splits, len(prompt))):
+            session.append(prompt[start:stop])
         return session.logits()
+
+
+def same(a, b) -> bool:
+    return bool(np.array_equal(a, b))
 
 
 @pytest.mark.parametrize("flash_attn", [True, False])
 def test_thread_count_never_changes_a_bit(gemma, prompt, flash_attn):
-    np.testing.assert_array_equal(logits_after(gemma, prompt, n_threads=1, flash_attn=flash_attn),
-                                  logits_after(gemma, prompt, n_threads=2, flash_attn=flash_attn))
+    assert same(logits_after(gemma, prompt, n_threads=1, flash_attn=flash_attn),
+                logits_after(gemma, prompt, n_threads=2, flash_attn=flash_attn))
 
 
-@pytest.mark.parametrize("flash_attn", [True, False])
-@pytest.mark.parametrize("n_batch", [64, 128, 256])
-def test_block_aligned_chunks_equal_one_chunk(gemma, prompt, flash_attn, n_batch):
-    np.testing.assert_array_equal(logits_after(gemma, prompt, n_batch=n_batch, flash_attn=flash_attn),
-                                  logits_after(gemma, prompt, flash_attn=flash_attn))
-
-
-@pytest.mark.parametrize("flash_attn", [True, False])
-def test_odd_chunks_change_the_logits(gemma, prompt, flash_attn):
-    # why the canonical block schedule exists: 17-token chunks are not the 512-token chunk
-    diff = np.abs(logits_after(gemma, prompt, n_batch=17, flash_attn=flash_attn)
-                  - logits_after(gemma, prompt, flash_attn=flash_attn))
-    assert diff.max() > 1e-3
+@pytest.mark.parametrize("flash_attn,equal,different", [
+    # (the chunk sizes that prefill the 512 tokens)
+    (True, [(64,) * 8, (128, 384), (256, 256), (448, 64), (412, 100), (64, 384, 64)],
+     [(496, 16), (480, 32), (449, 63), (447, 65), (256, 248, 8)]),
+    (False, [(64,) * 8, (256, 256), (496, 16), (504, 8), (412, 100)],
+     [(508, 4), (447, 65), (449, 63)]),
+])
+def test_which_chunkings_change_the_logits(gemma, prompt, flash_attn, equal, different):
+    """With flash attention, a chunk of fewer than 64 tokens computes its rows differently;
+    without, fewer than 8. Chunk boundaries must be multiples of 4 either way."""
+    reference = logits_after(gemma, prompt, flash_attn=flash_attn)
+    for sizes in equal + different:
+        splits = tuple(np.cumsum(sizes)[:-1])
+        assert same(logits_after(gemma, prompt, splits, flash_attn=flash_attn), reference) == (sizes in equal), sizes
 
 
 @pytest.mark.parametrize("flash_attn,aligned,misaligned", [
@@ -59,9 +72,17 @@ def test_odd_chunks_change_the_logits(gemma, prompt, flash_attn):
 ])
 def test_cache_position_of_a_session_matters_unless_aligned(gemma, prompt, flash_attn, aligned, misaligned):
     reference = logits_after(gemma, prompt, flash_attn=flash_attn)
-    for cells_before in aligned:
-        np.testing.assert_array_equal(logits_after(gemma, prompt, flash_attn=flash_attn, cells_before=cells_before),
-                                      reference, err_msg=f"{cells_before} cells before")
-    for cells_before in misaligned:
-        diff = np.abs(logits_after(gemma, prompt, flash_attn=flash_attn, cells_before=cells_before) - reference)
-        assert diff.max() > 1e-3, f"{cells_before} cells before: now exact; the placement rule can be relaxed"
+    for cells_before in aligned + misaligned:
+        equal = same(logits_after(gemma, prompt, flash_attn=flash_attn, cells_before=cells_before), reference)
+        assert equal == (cells_before in aligned), f"{cells_before} cells before"
+
+
+@pytest.mark.parametrize("flash_attn", [True, False])
+def test_the_canonical_schedule_is_independent_of_history_and_placement(gemma, prompt, flash_attn):
+    """patches/0001 and the canonical schedule: however the history was appended and wherever
+    other sessions' cells are, the logits are those of one llama.cpp chunk."""
+    reference = logits_after(gemma, prompt, flash_attn=flash_attn)
+    for splits, cells_before in [((), 0), ((), 33), ((500,), 1), ((10, 20, 300, 510), 100), ((64, 128), 16)]:
+        for config in (OFF, ON):
+            assert same(logits_after(gemma, prompt, splits, flash_attn=flash_attn, cells_before=cells_before,
+                                     schedule="canonical", config=config), reference), (splits, cells_before, config)
