@@ -1,5 +1,6 @@
 #include "llama-opt-context.h"
 
+#include "llama-context-hash.h"
 #include "llama-opt-log.h"
 #include "llama-opt-session.h"
 #include "llama.h"
@@ -177,6 +178,10 @@ void llama_opt_context::reset_stats() {
     stats_.reset();
 }
 
+uint64_t llama_opt_context::block_hash(uint64_t parent, const llama_token * block) const {
+    return llama_opt_hash_chain(parent, block, block_) & hash_mask_;
+}
+
 void llama_opt_context::count(llama_opt_session & s, uint64_t llama_opt_stats::* counter, uint64_t n) {
     s.stats_.*counter += n;
     stats_.*counter += n;
@@ -250,7 +255,8 @@ bool llama_opt_context::evict_one(int32_t except, bool cached_only) {
     return true;
 }
 
-void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, uint64_t llama_opt_stats::* counter) {
+void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, uint64_t llama_opt_stats::* counter,
+                               bool evict_sessions) {
     check_open();
     touch(s.seq_);
     llama_memory_t mem = llama_get_memory(ctx_);
@@ -280,7 +286,7 @@ void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, 
             batch.logits[i]    = pos + i + 1 == end;
         }
         int32_t rc = llama_decode(ctx_, batch);
-        while (rc == 1 && evict_one(s.seq_)) {  // no room: free the least recently used KV, retry
+        while (rc == 1 && evict_one(s.seq_, !evict_sessions)) {  // no room: free the least recently used KV, retry
             rc = llama_decode(ctx_, batch);
         }
         if (rc == 1) {

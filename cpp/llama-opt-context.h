@@ -66,6 +66,13 @@ public:
     llama_opt_stats stats() const;
     void            reset_stats();
 
+    // Chained hash of one block (llama-context-hash), masked by the test hook below.
+    uint64_t block_hash(uint64_t parent, const llama_token * block) const;
+
+    // Test hook: keep only these bits of every block hash, to force collisions. Lookups are
+    // verified (tokens and parent block), so this must never change a result.
+    void set_test_hash_mask(uint64_t mask) { hash_mask_ = mask; }
+
     // The lock every session operation holds: a llama_context is not thread-safe.
     std::recursive_mutex & mutex() const { return mutex_; }
 
@@ -82,10 +89,11 @@ private:
     // Computes KV for tokens[begin, end) of `seq` at positions begin..end-1 and copies the
     // logits of the last token into `logits`. Canonical chunks end at multiples of chunk_, and a
     // remainder smaller than min_chunk() joins the chunk before it; otherwise n_batch chunks.
-    // When the cache is full, cached sequences and then idle sessions are evicted, least
-    // recently used first. On failure the KV of [begin, end) is removed and llama_opt_error
-    // is thrown.
-    void decode(llama_opt_session & s, size_t begin, size_t end, uint64_t llama_opt_stats::* counter);
+    // When the cache is full, cached sequences and then (if evict_sessions) idle sessions are
+    // evicted, least recently used first. On failure the KV of [begin, end) is removed and
+    // llama_opt_error is thrown.
+    void decode(llama_opt_session & s, size_t begin, size_t end, uint64_t llama_opt_stats::* counter,
+                bool evict_sessions);
 
     void count(llama_opt_session & s, uint64_t llama_opt_stats::* counter, uint64_t n);
     void touch(int32_t seq);
@@ -110,6 +118,7 @@ private:
     std::vector<slot>                     slots_;           // by sequence id
     std::vector<std::vector<uint64_t>>    cached_blocks_;   // pool ids held by cached sequences
     uint64_t                              clock_ = 0;       // for LRU
+    uint64_t                              hash_mask_ = ~0ULL;
     llama_opt_stats                       stats_;
     mutable std::recursive_mutex          mutex_;
 };

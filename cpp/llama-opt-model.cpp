@@ -1,5 +1,6 @@
 #include "llama-opt-model.h"
 
+#include "ggml-cpu.h"
 #include "llama-opt-log.h"
 #include "llama.h"
 
@@ -14,6 +15,8 @@ static void backend_init() {
     std::call_once(once, [] {
         llama_opt_log_init();
         llama_backend_init();
+        // a decode step's attention must not depend on other sessions' cells (patches/0003)
+        ggml_cpu_set_flash_attn_split_kv(false);
     });
 }
 

@@ -99,7 +99,7 @@ void llama_opt_session::adopt_shared_prefix() {
     uint64_t chain = LLAMA_OPT_CHAIN_ROOT, parent = 0;
     for (size_t k = 0; k < shareable; ++k) {
         const llama_token * t = tokens_.data() + k * B;
-        chain = llama_opt_hash_chain(chain, t, B);
+        chain = ctx_->block_hash(chain, t);
         const llama_opt_kv_block * b = pool->lookup(chain, parent, t, B);
         if (!b || std::none_of(b->holders.begin(), b->holders.end(), [&](int32_t h) { return h != seq_; })) {
             break;
@@ -126,7 +126,7 @@ void llama_opt_session::adopt_shared_prefix() {
     for (size_t k = 0; k < path.size(); ++k) {
         pool->ref(path[k], seq_);
         blocks_.push_back(path[k]->id);
-        chain = llama_opt_hash_chain(chain, tokens_.data() + k * B, B);
+        chain = ctx_->block_hash(chain, tokens_.data() + k * B);
         chain_.push_back(chain);
     }
     ctx_->count(*this, &llama_opt_stats::dedup_blocks_hit, path.size() - own);
@@ -139,7 +139,7 @@ void llama_opt_session::register_blocks() {
     llama_opt_block_pool * pool = ctx_->pool();
     for (size_t k = chain_.size(); (k + 1) * B <= n_canonical_; ++k) {
         const llama_token * t = tokens_.data() + k * B;
-        chain_.push_back(llama_opt_hash_chain(k == 0 ? LLAMA_OPT_CHAIN_ROOT : chain_[k - 1], t, B));
+        chain_.push_back(ctx_->block_hash(k == 0 ? LLAMA_OPT_CHAIN_ROOT : chain_[k - 1], t));
         if (pool && blocks_.size() == k) {  // a block can be pooled only after its parent
             const llama_opt_kv_block * b = pool->insert(chain_[k], k == 0 ? 0 : blocks_[k - 1], (uint32_t) k, t, B);
             while (!b && ctx_->evict_one(seq_, /* cached_only */ true)) {
@@ -163,7 +163,21 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
         }
     }
     if (n_evaluated_ < end) {
-        ctx_->decode(*this, n_evaluated_, end, counter);
+        try {
+            ctx_->decode(*this, n_evaluated_, end, counter, /* evict_sessions */ false);
+        } catch (const llama_opt_error & e) {
+            if (e.code != llama_opt_errc::context_overflow || !ctx_->canonical()) {
+                throw;
+            }
+            // Our cells (or the chunks placed before the failing one) may sit at the top of the
+            // cache, where the next block, which must lie above them, has no room although there
+            // is room below: start again from the bottom, then let idle sessions go if needed.
+            forget(0);
+            if (ctx_->dedup()) {
+                adopt_shared_prefix();
+            }
+            ctx_->decode(*this, n_evaluated_, end, counter, /* evict_sessions */ true);
+        }
         n_evaluated_ = end;
     }
     if (ctx_->canonical()) {
@@ -177,7 +191,7 @@ void llama_opt_session::ensure_logits(uint64_t llama_opt_stats::* counter) {
         if (ctx_->canonical()) {
             prefill(counter);
         } else {
-            ctx_->decode(*this, n_evaluated_, tokens_.size(), counter);
+            ctx_->decode(*this, n_evaluated_, tokens_.size(), counter, true);
             n_evaluated_ = tokens_.size();
         }
     }
@@ -301,7 +315,7 @@ llama_token llama_opt_session::next_token() {
     }
     if (n_evaluated_ + 1 == tokens_.size() && logits_for_ == n_evaluated_) {
         // the pending sampled token: one decode step, not a (canonical) prefill
-        ctx_->decode(*this, n_evaluated_, tokens_.size(), &llama_opt_stats::tokens_decoded);
+        ctx_->decode(*this, n_evaluated_, tokens_.size(), &llama_opt_stats::tokens_decoded, true);
         n_evaluated_ = tokens_.size();
     }
     ensure_logits(&llama_opt_stats::tokens_prefilled);

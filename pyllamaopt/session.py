@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import InvalidArgumentError
+from .errors import ContextOverflowError, InvalidArgumentError
 from .model import check_token_ids
 from .stats import Stats
 
@@ -51,7 +51,11 @@ class Generation(Iterator[Token]):
             self.finish_reason = "context_full"
         try:
             while self.finish_reason is None:
-                token = core.next_token()
+                try:
+                    token = core.next_token()
+                except ContextOverflowError:  # the KV cache is full, even after evictions
+                    self.finish_reason = "context_full"
+                    break
                 self.tokens.append(token)
                 if model.is_eog(token):
                     self.finish_reason = "eos"

@@ -27,6 +27,8 @@ void register_context(py::module_ & m) {
         .def("close", &llama_opt_context::close, py::call_guard<py::gil_scoped_release>())
         .def("stats", &llama_opt_context::stats)
         .def("reset_stats", &llama_opt_context::reset_stats)
+        .def("_set_test_hash_mask", &llama_opt_context::set_test_hash_mask, py::arg("mask"),
+             "Test hook: keep only these bits of block hashes, forcing collisions.")
         .def_property_readonly("closed", &llama_opt_context::closed)
         .def_property_readonly("n_ctx", &llama_opt_context::n_ctx)
         .def_property_readonly("n_sessions", &llama_opt_context::n_sessions)

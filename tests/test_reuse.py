@@ -1,0 +1,206 @@
+"""Exact KV reuse on the tiny model: the canonical schedule, prefix reuse in sync, block sharing
+across sessions (dedup), fork, the cache of closed sessions, eviction. Every reuse is checked
+against a from-scratch computation, bit for bit."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from pyllamaopt import Context, OptConfig, SessionEvictedError
+
+WORDS = "the code file has a function that will return a value to the test of python paris".split()
+
+
+def text_tokens(model, n, seed=0):
+    rng = random.Random(seed)
+    tokens = model.tokenize(" ".join(rng.choice(WORDS) for _ in range(n)))
+    assert len(tokens) >= n
+    return tokens[:n]
+
+
+def context(model, **config):
+    return Context(model, n_ctx=4096, n_batch=256, n_seq_max=8, n_threads=2, config=OptConfig(env={}, **config))
+
+
+def reference(model, tokens, n_generate=0):
+    """Logits (and greedy continuation) of `tokens` computed from scratch, reuse off."""
+    with context(model, dedup_enabled=False, diff_enabled=False) as ctx:
+        s = ctx.session()
+        s.append(tokens)
+        logits = s.logits()
+        return logits, [t.id for t in s.generate(n_generate)]
+
+
+def ids(generation):
+    return [t.id for t in generation]
+
+
+def test_history_built_in_pieces_equals_one_call(tiny_model):
+    tokens = text_tokens(tiny_model, 700)
+    expected_logits, expected_tokens = reference(tiny_model, tokens, 12)
+    rng = random.Random(1)
+    with context(tiny_model) as ctx:
+        for trial in range(6):
+            cuts = sorted(rng.sample(range(1, len(tokens)), trial))
+            s = ctx.session()
+            for start, stop in zip([0] + cuts, cuts + [len(tokens)]):
+                s.append(tokens[start:stop])
+            np.testing.assert_array_equal(s.logits(), expected_logits, err_msg=f"cuts {cuts}")
+            assert ids(s.generate(12)) == expected_tokens
+            s.close()
+
+
+def test_generated_tokens_are_recomputed_canonically(tiny_model):
+    """A turn's answer becomes part of the next prompt: the result equals prefilling the whole
+    conversation at once, although the answer's KV first came from one-token decode steps."""
+    prompt = text_tokens(tiny_model, 300)
+    with context(tiny_model) as ctx:
+        s = ctx.session()
+        s.append(prompt)
+        answer = ids(s.generate(40))
+        follow_up = text_tokens(tiny_model, 30, seed=5)
+        s.append(follow_up)
+        expected_logits, expected_tokens = reference(tiny_model, prompt + answer + follow_up, 10)
+        np.testing.assert_array_equal(s.logits(), expected_logits)
+        assert ids(s.generate(10)) == expected_tokens
+
+
+@pytest.mark.parametrize("diff_enabled", [True, False])
+def test_sync_keeps_the_common_prefix_exactly(tiny_model, diff_enabled):
+    first = text_tokens(tiny_model, 600)
+    second = first[:450] + text_tokens(tiny_model, 100, seed=9)
+    with context(tiny_model, diff_enabled=diff_enabled, dedup_enabled=False) as ctx:
+        s = ctx.session()
+        s.sync(first)
+        before = s.stats
+        s.sync(second)
+        spent = s.stats - before
+        block = ctx.block_size
+        if diff_enabled:
+            assert spent.tokens_prefilled == len(second) - 450 // block * block
+            assert spent.diff_tokens_unchanged == 450 // block * block
+        else:
+            assert spent.tokens_prefilled == len(second)
+        expected_logits, expected_tokens = reference(tiny_model, second, 10)
+        np.testing.assert_array_equal(s.logits(), expected_logits)
+        assert ids(s.generate(10)) == expected_tokens
+
+
+def test_sessions_share_the_blocks_of_a_common_prefix(tiny_model):
+    system = text_tokens(tiny_model, 640)
+    questions = [text_tokens(tiny_model, 40 + 10 * i, seed=100 + i) for i in range(4)]
+    with context(tiny_model) as ctx:
+        sessions = [ctx.session() for _ in questions]
+        for s, q in zip(sessions, questions):
+            s.append(system + q)
+        stats = ctx.stats
+        block = ctx.block_size
+        shared_blocks = (len(system)) // block  # the last chunk always holds >= min_chunk tokens
+        assert stats.dedup_blocks_hit >= 3 * (shared_blocks - 1)
+        assert stats.dedup_tokens_saved == stats.dedup_blocks_hit * block
+        # KV stored once: shared prefix + each session's own tail (whole tiles)
+        own = sum(len(system) + len(q) - (len(system) // block - 1) * block for q in questions[1:])
+        assert ctx.kv_cells_used <= len(system) + len(questions[0]) + own + 4 * block
+        for s, q in zip(sessions, questions):
+            expected_logits, expected_tokens = reference(tiny_model, system + q, 8)
+            np.testing.assert_array_equal(s.logits(), expected_logits)
+            assert ids(s.generate(8)) == expected_tokens
+
+
+def test_forced_hash_collisions_are_misses_never_wrong_kv(tiny_model):
+    block_tokens = text_tokens(tiny_model, 128, seed=3)
+    a = text_tokens(tiny_model, 64, seed=1) + block_tokens + text_tokens(tiny_model, 70, seed=4)
+    b = text_tokens(tiny_model, 64, seed=2) + block_tokens + text_tokens(tiny_model, 70, seed=4)
+    with context(tiny_model) as ctx:
+        ctx._core._set_test_hash_mask(0)  # every block hashes to 0
+        sa, sb = ctx.session(), ctx.session()
+        sa.append(a)
+        sb.append(b)  # same tokens at the same positions after a different first block: a miss
+        assert ctx.stats.dedup_blocks_hit == 0
+        sc = ctx.session()
+        sc.append(a[:200] + text_tokens(tiny_model, 90, seed=8))  # the same prefix as a: real hits
+        assert ctx.stats.dedup_blocks_hit >= 2
+        for s, tokens in ((sb, b), (sc, sc.tokens)):
+            np.testing.assert_array_equal(s.logits(), reference(tiny_model, tokens)[0])
+
+
+def test_fork_shares_the_history(tiny_model):
+    prompt = text_tokens(tiny_model, 500)
+    with context(tiny_model) as ctx:
+        s = ctx.session()
+        s.append(prompt)
+        used = ctx.kv_cells_used
+        twin = s.fork()
+        assert twin.tokens == s.tokens
+        assert ctx.kv_cells_used - used < 2 * ctx.block_size  # only the last chunk is its own
+        assert ids(twin.generate(10)) == ids(s.generate(10))
+        assert twin.stats.tokens_prefilled < 2 * ctx.block_size
+
+
+def test_closed_sessions_stay_cached_until_room_is_needed(tiny_model):
+    system = text_tokens(tiny_model, 512)
+    with context(tiny_model) as ctx:
+        s = ctx.session()
+        s.append(system + text_tokens(tiny_model, 20, seed=1))
+        s.close()
+        assert ctx.n_cached == 1 and ctx.n_sessions == 0
+        t = ctx.session()
+        t.append(system + text_tokens(tiny_model, 30, seed=2))
+        assert t.stats.dedup_tokens_saved >= len(system) - ctx.block_size
+        np.testing.assert_array_equal(t.logits(), reference(tiny_model, t.tokens)[0])
+
+
+def test_idle_sessions_are_evicted_least_recently_used_first(tiny_model):
+    with Context(tiny_model, n_ctx=1024, n_batch=256, n_seq_max=8, n_threads=2) as ctx:
+        sessions = []
+        for i in range(3):
+            s = ctx.session()
+            s.append(text_tokens(tiny_model, 300, seed=20 + i))
+            sessions.append(s)
+        sessions[0].append(text_tokens(tiny_model, 10, seed=30))  # now sessions[1] is the oldest
+        newest = ctx.session()
+        newest.append(text_tokens(tiny_model, 200, seed=40))   # does not fit: someone must go
+        assert sessions[1].evicted and sessions[1].closed
+        assert not sessions[0].evicted and not sessions[2].evicted
+        assert ctx.stats.sessions_evicted >= 1
+        with pytest.raises(SessionEvictedError, match="evicted"):
+            sessions[1].append([5])
+        np.testing.assert_array_equal(newest.logits(), reference(tiny_model, newest.tokens)[0])
+
+
+def test_cached_sequences_go_before_sessions(tiny_model):
+    with Context(tiny_model, n_ctx=1024, n_batch=256, n_seq_max=8, n_threads=2) as ctx:
+        old = ctx.session()
+        old.append(text_tokens(tiny_model, 400, seed=1))
+        old.close()
+        live = ctx.session()
+        live.append(text_tokens(tiny_model, 300, seed=2))
+        more = ctx.session()
+        more.append(text_tokens(tiny_model, 500, seed=3))
+        assert ctx.stats.dedup_sequences_evicted == 1
+        assert ctx.stats.sessions_evicted == 0 and not live.evicted
+
+
+def test_a_full_pool_only_limits_sharing(tiny_model):
+    system = text_tokens(tiny_model, 640)
+    with context(tiny_model, dedup_pool_max=3) as ctx:
+        a, b = ctx.session(), ctx.session()
+        a.append(system + [5, 6, 7])
+        b.append(system + [8, 9])
+        assert ctx.stats.dedup_tokens_saved <= 3 * ctx.block_size
+        np.testing.assert_array_equal(b.logits(), reference(tiny_model, b.tokens)[0])
+
+
+def test_seeded_sampling_is_reproduced_with_reuse(tiny_model):
+    prompt = text_tokens(tiny_model, 400)
+    outputs = []
+    for config in ({}, {"dedup_enabled": False, "diff_enabled": False}):
+        with context(tiny_model, **config) as ctx:
+            warm = ctx.session()
+            warm.append(prompt + [7])
+            s = ctx.session()
+            s.sync(prompt)
+            outputs.append(ids(s.generate(20, temperature=0.9, seed=1234)))
+    assert outputs[0] == outputs[1]
