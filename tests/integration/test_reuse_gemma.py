@@ -1,0 +1,85 @@
+"""Exact KV reuse on Gemma 3 270M (sliding-window layers included): a multi-turn agent
+conversation and interleaved sessions sharing a system prompt give the same tokens and
+bitwise the same logits as computing everything from scratch (reuse off)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyllamaopt import Context, OptConfig
+
+pytestmark = pytest.mark.integration
+
+SYSTEM = ("You are a coding agent working in a Python repository. Tools: read_file(path), "
+          "write_file(path, text), run_tests(). Answer briefly and call one tool per turn.\n" +
+          "".join(f"Rule {i}: keep function {i} small, documented and tested; never break test_{i}.\n"
+                  for i in range(45)))
+TURNS = [
+    "User: The test test_add fails. Look at math_utils.py.\nAgent:",
+    "Tool result (read_file math_utils.py):\ndef add(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\nAgent:",
+    "Tool result (run_tests): 1 failed, 12 passed: test_add expected 5, got -1\nAgent:",
+    "User: Fix it and explain the change in one sentence.\nAgent:",
+    "Tool result (write_file): ok\nAgent:",
+]
+
+
+def off() -> OptConfig:
+    return OptConfig(env={}, dedup_enabled=False, diff_enabled=False)
+
+
+def converse(gemma, config, sampling):
+    """Replays the agent: every turn re-sends the whole transcript. Returns per turn the logits
+    before generating and the generated tokens."""
+    out = []
+    with Context(gemma, n_ctx=4096, n_threads=2, config=config) as ctx:
+        session = ctx.session()
+        transcript = SYSTEM
+        for turn in TURNS:
+            transcript += turn
+            session.sync(gemma.tokenize(transcript))
+            logits = session.logits()
+            generation = session.generate(24, stop=["\nUser:", "\nTool"], **sampling)
+            out.append((logits, [t.id for t in generation]))
+            transcript += generation.text + "\n"
+        stats = session.stats
+    return out, stats
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "seed": 7}], ids=["greedy", "seeded"])
+def test_agent_conversation_with_reuse_equals_recomputing_everything(gemma, sampling):
+    assert len(gemma.tokenize(SYSTEM)) > 1024  # twice the sliding window
+    reused, stats = converse(gemma, OptConfig(env={}), sampling)
+    baseline, baseline_stats = converse(gemma, off(), sampling)
+    for turn, ((logits, tokens), (ref_logits, ref_tokens)) in enumerate(zip(reused, baseline)):
+        assert tokens == ref_tokens, f"turn {turn}"
+        np.testing.assert_array_equal(logits, ref_logits, err_msg=f"turn {turn}")
+    assert stats.tokens_prefilled < baseline_stats.tokens_prefilled / 3
+    assert stats.diff_tokens_unchanged > 0
+
+
+def test_sessions_sharing_a_system_prompt_equal_isolated_sessions(gemma):
+    system = gemma.tokenize(SYSTEM)
+    questions = [gemma.tokenize(t, add_bos=False) for t in TURNS[:4]]
+    isolated = []
+    for q in questions:
+        with Context(gemma, n_ctx=2048, n_threads=2, config=off()) as ctx:
+            s = ctx.session()
+            s.append(system + q)
+            isolated.append((s.logits(), [t.id for t in s.generate(16)]))
+    with Context(gemma, n_ctx=8192, n_threads=2) as ctx:
+        sessions = [ctx.session() for _ in questions]
+        for s, q in zip(sessions, questions):
+            s.append(system + q)
+        logits = [s.logits() for s in sessions]
+        streams = [iter(s.generate(16)) for s in sessions]
+        generated = [[] for _ in sessions]
+        for _ in range(16):  # interleaved, as a server would
+            for i, stream in enumerate(streams):
+                generated[i].append(next(stream).id)
+        # stored once: the shared prefix plus each session's own tiles
+        suffixes = sum(s.n_tokens - (len(system) // ctx.block_size - 1) * ctx.block_size for s in sessions[1:])
+        assert ctx.kv_cells_used <= 1.1 * (sessions[0].n_tokens + suffixes) + 4 * ctx.block_size
+        assert ctx.stats.dedup_blocks_hit >= 3 * (len(system) // ctx.block_size - 1)
+    for i, (ref_logits, ref_tokens) in enumerate(isolated):
+        np.testing.assert_array_equal(logits[i], ref_logits, err_msg=f"session {i}")
+        assert generated[i] == ref_tokens, f"session {i}"
