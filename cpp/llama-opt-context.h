@@ -5,13 +5,15 @@
 // lets sessions share the KV of a common prefix, and evicts least recently used KV when the
 // cache is full.
 //
-// Canonical block schedule (the default): KV is computed in chunks whose boundaries are
-// multiples of block_size and that hold at least min_chunk() tokens, and every sequence's cells
-// are placed tile-aligned and in position order (patches/0001). Then the KV of a complete block
-// and the logits at the end of a history are pure functions of the tokens, whatever the history
-// was built from, which makes sharing and reuse bitwise exact (docs/exactness.md). Reuse off
-// means: the same schedule, computing everything. The "llama" schedule is llama.cpp's own
-// (n_batch chunks from where the new tokens start, default placement), without reuse.
+// Canonical schedule (the default): KV is computed in chunks whose boundaries are multiples of
+// row_align() and that hold at least min_chunk() tokens, and every sequence's cells are placed
+// tile-aligned and in position order (patches/0001). Measured on this build: then a token's KV
+// does not depend on how the history was chunked, except for the last tokens of a chunk that
+// do not fill a group of row_align(), which are computed again when the history grows. So KV
+// and logits are pure functions of the tokens, whatever the history was built from, which
+// makes sharing and reuse bitwise exact (docs/exactness.md). Reuse off means: the same
+// schedule, computing everything. The "llama" schedule is llama.cpp's own (n_batch chunks from
+// where the new tokens start, default placement), without reuse.
 
 #include "llama-kv-cache-dedup.h"
 #include "llama-opt-model.h"
@@ -59,6 +61,7 @@ public:
     uint32_t n_cached() const;     // closed sessions whose blocks are kept for reuse
     uint32_t block_size() const { return block_; }
     uint32_t min_chunk() const { return align_; }  // fewest tokens per canonical chunk
+    uint32_t row_align() const { return 4; }       // canonical chunk boundaries are multiples of this
     bool     canonical() const { return params_.canonical; }
     bool     dedup() const { return pool_ != nullptr; }
     uint32_t kv_cells_used() const;
@@ -87,8 +90,9 @@ private:
     };
 
     // Computes KV for tokens[begin, end) of `seq` at positions begin..end-1 and copies the
-    // logits of the last token into `logits`. Canonical chunks end at multiples of chunk_, and a
-    // remainder smaller than min_chunk() joins the chunk before it; otherwise n_batch chunks.
+    // logits of the last token into `logits`. Canonical chunks (begin must be a multiple of
+    // row_align()) end at multiples of chunk_, each holding at least min_chunk() tokens: a chunk
+    // or remainder that would be smaller joins its neighbour; otherwise n_batch chunks.
     // When the cache is full, cached sequences and then (if evict_sessions) idle sessions are
     // evicted, least recently used first. On failure the KV of [begin, end) is removed and
     // llama_opt_error is thrown.

@@ -64,7 +64,7 @@ void llama_opt_session::forget(size_t pos) {
         return;
     }
     llama_memory_seq_rm(llama_get_memory(ctx_->ctx_), seq_, (llama_pos) pos, -1);
-    const size_t keep_blocks = ctx_->canonical() ? pos / ctx_->block_size() : 0;
+    const size_t keep_blocks = ctx_->canonical() ? pos / ctx_->block_size() : 0;  // complete blocks below pos
     if (llama_opt_block_pool * pool = ctx_->pool()) {
         for (size_t k = keep_blocks; k < blocks_.size(); ++k) {
             if (const auto * b = pool->find(blocks_[k])) {
@@ -74,22 +74,23 @@ void llama_opt_session::forget(size_t pos) {
     }
     blocks_.resize(std::min(blocks_.size(), keep_blocks));
     chain_.resize(std::min(chain_.size(), keep_blocks));
-    n_canonical_ = std::min(n_canonical_, keep_blocks * ctx_->block_size());
+    n_canonical_ = std::min(n_canonical_, pos / ctx_->row_align() * ctx_->row_align());
     n_evaluated_ = pos;
 }
 
-// The canonical prefix that may be kept when computing up to `end`: the last chunk must hold at
-// least min_chunk() tokens (and it computes the logits of the last token).
+// Where computing up to `end` may start at the latest: the last chunk must hold at least
+// min_chunk() tokens (it computes the logits of the last token) and start at a multiple of
+// row_align().
 static size_t reusable_prefix(size_t end, const llama_opt_context & ctx) {
-    return end >= ctx.min_chunk() ? (end - ctx.min_chunk()) / ctx.block_size() * ctx.block_size() : 0;
+    return end >= ctx.min_chunk() ? (end - ctx.min_chunk()) / ctx.row_align() * ctx.row_align() : 0;
 }
 
 void llama_opt_session::adopt_shared_prefix() {
     llama_opt_block_pool * pool = ctx_->pool();
     const uint32_t B = ctx_->block_size();
     const size_t shareable = reusable_prefix(tokens_.size(), *ctx_) / B;
-    const size_t own       = n_canonical_ / B;
-    if (shareable <= own) {
+    const size_t own       = n_canonical_ / B;  // complete blocks of our own
+    if (shareable * B <= n_canonical_) {
         return;
     }
     ctx_->count(*this, &llama_opt_stats::dedup_blocks_total, shareable - own);
@@ -107,7 +108,7 @@ void llama_opt_session::adopt_shared_prefix() {
         path.push_back(b);
         parent = b->id;
     }
-    if (path.size() <= own) {
+    if (path.size() * B <= n_canonical_) {
         return;
     }
     // take the whole prefix from one holder, so that our cells stay in position order
@@ -119,6 +120,7 @@ void llama_opt_session::adopt_shared_prefix() {
         }
     }
     const size_t n_shared = path.size() * B;
+    const size_t saved    = n_shared - std::min(n_shared, n_canonical_);
     forget(0);
     llama_memory_seq_cp(llama_get_memory(ctx_->ctx_), holder, seq_, 0, (llama_pos) n_shared);
     chain_.clear();
@@ -129,8 +131,8 @@ void llama_opt_session::adopt_shared_prefix() {
         chain = ctx_->block_hash(chain, tokens_.data() + k * B);
         chain_.push_back(chain);
     }
-    ctx_->count(*this, &llama_opt_stats::dedup_blocks_hit, path.size() - own);
-    ctx_->count(*this, &llama_opt_stats::dedup_tokens_saved, n_shared - own * B);
+    ctx_->count(*this, &llama_opt_stats::dedup_blocks_hit, path.size() - std::min(path.size(), own));
+    ctx_->count(*this, &llama_opt_stats::dedup_tokens_saved, saved);
     n_canonical_ = n_evaluated_ = n_shared;
 }
 
@@ -181,7 +183,9 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
         n_evaluated_ = end;
     }
     if (ctx_->canonical()) {
-        n_canonical_ = end / ctx_->block_size() * ctx_->block_size();
+        // computed again when the history grows: the rows of the last, incomplete group of
+        // row_align(), and a whole history shorter than min_chunk() (it was one small chunk)
+        n_canonical_ = end < ctx_->min_chunk() ? 0 : end / ctx_->row_align() * ctx_->row_align();
         register_blocks();
     }
 }
@@ -259,15 +263,15 @@ std::shared_ptr<llama_opt_session> llama_opt_session::fork() {
     check_open();
     auto other = ctx_->open_session();
     other->tokens_ = tokens_;
-    // canonical: share the complete blocks, the partial one is the fork's own to compute;
-    // otherwise share everything computed so far
-    const size_t shared = ctx_->canonical() ? n_canonical_ : n_evaluated_;
+    // canonical: share the complete blocks (a tile is never shared half-filled), the rest is
+    // the fork's own to compute; otherwise share everything computed so far
+    const size_t shared = ctx_->canonical() ? n_canonical_ / ctx_->block_size() * ctx_->block_size() : n_evaluated_;
     if (shared > 0) {
         llama_memory_seq_cp(llama_get_memory(ctx_->ctx_), seq_, other->seq_, 0, (llama_pos) shared);
     }
     other->n_evaluated_ = shared;
     other->n_canonical_ = ctx_->canonical() ? shared : 0;
-    other->chain_       = chain_;
+    other->chain_.assign(chain_.begin(), chain_.begin() + std::min(chain_.size(), shared / ctx_->block_size()));
     if (llama_opt_block_pool * pool = ctx_->pool()) {
         for (uint64_t id : blocks_) {
             pool->ref(pool->find(id), other->seq_);

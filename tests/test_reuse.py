@@ -70,17 +70,16 @@ def test_generated_tokens_are_recomputed_canonically(tiny_model):
 @pytest.mark.parametrize("diff_enabled", [True, False])
 def test_sync_keeps_the_common_prefix_exactly(tiny_model, diff_enabled):
     first = text_tokens(tiny_model, 600)
-    second = first[:450] + text_tokens(tiny_model, 100, seed=9)
+    second = first[:462] + text_tokens(tiny_model, 100, seed=9)
     with context(tiny_model, diff_enabled=diff_enabled, dedup_enabled=False) as ctx:
         s = ctx.session()
         s.sync(first)
         before = s.stats
         s.sync(second)
         spent = s.stats - before
-        block = ctx.block_size
-        if diff_enabled:
-            assert spent.tokens_prefilled == len(second) - 450 // block * block
-            assert spent.diff_tokens_unchanged == 450 // block * block
+        if diff_enabled:  # kept: the common prefix, down to a multiple of 4 (the canonical row groups)
+            assert spent.tokens_prefilled == len(second) - 460
+            assert spent.diff_tokens_unchanged == 460
         else:
             assert spent.tokens_prefilled == len(second)
         expected_logits, expected_tokens = reference(tiny_model, second, 10)

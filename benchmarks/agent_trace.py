@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""Replays a scripted coding-agent conversation on Gemma 3 270M and compares, in one run:
+
+  off               pyllamaopt with every reuse optimization off: full prefill every turn
+  exact             pyllamaopt defaults: exact prefix reuse (diff) and shared blocks (dedup)
+  llama-cpp-python  0.3.36 (same llama.cpp) with its automatic prefix reuse
+
+    python benchmarks/agent_trace.py [--shapes append,reasoning,workspace,shared,fresh] [--turns 22]
+
+Shapes (benchmarks/agent_trace_data.py): append-only history; re-rendered history whose earlier
+answers lose their reasoning block; a workspace file after the system prompt, edited every
+3 turns; 8 sessions sharing the system prompt, interleaved; unrelated fresh prompts (no reuse
+possible: the overhead check). Every turn the client re-sends the whole conversation and the
+engine generates up to --gen tokens (greedy); the script's own answers continue the history, so
+all engines see the same prompts.
+
+Reported per shape and engine: prompt tokens computed (against the tokens never seen before in
+any earlier prompt, the limit of exact reuse), wall time, time to first token per turn, peak KV
+cells and bytes, and whether the generated tokens equal those of "off".
+
+llama-cpp-python must be built without AMX on these machines, e.g.
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \\
+    -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON" \\
+    pip install llama-cpp-python==0.3.36
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import agent_trace_data as data  # noqa: E402
+
+from pyllamaopt import Context, Model, OptConfig, models  # noqa: E402
+
+N_CTX = 16384
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass
+class Turn:
+    computed: int
+    ttft: float
+    wall: float
+    generated: list[int]
+
+
+@dataclass
+class Result:
+    turns: list[Turn] = field(default_factory=list)
+    peak_cells: int = 0
+
+    def total(self, attr: str) -> float:
+        return sum(getattr(t, attr) for t in self.turns)
+
+
+class Pyllamaopt:
+    def __init__(self, model: Model, name: str, **config: bool) -> None:
+        self.name, self.model = name, model
+        self.ctx = Context(model, n_ctx=N_CTX, n_seq_max=16, n_threads=2, config=OptConfig(env={}, **config))
+        self.sessions: dict[int, object] = {}
+
+    def turn(self, session_id: int, prompt: list[int], n_gen: int) -> Turn:
+        session = self.sessions.get(session_id) or self.sessions.setdefault(session_id, self.ctx.session())
+        before = session.stats.tokens_prefilled
+        start = time.perf_counter()
+        session.sync(prompt)
+        generation = session.generate(n_gen)
+        first = next(generation, None)
+        ttft = time.perf_counter() - start
+        generated = ([first.id] if first else []) + [t.id for t in generation]
+        return Turn(session.stats.tokens_prefilled - before, ttft, time.perf_counter() - start, generated)
+
+    def kv_cells(self) -> int:
+        return self.ctx.kv_cells_used
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+class LlamaCppPython:
+    name = "llama-cpp-python"
+
+    def __init__(self, path: Path) -> None:
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=str(path), n_ctx=N_CTX, n_batch=512, n_threads=2, flash_attn=True,
+                         verbose=False)
+
+    def turn(self, session_id: int, prompt: list[int], n_gen: int) -> Turn:
+        llm = self.llm
+        cached = common_prefix(list(llm.input_ids[: llm.n_tokens]), prompt)
+        computed = len(prompt) - min(cached, len(prompt) - 1)  # it always evaluates the last token
+        start = time.perf_counter()
+        stream = llm.create_completion(prompt, max_tokens=n_gen, temperature=0.0, stream=True)
+        generated, ttft = [], None
+        for _chunk in stream:
+            ttft = ttft or time.perf_counter() - start
+        generated = list(llm.input_ids[len(prompt): llm.n_tokens])
+        return Turn(computed, ttft or time.perf_counter() - start, time.perf_counter() - start, generated)
+
+    def kv_cells(self) -> int:
+        return self.llm.n_tokens
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def workload(model: Model, shape: str, n_turns: int) -> list[tuple[int, list[int]]]:
+    """(session id, prompt tokens) in the order a client sends them."""
+    system = data.system_prompt()
+    tok = lambda text: model.tokenize(text, special=True)  # noqa: E731
+    if shape in ("append", "reasoning", "workspace"):
+        turns = data.turns(n_turns)
+        return [(0, tok(data.render(system, turns[:i], turns[i], shape=shape, workspace_version=i // 3)))
+                for i in range(n_turns)]
+    if shape == "shared":
+        tasks = [data.session_task(i) for i in range(8)]
+        return [(s, tok(data.render(system, tasks[s][:step], tasks[s][step], shape="append")))
+                for step in range(3) for s in range(8)]
+    if shape == "fresh":  # unrelated prompts, each in its own session: nothing to reuse
+        return [(i, tok(f"<start_of_turn>user\nDocument {i}:\n" + data.python_file(f"m{i}", 6 + i % 4)
+                        + f"\nSummarize document {i}.<end_of_turn>\n<start_of_turn>model\n")) for i in range(12)]
+    raise SystemExit(f"unknown shape {shape}")
+
+
+def never_seen(prompts: list[list[int]]) -> int:
+    total, earlier = 0, []
+    for p in prompts:
+        total += len(p) - max((common_prefix(p, e) for e in earlier), default=0)
+        earlier.append(p)
+    return total
+
+
+def run(engine, work, n_gen: int) -> Result:
+    result = Result()
+    for session_id, prompt in work:
+        result.turns.append(engine.turn(session_id, prompt, n_gen))
+        result.peak_cells = max(result.peak_cells, engine.kv_cells())
+    engine.close()
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gemma3-270m")
+    parser.add_argument("--shapes", default="append,reasoning,workspace,shared,fresh")
+    parser.add_argument("--turns", type=int, default=22)
+    parser.add_argument("--gen", type=int, default=32)
+    parser.add_argument("--engines", default="off,exact,llama-cpp-python")
+    args = parser.parse_args()
+
+    path = models.resolve(args.model)
+    model = Model(path, progress=False)
+    meta = model.metadata
+    arch = model.architecture
+    cell_bytes = model.n_layer * model.n_head_kv * 2 * (
+        int(meta.get(f"{arch}.attention.key_length", model.n_embd // model.n_head))
+        + int(meta.get(f"{arch}.attention.value_length", model.n_embd // model.n_head)))  # f16 K and V
+    factories = {
+        "off": lambda: Pyllamaopt(model, "off", dedup_enabled=False, diff_enabled=False),
+        "exact": lambda: Pyllamaopt(model, "exact"),
+        "llama-cpp-python": lambda: LlamaCppPython(path),
+    }
+    engines = args.engines.split(",")
+    print(f"model {model.description}; 2 threads; {args.gen} generated tokens per turn; KV {cell_bytes} bytes/cell\n")
+    for shape in args.shapes.split(","):
+        work = workload(model, shape, args.turns)
+        prompts = [p for _, p in work]
+        seen = never_seen(prompts)
+        shared = common_prefix(prompts[0], prompts[1]) if shape == "shared" else 0
+        print(f"## shape {shape}: {len(work)} turns, prompts {len(prompts[0])}..{max(map(len, prompts))} tokens, "
+              f"{sum(map(len, prompts))} sent, {seen} never seen before")
+        results = {}
+        for name in engines:
+            try:
+                results[name] = run(factories[name](), work, args.gen)
+            except ImportError as exc:
+                print(f"  {name}: not available ({exc})")
+        baseline = results.get("off")
+        print(f"  {'engine':<17} {'computed':>9} {'/never-seen':>11} {'wall s':>8} {'TTFT med ms':>11} "
+              f"{'TTFT max ms':>11} {'peak KV MiB':>11} {'same tokens as off':>18}")
+        for name, r in results.items():
+            ttfts = [t.ttft * 1000 for t in r.turns]
+            same = sum(a.generated == b.generated for a, b in zip(r.turns, baseline.turns)) if baseline else 0
+            print(f"  {name:<17} {int(r.total('computed')):>9} {r.total('computed') / seen:>11.3f} "
+                  f"{r.total('wall'):>8.1f} {statistics.median(ttfts):>11.0f} {max(ttfts):>11.0f} "
+                  f"{r.peak_cells * cell_bytes / 2**20:>11.1f} {f'{same}/{len(r.turns)}':>18}")
+        if "exact" in results and "llama-cpp-python" in results:
+            print(f"  wall time exact / llama-cpp-python: "
+                  f"{results['exact'].total('wall') / results['llama-cpp-python'].total('wall'):.3f}")
+        if "exact" in results and baseline:
+            print(f"  wall time exact / off: {results['exact'].total('wall') / baseline.total('wall'):.3f}")
+        if shape == "shared" and "exact" in results:
+            last = {s: len(p) for s, p in work}
+            ideal = shared + sum(n - shared for n in last.values())
+            print(f"  KV cells: exact peak {results['exact'].peak_cells} vs shared prefix + suffixes {ideal} "
+                  f"= {results['exact'].peak_cells / ideal:.3f}")
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
