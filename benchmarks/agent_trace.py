@@ -105,11 +105,13 @@ class LlamaCppPython:
         cached = common_prefix(list(llm.input_ids[: llm.n_tokens]), prompt)
         computed = len(prompt) - min(cached, len(prompt) - 1)  # it always evaluates the last token
         start = time.perf_counter()
-        stream = llm.create_completion(prompt, max_tokens=n_gen, temperature=0.0, stream=True)
         generated, ttft = [], None
-        for _chunk in stream:
+        # generate() is where llama-cpp-python reuses the longest common prefix of its cache
+        for token in llm.generate(prompt, temp=0.0, reset=True):
             ttft = ttft or time.perf_counter() - start
-        generated = list(llm.input_ids[len(prompt): llm.n_tokens])
+            generated.append(token)
+            if llm.token_eos() == token or len(generated) >= n_gen:
+                break
         return Turn(computed, ttft or time.perf_counter() - start, time.perf_counter() - start, generated)
 
     def kv_cells(self) -> int:
@@ -145,13 +147,16 @@ def never_seen(prompts: list[list[int]]) -> int:
     return total
 
 
-def run(engine, work, n_gen: int) -> Result:
-    result = Result()
+def run(engines: dict, work, n_gen: int) -> dict[str, Result]:
+    """Turn by turn, every engine in turn, so that the machine's speed drifts alike for all."""
+    results = {name: Result() for name in engines}
     for session_id, prompt in work:
-        result.turns.append(engine.turn(session_id, prompt, n_gen))
-        result.peak_cells = max(result.peak_cells, engine.kv_cells())
-    engine.close()
-    return result
+        for name, engine in engines.items():
+            results[name].turns.append(engine.turn(session_id, prompt, n_gen))
+            results[name].peak_cells = max(results[name].peak_cells, engine.kv_cells())
+    for engine in engines.values():
+        engine.close()
+    return results
 
 
 def main() -> int:
@@ -184,12 +189,13 @@ def main() -> int:
         shared = common_prefix(prompts[0], prompts[1]) if shape == "shared" else 0
         print(f"## shape {shape}: {len(work)} turns, prompts {len(prompts[0])}..{max(map(len, prompts))} tokens, "
               f"{sum(map(len, prompts))} sent, {seen} never seen before")
-        results = {}
+        available = {}
         for name in engines:
             try:
-                results[name] = run(factories[name](), work, args.gen)
+                available[name] = factories[name]()
             except ImportError as exc:
                 print(f"  {name}: not available ({exc})")
+        results = run(available, work, args.gen)
         baseline = results.get("off")
         print(f"  {'engine':<17} {'computed':>9} {'/never-seen':>11} {'wall s':>8} {'TTFT med ms':>11} "
               f"{'TTFT max ms':>11} {'peak KV MiB':>11} {'same tokens as off':>18}")

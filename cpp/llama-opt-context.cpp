@@ -67,7 +67,7 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx           = params.n_ctx;
     // One ubatch per llama_decode call: we choose every chunk boundary ourselves.
-    cp.n_batch         = params.canonical ? chunk_ + 2 * align_ : params.n_batch;  // room for merged remainders
+    cp.n_batch         = params.canonical ? chunk_ + align_ : params.n_batch;  // room for a merged remainder
     cp.n_ubatch        = cp.n_batch;
     cp.n_seq_max       = params.n_seq_max;
     cp.n_threads       = params.n_threads > 0 ? params.n_threads : hw;
@@ -272,9 +272,9 @@ void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, 
     for (size_t pos = begin; pos < end;) {
         size_t stop = std::min(end, pos + params_.n_batch);
         if (params_.canonical) {
-            stop = std::min(end, ((pos + align_ - 1) / chunk_ + 1) * chunk_);  // >= min_chunk() tokens
+            stop = std::min(end, pos + chunk_);  // chunk_ is a multiple of row_align()
             if (end - stop < align_) {
-                stop = end;  // a too small remainder joins this chunk
+                stop = end;  // a remainder smaller than min_chunk() joins this chunk
             }
         }
         const size_t n    = stop - pos;

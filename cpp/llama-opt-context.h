@@ -90,9 +90,9 @@ private:
     };
 
     // Computes KV for tokens[begin, end) of `seq` at positions begin..end-1 and copies the
-    // logits of the last token into `logits`. Canonical chunks (begin must be a multiple of
-    // row_align()) end at multiples of chunk_, each holding at least min_chunk() tokens: a chunk
-    // or remainder that would be smaller joins its neighbour; otherwise n_batch chunks.
+    // logits of the last token into `logits`. Chunks of n_batch tokens (canonical: begin is a
+    // multiple of row_align(), chunk_ tokens each, and a remainder smaller than min_chunk()
+    // joins the chunk before it).
     // When the cache is full, cached sequences and then (if evict_sessions) idle sessions are
     // evicted, least recently used first. On failure the KV of [begin, end) is removed and
     // llama_opt_error is thrown.
@@ -117,7 +117,7 @@ private:
     uint32_t                              n_ctx_     = 0;
     uint32_t                              block_     = 0;
     uint32_t                              align_     = 1;  // cell tile and minimum chunk (measured numerics rule)
-    uint32_t                              chunk_     = 0;  // largest multiple of block_ <= n_batch
+    uint32_t                              chunk_     = 0;  // canonical chunk: largest multiple of block_ <= n_batch
     std::unique_ptr<llama_opt_block_pool> pool_;
     std::vector<slot>                     slots_;           // by sequence id
     std::vector<std::vector<uint64_t>>    cached_blocks_;   // pool ids held by cached sequences

@@ -304,6 +304,7 @@ void llama_opt_session::set_sampling(const llama_opt_sampling & s) {
     }
     llama_sampler_free(sampler_);
     sampler_ = chain;
+    greedy_  = s.temperature <= 0.0f;
 }
 
 llama_token llama_opt_session::next_token() {
@@ -324,13 +325,19 @@ llama_token llama_opt_session::next_token() {
     }
     ensure_logits(&llama_opt_stats::tokens_prefilled);
 
-    candidates_.resize(logits_.size());
-    for (size_t i = 0; i < logits_.size(); ++i) {
-        candidates_[i] = { (llama_token) i, logits_[i], 0.0f };
+    llama_token token;
+    if (greedy_) {
+        // what llama_sampler_init_greedy picks (the first maximum), without a 262k-entry array
+        token = (llama_token) (std::max_element(logits_.begin(), logits_.end()) - logits_.begin());
+    } else {
+        candidates_.resize(logits_.size());
+        for (size_t i = 0; i < logits_.size(); ++i) {
+            candidates_[i] = { (llama_token) i, logits_[i], 0.0f };
+        }
+        llama_token_data_array cur = { candidates_.data(), candidates_.size(), -1, false };
+        llama_sampler_apply(sampler_, &cur);
+        token = cur.data[cur.selected].id;
     }
-    llama_token_data_array cur = { candidates_.data(), candidates_.size(), -1, false };
-    llama_sampler_apply(sampler_, &cur);
-    const llama_token token = cur.data[cur.selected].id;
     llama_sampler_accept(sampler_, token);
 
     tokens_.push_back(token);

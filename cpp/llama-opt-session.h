@@ -95,6 +95,7 @@ private:
     std::vector<float>                 logits_;
     size_t                             logits_for_  = 0;  // logits_ follow token logits_for_ - 1
     llama_sampler *                    sampler_     = nullptr;
+    bool                               greedy_      = true;  // argmax directly, no candidate array
     std::vector<llama_token_data>      candidates_;       // sampling scratch, reused per step
     llama_opt_stats                    stats_;
     llama_opt_stats                    turn_start_;
