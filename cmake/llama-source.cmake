@@ -35,6 +35,6 @@ set(LLAMA_CURL            OFF CACHE BOOL "" FORCE)
 set(LLAMA_OPENSSL         OFF CACHE BOOL "" FORCE)
 set(GGML_BUILD_TESTS      OFF CACHE BOOL "" FORCE)
 set(GGML_BUILD_EXAMPLES   OFF CACHE BOOL "" FORCE)
+include(${CMAKE_CURRENT_LIST_DIR}/llama-cpu-flags.cmake)
 add_subdirectory(${LLAMA_CPP_TREE} llama.cpp EXCLUDE_FROM_ALL)
-
-include(${CMAKE_CURRENT_LIST_DIR}/llama-no-amx.cmake)
+llama_opt_apply_no_amx()

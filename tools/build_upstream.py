@@ -28,7 +28,7 @@ def build(targets: tuple[str, ...] = TARGETS) -> Path:
     cmake_args = shlex.split(os.environ.get("CMAKE_ARGS", ""))
     recipe = (tree / fetch_llama.STAMP_NAME).read_text() + repr(cmake_args)
     recipe += (ROOT / "tools" / "upstream" / "CMakeLists.txt").read_text()
-    recipe += (ROOT / "cmake" / "llama-no-amx.cmake").read_text()
+    recipe += (ROOT / "cmake" / "llama-cpu-flags.cmake").read_text()
     build_dir = fetch_llama.cache_dir() / "upstream" / hashlib.sha256(recipe.encode()).hexdigest()[:16]
     bin_dir = build_dir / "bin"
     if all((bin_dir / t).exists() for t in targets):
