@@ -123,13 +123,10 @@ void llama_opt_session::adopt_shared_prefix() {
     const size_t saved    = n_shared - std::min(n_shared, n_canonical_);
     forget(0);
     llama_memory_seq_cp(llama_get_memory(ctx_->ctx_), holder, seq_, 0, (llama_pos) n_shared);
-    chain_.clear();
-    chain = LLAMA_OPT_CHAIN_ROOT;
-    for (size_t k = 0; k < path.size(); ++k) {
-        pool->ref(path[k], seq_);
-        blocks_.push_back(path[k]->id);
-        chain = ctx_->block_hash(chain, tokens_.data() + k * B);
-        chain_.push_back(chain);
+    for (const llama_opt_kv_block * b : path) {
+        pool->ref(b, seq_);
+        blocks_.push_back(b->id);
+        chain_.push_back(b->hash);
     }
     ctx_->count(*this, &llama_opt_stats::dedup_blocks_hit, path.size() - std::min(path.size(), own));
     ctx_->count(*this, &llama_opt_stats::dedup_tokens_saved, saved);
@@ -158,7 +155,7 @@ void llama_opt_session::register_blocks() {
 void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
     const size_t end = tokens_.size();
     if (ctx_->canonical()) {
-        // the partial block and generated tokens are computed again, on the canonical schedule
+        // what is not canonical (generated tokens, the last rows of a chunk) is computed again
         forget(std::min(n_canonical_, reusable_prefix(end, *ctx_)));
         if (ctx_->dedup()) {
             adopt_shared_prefix();
@@ -166,7 +163,8 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
     }
     if (n_evaluated_ < end) {
         try {
-            ctx_->decode(*this, n_evaluated_, end, counter, /* evict_sessions */ false);
+            // canonical: before evicting idle sessions, try moving down (below)
+            ctx_->decode(*this, n_evaluated_, end, counter, /* evict_sessions */ !ctx_->canonical());
         } catch (const llama_opt_error & e) {
             if (e.code != llama_opt_errc::context_overflow || !ctx_->canonical()) {
                 throw;
