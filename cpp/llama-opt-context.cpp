@@ -137,6 +137,7 @@ std::shared_ptr<llama_opt_session> llama_opt_context::open_session() {
     auto session        = std::make_shared<llama_opt_session>(shared_from_this(), seq);
     slots_[seq].state   = slot_state::session;
     slots_[seq].session = session;
+    slots_[seq].owner   = session.get();
     touch(seq);
     return session;
 }
@@ -188,6 +189,12 @@ void llama_opt_context::count(llama_opt_session & s, uint64_t llama_opt_stats::*
     stats_.*counter += n;
 }
 
+void llama_opt_context::mark_shared(int32_t seq, size_t n_shared) {
+    if (auto holder = slots_[seq].session.lock()) {  // cached sequences never write again
+        holder->n_shared_ = std::max(holder->n_shared_, n_shared);
+    }
+}
+
 void llama_opt_context::touch(int32_t seq) {
     slots_[seq].last_use = ++clock_;
     if (pool_) {
@@ -212,11 +219,15 @@ void llama_opt_context::drop_sequence(int32_t seq) {
 
 void llama_opt_context::retire(llama_opt_session & s) {
     slot & sl = slots_[s.seq_];
+    if (sl.owner != &s) {
+        return;  // evicted while it was closing: the slot is someone else's now
+    }
     if (pool_ && ctx_ && !s.blocks_.empty()) {
         s.forget(s.blocks_.size() * block_);  // keep the pooled complete blocks only
         cached_blocks_[s.seq_] = s.blocks_;
         sl.state = slot_state::cached;
         sl.session.reset();
+        sl.owner = nullptr;
         return;
     }
     s.forget(0);
@@ -232,7 +243,8 @@ bool llama_opt_context::evict_one(int32_t except, bool cached_only) {
         }
         for (size_t seq = 0; seq < slots_.size(); ++seq) {
             const slot & s = slots_[seq];
-            if ((int32_t) seq != except && s.state == state && (victim < 0 || s.last_use < slots_[victim].last_use)) {
+            const bool alive = state == slot_state::cached || !s.session.expired();
+            if ((int32_t) seq != except && s.state == state && alive && (victim < 0 || s.last_use < slots_[victim].last_use)) {
                 victim = (int32_t) seq;
             }
         }
@@ -247,12 +259,35 @@ bool llama_opt_context::evict_one(int32_t except, bool cached_only) {
         drop_sequence(victim);
         stats_.dedup_sequences_evicted += 1;
     } else {
-        if (auto session = slots_[victim].session.lock()) {
-            session->evict();
-        }
+        // the slot's session object is alive: a session being destroyed waits for our lock in
+        // close() and is never chosen (lock() fails), see below
+        slots_[victim].session.lock()->evict();
         drop_sequence(victim);
         stats_.sessions_evicted += 1;
     }
+    return true;
+}
+
+bool llama_opt_context::evict_for_pool(int32_t except) {
+    int32_t victim = -1;
+    for (size_t seq = 0; seq < slots_.size(); ++seq) {
+        const slot & s = slots_[seq];
+        if ((int32_t) seq == except || s.state != slot_state::cached || (victim >= 0 && s.last_use >= slots_[victim].last_use)) {
+            continue;
+        }
+        const bool frees = std::any_of(cached_blocks_[seq].begin(), cached_blocks_[seq].end(), [&](uint64_t id) {
+            const llama_opt_kv_block * b = pool_->find(id);
+            return b && b->holders.size() == 1;
+        });
+        if (frees) {
+            victim = (int32_t) seq;
+        }
+    }
+    if (victim < 0) {
+        return false;
+    }
+    drop_sequence(victim);
+    stats_.dedup_sequences_evicted += 1;
     return true;
 }
 

@@ -86,6 +86,7 @@ private:
     struct slot {
         slot_state                       state = slot_state::free;
         std::weak_ptr<llama_opt_session> session;
+        const llama_opt_session *        owner = nullptr;  // identity, also while it is being destroyed
         uint64_t                         last_use = 0;
     };
 
@@ -100,10 +101,14 @@ private:
                 bool evict_sessions);
 
     void count(llama_opt_session & s, uint64_t llama_opt_stats::* counter, uint64_t n);
+    void mark_shared(int32_t seq, size_t n_shared);  // another sequence now holds [0, n_shared) of seq's cells too
     void touch(int32_t seq);
     // Frees the least recently used cached sequence (or, unless cached_only, idle session)
     // other than `except`; false if there is none.
     bool evict_one(int32_t except, bool cached_only = false);
+    // Frees the least recently used cached sequence that alone holds a pooled block, so that
+    // the pool gets room; false if there is none.
+    bool evict_for_pool(int32_t except);
     void drop_sequence(int32_t seq);       // frees a sequence's KV, pool references and id
     void retire(llama_opt_session & s);    // a closing session's blocks stay cached
     void check_open() const;

@@ -63,6 +63,10 @@ void llama_opt_session::forget(size_t pos) {
     if (pos >= n_evaluated_) {
         return;
     }
+    if (pos < n_shared_) {
+        pos      = pos / ctx_->block_size() * ctx_->block_size();
+        n_shared_ = pos;
+    }
     llama_memory_seq_rm(llama_get_memory(ctx_->ctx_), seq_, (llama_pos) pos, -1);
     const size_t keep_blocks = ctx_->canonical() ? pos / ctx_->block_size() : 0;  // complete blocks below pos
     if (llama_opt_block_pool * pool = ctx_->pool()) {
@@ -123,6 +127,8 @@ void llama_opt_session::adopt_shared_prefix() {
     const size_t saved    = n_shared - std::min(n_shared, n_canonical_);
     forget(0);
     llama_memory_seq_cp(llama_get_memory(ctx_->ctx_), holder, seq_, 0, (llama_pos) n_shared);
+    n_shared_ = n_shared;
+    ctx_->mark_shared(holder, n_shared);
     for (const llama_opt_kv_block * b : path) {
         pool->ref(b, seq_);
         blocks_.push_back(b->id);
@@ -141,7 +147,7 @@ void llama_opt_session::register_blocks() {
         chain_.push_back(ctx_->block_hash(k == 0 ? LLAMA_OPT_CHAIN_ROOT : chain_[k - 1], t));
         if (pool && blocks_.size() == k) {  // a block can be pooled only after its parent
             const llama_opt_kv_block * b = pool->insert(chain_[k], k == 0 ? 0 : blocks_[k - 1], (uint32_t) k, t, B);
-            while (!b && ctx_->evict_one(seq_, /* cached_only */ true)) {
+            while (!b && ctx_->evict_for_pool(seq_)) {
                 b = pool->insert(chain_[k], k == 0 ? 0 : blocks_[k - 1], (uint32_t) k, t, B);
             }
             if (b) {
@@ -169,14 +175,12 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
             if (e.code != llama_opt_errc::context_overflow || !ctx_->canonical()) {
                 throw;
             }
-            // Our cells (or the chunks placed before the failing one) may sit at the top of the
-            // cache, where the next block, which must lie above them, has no room although there
-            // is room below: start again from the bottom, then let idle sessions go if needed.
+            // Our cells (or the chunks placed before the failing one, or the prefix we took from
+            // another sequence) may sit at the top of the cache, where the next block, which must
+            // lie above them, has no room although there is room below: compute everything again
+            // from the bottom (without taking shared cells), letting idle sessions go if needed.
             forget(0);
-            if (ctx_->dedup()) {
-                adopt_shared_prefix();
-            }
-            ctx_->decode(*this, n_evaluated_, end, counter, /* evict_sessions */ true);
+            ctx_->decode(*this, 0, end, counter, /* evict_sessions */ true);
         }
         n_evaluated_ = end;
     }
@@ -188,7 +192,19 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
     }
 }
 
+void llama_opt_session::decode_pending_step() {
+    if (n_evaluated_ + 1 == tokens_.size() && logits_for_ == n_evaluated_ && n_evaluated_ > 0) {
+        ctx_->decode(*this, n_evaluated_, tokens_.size(), &llama_opt_stats::tokens_decoded, true);
+        n_evaluated_ = tokens_.size();
+    }
+}
+
 void llama_opt_session::ensure_logits(uint64_t llama_opt_stats::* counter) {
+    if (tokens_.empty()) {
+        logits_.clear();
+        logits_for_ = 0;
+        return;
+    }
     if (n_evaluated_ < tokens_.size()) {
         if (ctx_->canonical()) {
             prefill(counter);
@@ -204,11 +220,17 @@ void llama_opt_session::ensure_logits(uint64_t llama_opt_stats::* counter) {
     }
 }
 
-const std::vector<float> & llama_opt_session::logits() {
+std::vector<float> llama_opt_session::logits() {
     lock_t lock(ctx_->mutex());
     check_open();
+    decode_pending_step();  // peeking must not change how generation goes on
     ensure_logits(&llama_opt_stats::tokens_prefilled);
     return logits_;
+}
+
+std::vector<llama_token> llama_opt_session::tokens() const {
+    lock_t lock(ctx_->mutex());
+    return tokens_;
 }
 
 void llama_opt_session::append(const std::vector<llama_token> & tokens) {
@@ -221,7 +243,9 @@ void llama_opt_session::append(const std::vector<llama_token> & tokens) {
     try {
         prefill(&llama_opt_stats::tokens_prefilled);
     } catch (...) {
-        tokens_.resize(old_size);  // decode() removed the new KV; a recomputed tail is computed again later
+        // back to the old history; KV beyond it (e.g. a prefix taken from another sequence) goes
+        forget(std::min(n_evaluated_, old_size));
+        tokens_.resize(old_size);
         throw;
     }
 }
@@ -269,6 +293,8 @@ std::shared_ptr<llama_opt_session> llama_opt_session::fork() {
     }
     other->n_evaluated_ = shared;
     other->n_canonical_ = ctx_->canonical() ? shared : 0;
+    other->n_shared_    = shared;
+    n_shared_           = std::max(n_shared_, shared);
     other->chain_.assign(chain_.begin(), chain_.begin() + std::min(chain_.size(), shared / ctx_->block_size()));
     if (llama_opt_block_pool * pool = ctx_->pool()) {
         for (uint64_t id : blocks_) {
@@ -284,6 +310,7 @@ std::shared_ptr<llama_opt_session> llama_opt_session::fork() {
 }
 
 void llama_opt_session::set_sampling(const llama_opt_sampling & s) {
+    lock_t lock(ctx_->mutex());
     llama_sampler * chain = llama_sampler_chain_init(llama_sampler_chain_default_params());
     if (s.temperature <= 0.0f) {
         llama_sampler_chain_add(chain, llama_sampler_init_greedy());
@@ -316,11 +343,7 @@ llama_token llama_opt_session::next_token() {
         throw llama_opt_error(llama_opt_errc::invalid_argument,
             "the session is empty: append a prompt before generating");
     }
-    if (n_evaluated_ + 1 == tokens_.size() && logits_for_ == n_evaluated_) {
-        // the pending sampled token: one decode step, not a (canonical) prefill
-        ctx_->decode(*this, n_evaluated_, tokens_.size(), &llama_opt_stats::tokens_decoded, true);
-        n_evaluated_ = tokens_.size();
-    }
+    decode_pending_step();  // the pending sampled token: one decode step, not a (canonical) prefill
     ensure_logits(&llama_opt_stats::tokens_prefilled);
 
     llama_token token;

@@ -61,13 +61,14 @@ public:
     bool closed() const;   // closed itself, evicted, or its context was closed
     bool evicted() const { return evicted_; }
 
-    const std::vector<llama_token> & tokens() const { return tokens_; }
+    std::vector<llama_token>         tokens() const;  // a copy, taken under the context's lock
     size_t                           n_evaluated() const { return n_evaluated_; }
     size_t                           n_canonical() const { return n_canonical_; }
     size_t                           room() const;  // tokens that still fit the context
     int32_t                          seq() const { return seq_; }
-    // Logits after the last token of the history (computed if needed; empty if no history).
-    const std::vector<float> &       logits();
+    // Logits after the last token of the history (computed if needed; empty if no history),
+    // a copy. A pending sampled token is computed as the next generation step would.
+    std::vector<float>               logits();
     const llama_opt_stats &          stats() const { return stats_; }
 
 private:
@@ -78,6 +79,7 @@ private:
 
     void prefill(uint64_t llama_opt_stats::* counter);  // computes tokens_[n_evaluated_, end)
     void ensure_logits(uint64_t llama_opt_stats::* counter);
+    void decode_pending_step();            // the last sampled token, as a one-token decode
     void forget(size_t pos);               // drops the KV of positions >= pos
     void adopt_shared_prefix();            // dedup: take a longer canonical prefix another sequence holds
     void register_blocks();                // dedup: put new complete blocks into the pool
@@ -89,7 +91,9 @@ private:
     bool                               evicted_     = false;
     std::vector<llama_token>           tokens_;           // history
     size_t                             n_evaluated_ = 0;  // tokens_[0, n_evaluated_) have KV
-    size_t                             n_canonical_ = 0;  // complete canonical blocks, a multiple of the block size
+    size_t                             n_canonical_ = 0;  // tokens with canonical (reusable) KV
+    size_t                             n_shared_    = 0;  // [0, n_shared_) may be cells other sequences hold too:
+                                                          // never cut inside them (a shared tile is never written)
     std::vector<uint64_t>              blocks_;           // pool ids of the canonical blocks (may stop early: pool full)
     std::vector<uint64_t>              chain_;            // chained hashes of the canonical blocks
     std::vector<float>                 logits_;

@@ -30,19 +30,21 @@ class Generation(Iterator[Token]):
     ``finish_reason`` ('eos', 'length', 'stop', 'context_full' or 'interrupted')."""
 
     def __init__(self, session: Session, max_tokens: int | None, stop: Sequence[str],
+                 sampling: tuple[float, int, float, float, int],
                  on_finish: Callable[[Generation], None] | None = None) -> None:
         self.session = session
         self._on_finish = on_finish
         self.tokens: list[int] = []
         self.text = ""
         self.finish_reason: str | None = None
-        self._steps = self._run(max_tokens, list(stop))
+        self._steps = self._run(max_tokens, list(stop), sampling)
 
     def __next__(self) -> Token:
         return next(self._steps)
 
-    def _run(self, max_tokens: int | None, stop: list[str]) -> Iterator[Token]:
+    def _run(self, max_tokens: int | None, stop: list[str], sampling: tuple) -> Iterator[Token]:
         core, model = self.session._core, self.session.context.model
+        core.set_sampling(*sampling)  # here, not in generate(): generations may be interleaved
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         full = ""  # all text decoded so far; self.text is the part released
         if max_tokens == 0:
@@ -133,8 +135,9 @@ class Session:
 
     def sync(self, tokens: Sequence[int]) -> None:
         """Set the history to `tokens` (what chat clients re-send every turn): the KV of the
-        common prefix with the current history is kept, the rest is computed. On a context
-        overflow or a bad token the session is unchanged."""
+        common prefix with the current history is kept, the rest is computed. A bad token or
+        a history longer than the context leaves the session unchanged; if the KV cache runs
+        out of room while computing, the history is cut back to the tokens whose KV exists."""
         self._core.sync(check_token_ids(tokens))
 
     def fork(self) -> Session:
@@ -177,9 +180,8 @@ class Session:
         stops = [stop] if isinstance(stop, str) else list(stop)
         if any(not isinstance(s, str) or not s for s in stops):
             raise InvalidArgumentError("stop must be a non-empty string or a list of them")
-        self._core.set_sampling(float(temperature), int(top_k), float(top_p), float(min_p),
-                                0xFFFFFFFF if seed is None else seed)
-        return Generation(self, max_tokens, stops, on_finish)
+        sampling = (float(temperature), int(top_k), float(top_p), float(min_p), 0xFFFFFFFF if seed is None else seed)
+        return Generation(self, max_tokens, stops, sampling, on_finish)
 
     def generate_text(self, max_tokens: int | None = 256, **kwargs: Any) -> str:
         """Generate and return the text (see generate)."""

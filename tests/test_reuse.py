@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from pyllamaopt import Context, OptConfig, SessionEvictedError
+from pyllamaopt import Context, ContextOverflowError, OptConfig, SessionEvictedError
 
 WORDS = "the code file has a function that will return a value to the test of python paris".split()
 
@@ -203,3 +203,39 @@ def test_seeded_sampling_is_reproduced_with_reuse(tiny_model):
             s.sync(prompt)
             outputs.append(ids(s.generate(20, temperature=0.9, seed=1234)))
     assert outputs[0] == outputs[1]
+
+
+def test_peeking_at_the_logits_does_not_change_the_generation(tiny_model):
+    prompt = text_tokens(tiny_model, 300)
+    with context(tiny_model) as ctx:
+        plain, peeking = ctx.session(), ctx.session()
+        plain.append(prompt)
+        peeking.append(prompt)
+        expected = ids(plain.generate(20, temperature=0.9, seed=3))
+        got = []
+        for token in peeking.generate(20, temperature=0.9, seed=3):
+            got.append(token.id)
+            peeking.logits()
+        assert got == expected
+
+
+def test_an_emptied_history_has_no_logits(tiny_model):
+    with context(tiny_model) as ctx:
+        s = ctx.session()
+        s.append(text_tokens(tiny_model, 100))
+        assert s.logits().size == tiny_model.n_vocab
+        s.sync([])
+        assert s.logits().size == 0
+
+
+def test_an_overflowing_append_leaves_the_session_exact(tiny_model):
+    """The append is refused, and the session still computes exactly what a fresh session
+    computes for its history."""
+    with Context(tiny_model, n_ctx=1024, n_batch=256, n_seq_max=4, n_threads=2) as ctx:
+        s = ctx.session()
+        s.append(text_tokens(tiny_model, 300, seed=1))
+        with pytest.raises(ContextOverflowError):
+            s.append(text_tokens(tiny_model, 800, seed=2))  # 1100 tokens > n_ctx
+        assert s.n_tokens == 300
+        s.append(text_tokens(tiny_model, 20, seed=3))
+        np.testing.assert_array_equal(s.logits(), reference(tiny_model, s.tokens)[0])

@@ -20,12 +20,12 @@ void register_session(py::module_ & m) {
         .def("close", &llama_opt_session::close)
         .def("stats", &llama_opt_session::stats)
         .def("logits", [](llama_opt_session & self) {
-                 const std::vector<float> * l = nullptr;
+                 std::vector<float> l;
                  {
                      py::gil_scoped_release nogil;
-                     l = &self.logits();
+                     l = self.logits();
                  }
-                 return py::array_t<float>((py::ssize_t) l->size(), l->data());  // a copy
+                 return py::array_t<float>((py::ssize_t) l.size(), l.data());
              })
         .def_property_readonly("closed", &llama_opt_session::closed)
         .def_property_readonly("tokens", &llama_opt_session::tokens)
