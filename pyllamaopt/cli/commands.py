@@ -15,7 +15,13 @@ from ..session import Generation
 # Gemma 3 270M is a base model: a plain question/answer transcript suits it better than a chat
 # template. Each turn re-sends the whole transcript, as agents do; the session keeps the KV of
 # what it has already seen.
-DEMO_PREAMBLE = "A conversation between a programmer and a Python expert who answers in one sentence.\n\n"
+DEMO_PREAMBLE = (
+    "A conversation between a programmer and a Python expert who answers in one sentence.\n"
+    "The programmer is working on this module, mathkit/core.py:\n\n"
+    + "".join(f"def op_{i}(a: float, b: float) -> float:\n"
+              f"    \"\"\"Combine a and b (variant {i}).\"\"\"\n"
+              f"    return a * {i + 1} + b\n\n" for i in range(8))
+    + "\n")
 DEMO_QUESTIONS = [
     "What does the function `def add(a, b): return a + b` do?",
     "How would I test it with pytest?",
