@@ -137,6 +137,16 @@ int32_t  llama_opt_model::n_head() const      { return llama_model_n_head(model_
 int32_t  llama_opt_model::n_head_kv() const   { return llama_model_n_head_kv(model_); }
 int32_t  llama_opt_model::n_swa() const       { return llama_model_n_swa(model_); }
 uint64_t llama_opt_model::n_params() const    { return llama_model_n_params(model_); }
+
+uint64_t llama_opt_model::kv_bytes_per_token() const {
+    const std::string arch  = meta("general.architecture");
+    const uint64_t    dflt  = (uint64_t) (n_embd() / std::max(1, n_head()));
+    auto dim = [&](const char * key) {
+        const std::string v = meta(arch + ".attention." + key);
+        return v.empty() ? dflt : std::stoull(v);
+    };
+    return (uint64_t) n_layer() * (uint64_t) n_head_kv() * (dim("key_length") + dim("value_length")) * 2;
+}
 uint64_t llama_opt_model::size_bytes() const  { return llama_model_size(model_); }
 
 llama_token llama_opt_model::bos() const                    { return llama_vocab_bos(vocab_); }

@@ -47,6 +47,7 @@ public:
     int32_t n_head_kv() const;
     int32_t n_swa() const;  // sliding-window size, 0 if the model has none
     uint64_t n_params() const;
+    uint64_t kv_bytes_per_token() const;  // K and V of one token over all layers, in F16
     uint64_t size_bytes() const;
 
     llama_token bos() const;

@@ -151,9 +151,42 @@ void llama_opt_session::register_blocks() {
                 b = pool->insert(chain_[k], k == 0 ? 0 : blocks_[k - 1], (uint32_t) k, t, B);
             }
             if (b) {
+                const bool duplicate = !b->holders.empty();  // another sequence computed it too
                 pool->ref(b, seq_);
                 blocks_.push_back(b->id);
+                if (duplicate && ctx_->settings().config.canon_enabled) {
+                    share_duplicate(k, b);
+                }
             }
+        }
+    }
+}
+
+// A block we computed although another sequence holds it (the last chunk must hold
+// min_chunk() tokens, so a session whose own suffix is short computes the end of a shared
+// prefix again). Its values are bitwise those of the other copy (canonical schedule), so we
+// drop ours and share theirs, if their cells keep ours in position order (patches/0004).
+void llama_opt_session::share_duplicate(size_t k, const llama_opt_kv_block * b) {
+    llama_memory_t mem = llama_get_memory(ctx_->ctx_);
+    const llama_pos B     = (llama_pos) ctx_->block_size();
+    const llama_pos start = (llama_pos) k * B;
+    const int32_t   below = k == 0 ? -1 : llama_memory_seq_cell(mem, seq_, start - 1);
+    const int32_t   above = llama_memory_seq_cell(mem, seq_, start + B);
+    ctx_->count(*this, &llama_opt_stats::canon_entries_total, 1);
+    for (int32_t holder : b->holders) {
+        if (holder == seq_) {
+            continue;
+        }
+        const int32_t first = llama_memory_seq_cell(mem, holder, start);
+        const int32_t last  = llama_memory_seq_cell(mem, holder, start + B - 1);
+        if (first > below && last >= first && (above < 0 || last < above)) {
+            llama_memory_seq_rm(mem, seq_, start, start + B);
+            llama_memory_seq_cp(mem, holder, seq_, start, start + B);
+            n_shared_ = std::max(n_shared_, (size_t) (start + B));
+            ctx_->mark_shared(holder, (size_t) (start + B));
+            ctx_->count(*this, &llama_opt_stats::canon_entries_deduped, 1);
+            ctx_->count(*this, &llama_opt_stats::canon_bytes_saved, (uint64_t) B * ctx_->model().kv_bytes_per_token());
+            return;
         }
     }
 }

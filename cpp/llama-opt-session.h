@@ -15,6 +15,7 @@
 #include <vector>
 
 class llama_opt_context;
+struct llama_opt_kv_block;
 
 struct llama_opt_sampling {
     float    temperature = 0.0f;  // <= 0: greedy
@@ -83,6 +84,7 @@ private:
     void forget(size_t pos);               // drops the KV of positions >= pos
     void adopt_shared_prefix();            // dedup: take a longer canonical prefix another sequence holds
     void register_blocks();                // dedup: put new complete blocks into the pool
+    void share_duplicate(size_t k, const llama_opt_kv_block * b);  // canon: store block k once
     void evict();                          // called by the context: the KV is gone
 
     std::shared_ptr<llama_opt_context> ctx_;

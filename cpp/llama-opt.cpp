@@ -23,7 +23,7 @@ const std::vector<llama_opt_feature> & llama_opt_features() {
         { "dedup",       "LLAMA_OPT_DEDUP",       "dedup_enabled",       1, LLAMA_OPT_DEDUP != 0,       true  },
         { "kv_diff",     "LLAMA_OPT_KV_DIFF",     "diff_enabled",        1, LLAMA_OPT_KV_DIFF != 0,     true  },
         { "schema_skip", "LLAMA_OPT_SCHEMA_SKIP", "schema_skip_enabled", 1, LLAMA_OPT_SCHEMA_SKIP != 0, false },
-        { "kv_canon",    "LLAMA_OPT_KV_CANON",    "canon_enabled",       1, LLAMA_OPT_KV_CANON != 0,    false },
+        { "kv_canon",    "LLAMA_OPT_KV_CANON",    "canon_enabled",       1, LLAMA_OPT_KV_CANON != 0,    true  },
         { "precompute",  "LLAMA_OPT_PRECOMPUTE",  "precompute_enabled",  1, LLAMA_OPT_PRECOMPUTE != 0,  false },
         { "kv_persist",  "LLAMA_OPT_KV_PERSIST",  "persist_enabled",     1, LLAMA_OPT_KV_PERSIST != 0,  false },
         { "memo",        "LLAMA_OPT_MEMO",        "memo_enabled",        1, LLAMA_OPT_MEMO != 0,        false },

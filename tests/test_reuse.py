@@ -108,6 +108,31 @@ def test_sessions_share_the_blocks_of_a_common_prefix(tiny_model):
             assert ids(s.generate(8)) == expected_tokens
 
 
+def test_canon_stores_a_recomputed_shared_block_once(tiny_model):
+    """A session whose own suffix is shorter than the last chunk computes the end of the shared
+    prefix again; kv-canon drops that copy and shares the other session's cells instead."""
+    system = text_tokens(tiny_model, 640)
+    questions = [text_tokens(tiny_model, 12, seed=200 + i) for i in range(4)]
+    used = {}
+    for canon in (False, True):
+        with context(tiny_model, canon_enabled=canon) as ctx:
+            sessions = [ctx.session() for _ in questions]
+            for s, q in zip(sessions, questions):
+                s.append(system + q)
+            used[canon] = ctx.kv_cells_used
+            stats = ctx.stats
+            if canon:
+                assert stats.canon_entries_deduped >= len(questions) - 1
+                assert stats.canon_bytes_saved == stats.canon_entries_deduped * ctx.block_size * tiny_model.kv_bytes_per_token
+            else:
+                assert stats.canon_entries_deduped == 0
+            for s, q in zip(sessions, questions):
+                expected_logits, expected_tokens = reference(tiny_model, system + q, 8)
+                np.testing.assert_array_equal(s.logits(), expected_logits)
+                assert ids(s.generate(8)) == expected_tokens
+    assert used[True] <= used[False] - (len(questions) - 1) * 64
+
+
 def test_forced_hash_collisions_are_misses_never_wrong_kv(tiny_model):
     block_tokens = text_tokens(tiny_model, 128, seed=3)
     a = text_tokens(tiny_model, 64, seed=1) + block_tokens + text_tokens(tiny_model, 70, seed=4)

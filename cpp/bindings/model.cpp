@@ -48,6 +48,7 @@ void register_model(py::module_ & m) {
         .def_property_readonly("n_head_kv", &llama_opt_model::n_head_kv)
         .def_property_readonly("n_swa", &llama_opt_model::n_swa)
         .def_property_readonly("n_params", &llama_opt_model::n_params)
+        .def_property_readonly("kv_bytes_per_token", &llama_opt_model::kv_bytes_per_token)
         .def_property_readonly("size_bytes", &llama_opt_model::size_bytes)
         .def_property_readonly("bos", &llama_opt_model::bos)
         .def_property_readonly("eos", &llama_opt_model::eos)
