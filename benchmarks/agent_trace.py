@@ -3,9 +3,12 @@
 
   off               pyllamaopt with every reuse optimization off: full prefill every turn
   exact             pyllamaopt defaults: exact prefix reuse (diff) and shared blocks (dedup)
+  tier2[@SHARE]     exact + Tier-2 post-edit reuse (diff_reuse_shifted; diff_recompute_share=SHARE,
+                    default 0.25): approximate, its quality is reported against the reference
   llama-cpp-python  0.3.36 (same llama.cpp) with its automatic prefix reuse
 
     python benchmarks/agent_trace.py [--shapes append,reasoning,workspace,shared,fresh] [--turns 22]
+                                     [--engines off,exact,tier2,tier2@0.1,llama-cpp-python]
 
 Shapes (benchmarks/agent_trace_data.py): append-only history; re-rendered history whose earlier
 answers lose their reasoning block; a workspace file after the system prompt, edited every
@@ -16,7 +19,9 @@ all engines see the same prompts.
 
 Reported per shape and engine: prompt tokens computed (against the tokens never seen before in
 any earlier prompt, the limit of exact reuse), wall time, time to first token per turn, peak KV
-cells and bytes, and whether the generated tokens equal those of "off".
+cells and bytes, and whether the generated tokens equal those of the reference ("off", else
+"exact", which equals "off" token for token); for pyllamaopt engines also the mean and max KL
+divergence of each turn's next-token distribution from the reference's.
 
 llama-cpp-python must be built without AMX on these machines, e.g.
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \\
@@ -26,6 +31,7 @@ llama-cpp-python must be built without AMX on these machines, e.g.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -35,6 +41,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import agent_trace_data as data  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 from pyllamaopt import Context, Model, OptConfig, models  # noqa: E402
 
@@ -56,6 +64,7 @@ class Turn:
     ttft: float
     wall: float
     generated: list[int]
+    first_logits: np.ndarray | None = None  # the next-token logits after the prompt
 
 
 @dataclass
@@ -78,11 +87,14 @@ class Pyllamaopt:
         before = session.stats.tokens_prefilled
         start = time.perf_counter()
         session.sync(prompt)
+        peek = time.perf_counter()
+        logits = session.logits()  # already computed; peeking does not change the generation
+        start += time.perf_counter() - peek  # (the copy is not the engine's time)
         generation = session.generate(n_gen)
         first = next(generation, None)
         ttft = time.perf_counter() - start
         generated = ([first.id] if first else []) + [t.id for t in generation]
-        return Turn(session.stats.tokens_prefilled - before, ttft, time.perf_counter() - start, generated)
+        return Turn(session.stats.tokens_prefilled - before, ttft, time.perf_counter() - start, generated, logits)
 
     def kv_cells(self) -> int:
         return self.ctx.kv_cells_used
@@ -147,6 +159,15 @@ def never_seen(prompts: list[list[int]]) -> int:
     return total
 
 
+def kl_divergence(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    """KL(P || Q) of the softmax distributions, in nats."""
+    p = p_logits.astype(np.float64) - p_logits.max()
+    q = q_logits.astype(np.float64) - q_logits.max()
+    log_p = p - math.log(np.exp(p).sum())
+    log_q = q - math.log(np.exp(q).sum())
+    return float((np.exp(log_p) * (log_p - log_q)).sum())
+
+
 def run(engines: dict, work, n_gen: int) -> dict[str, Result]:
     """Turn by turn, every engine in turn, so that the machine's speed drifts alike for all."""
     results = {name: Result() for name in engines}
@@ -170,17 +191,18 @@ def main() -> int:
 
     path = models.resolve(args.model)
     model = Model(path, progress=False)
-    meta = model.metadata
-    arch = model.architecture
-    cell_bytes = model.n_layer * model.n_head_kv * 2 * (
-        int(meta.get(f"{arch}.attention.key_length", model.n_embd // model.n_head))
-        + int(meta.get(f"{arch}.attention.value_length", model.n_embd // model.n_head)))  # f16 K and V
+    cell_bytes = model.kv_bytes_per_token
     factories = {
         "off": lambda: Pyllamaopt(model, "off", dedup_enabled=False, diff_enabled=False),
         "exact": lambda: Pyllamaopt(model, "exact"),
         "llama-cpp-python": lambda: LlamaCppPython(path),
     }
     engines = args.engines.split(",")
+    for name in engines:
+        if name.startswith("tier2"):
+            share = float(name.partition("@")[2] or 0.25)
+            factories[name] = lambda name=name, share=share: Pyllamaopt(
+                model, name, diff_reuse_shifted=True, diff_recompute_share=share)
     print(f"model {model.description}; 2 threads; {args.gen} generated tokens per turn; KV {cell_bytes} bytes/cell\n")
     for shape in args.shapes.split(","):
         work = workload(model, shape, args.turns)
@@ -196,15 +218,23 @@ def main() -> int:
             except ImportError as exc:
                 print(f"  {name}: not available ({exc})")
         results = run(available, work, args.gen)
-        baseline = results.get("off")
+        reference = "off" if "off" in results else "exact"
+        baseline = results.get(reference)
         print(f"  {'engine':<17} {'computed':>9} {'/never-seen':>11} {'wall s':>8} {'TTFT med ms':>11} "
-              f"{'TTFT max ms':>11} {'peak KV MiB':>11} {'same tokens as off':>18}")
+              f"{'TTFT max ms':>11} {'peak KV MiB':>11} {'same tokens as ' + reference:>20} {'KL mean':>9} {'KL max':>9}")
         for name, r in results.items():
             ttfts = [t.ttft * 1000 for t in r.turns]
             same = sum(a.generated == b.generated for a, b in zip(r.turns, baseline.turns)) if baseline else 0
+            kls = [kl_divergence(b.first_logits, a.first_logits) for a, b in zip(r.turns, baseline.turns)
+                   if baseline and a.first_logits is not None and b.first_logits is not None]
+            kl = f"{statistics.mean(kls):>9.2e} {max(kls):>9.2e}" if kls else f"{'-':>9} {'-':>9}"
             print(f"  {name:<17} {int(r.total('computed')):>9} {r.total('computed') / seen:>11.3f} "
                   f"{r.total('wall'):>8.1f} {statistics.median(ttfts):>11.0f} {max(ttfts):>11.0f} "
-                  f"{r.peak_cells * cell_bytes / 2**20:>11.1f} {f'{same}/{len(r.turns)}':>18}")
+                  f"{r.peak_cells * cell_bytes / 2**20:>11.1f} {f'{same}/{len(r.turns)}':>20} {kl}")
+        for name in results:
+            if name.startswith("tier2") and "exact" in results:
+                print(f"  tokens computed exact / {name}: "
+                      f"{results['exact'].total('computed') / max(1, results[name].total('computed')):.2f}")
         if "exact" in results and "llama-cpp-python" in results:
             print(f"  wall time exact / llama-cpp-python: "
                   f"{results['exact'].total('wall') / results['llama-cpp-python'].total('wall'):.3f}")

@@ -29,8 +29,8 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
     if (params.n_batch < 1) {
         invalid("n_batch must be at least 1", "n_batch");
     }
-    if (params.n_seq_max < 1 || params.n_seq_max > 256) {
-        invalid("n_seq_max must be between 1 and 256 (got " + std::to_string(params.n_seq_max) + ")", "n_seq_max");
+    if (params.n_seq_max < 1 || params.n_seq_max > 255) {  // llama.cpp's 256, one kept for scratch_seq()
+        invalid("n_seq_max must be between 1 and 255 (got " + std::to_string(params.n_seq_max) + ")", "n_seq_max");
     }
     if (params.n_threads < 0 || params.n_threads_batch < 0) {
         invalid("n_threads must be positive, or 0 for all hardware threads", "n_threads");
@@ -69,7 +69,7 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
     // One ubatch per llama_decode call: we choose every chunk boundary ourselves.
     cp.n_batch         = params.canonical ? chunk_ + align_ : params.n_batch;  // room for a merged remainder
     cp.n_ubatch        = cp.n_batch;
-    cp.n_seq_max       = params.n_seq_max;
+    cp.n_seq_max       = params.n_seq_max + 1;  // + scratch_seq()
     cp.n_threads       = params.n_threads > 0 ? params.n_threads : hw;
     cp.n_threads_batch = params.n_threads_batch > 0 ? params.n_threads_batch : cp.n_threads;
     cp.flash_attn_type = params.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;

@@ -63,6 +63,8 @@ public:
     uint32_t min_chunk() const { return align_; }  // fewest tokens per canonical chunk
     uint32_t row_align() const { return 4; }       // canonical chunk boundaries are multiples of this
     bool     canonical() const { return params_.canonical; }
+    // A sequence id no session uses: KV parked there while a session is rearranged.
+    int32_t  scratch_seq() const { return (int32_t) params_.n_seq_max; }
     bool     dedup() const { return pool_ != nullptr; }
     uint32_t kv_cells_used() const;
 

@@ -1,9 +1,11 @@
 #include "llama-opt-session.h"
 
 #include "llama-context-hash.h"
+#include "llama-kv-cache-diff.h"
 #include "llama-opt-context.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 using lock_t = std::lock_guard<std::recursive_mutex>;
@@ -80,6 +82,9 @@ void llama_opt_session::forget(size_t pos) {
     chain_.resize(std::min(chain_.size(), keep_blocks));
     n_canonical_ = std::min(n_canonical_, pos / ctx_->row_align() * ctx_->row_align());
     n_evaluated_ = pos;
+    if (pos <= approx_from_) {
+        approx_from_ = npos;  // what is left is exact
+    }
 }
 
 // Where computing up to `end` may start at the latest: the last chunk must hold at least
@@ -193,7 +198,9 @@ void llama_opt_session::share_duplicate(size_t k, const llama_opt_kv_block * b) 
 
 void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
     const size_t end = tokens_.size();
-    if (ctx_->canonical()) {
+    // an approximate session (Tier 2) keeps its KV as it is and is never pooled beyond n_canonical_
+    const bool canonical = ctx_->canonical() && !approximate();
+    if (canonical) {
         // what is not canonical (generated tokens, the last rows of a chunk) is computed again
         forget(std::min(n_canonical_, reusable_prefix(end, *ctx_)));
         if (ctx_->dedup()) {
@@ -217,7 +224,7 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
         }
         n_evaluated_ = end;
     }
-    if (ctx_->canonical()) {
+    if (ctx_->canonical() && !approximate()) {  // a relocation (above) computed an approximate session exactly
         // computed again when the history grows: the rows of the last, incomplete group of
         // row_align(), and a whole history shorter than min_chunk() (it was one small chunk)
         n_canonical_ = end < ctx_->min_chunk() ? 0 : end / ctx_->row_align() * ctx_->row_align();
@@ -248,7 +255,7 @@ void llama_opt_session::ensure_logits(uint64_t llama_opt_stats::* counter) {
     }
     if (logits_for_ != n_evaluated_ && n_evaluated_ > 0) {
         // the history was cut back: compute its end again (canonical: a whole last chunk)
-        forget(ctx_->canonical() ? reusable_prefix(n_evaluated_, *ctx_) : n_evaluated_ - 1);
+        forget(ctx_->canonical() && !approximate() ? reusable_prefix(n_evaluated_, *ctx_) : n_evaluated_ - 1);
         ensure_logits(counter);
     }
 }
@@ -289,28 +296,116 @@ void llama_opt_session::sync(const std::vector<llama_token> & tokens) {
     ctx_->model().check_tokens(tokens.data(), tokens.size());
     check_fits(tokens.size());
 
+    const llama_opt_config & cfg = ctx_->settings().config;
     size_t keep = 0;  // exact reuse: the common prefix only (KV after a change depends on it)
-    if (ctx_->settings().config.diff_enabled) {
+    if (cfg.diff_enabled) {
         while (keep < n_evaluated_ && keep < tokens.size() && tokens_[keep] == tokens[keep]) {
             ++keep;
         }
     }
     const uint64_t computed_before = stats_.tokens_prefilled;
-    forget(keep);
-    tokens_ = tokens;
-    try {
-        prefill(&llama_opt_stats::tokens_prefilled);
-    } catch (...) {
-        tokens_.resize(n_evaluated_);
-        throw;
+    const bool     edited          = keep < n_evaluated_ && keep < tokens.size();
+    const std::vector<span_move> moves =
+        cfg.diff_enabled && cfg.diff_reuse_shifted && edited ? plan_shifted(tokens, keep) : std::vector<span_move>();
+    if (!moves.empty()) {
+        sync_shifted(tokens, keep, moves);
+    } else {
+        forget(keep);
+        tokens_ = tokens;
+        try {
+            prefill(&llama_opt_stats::tokens_prefilled);
+        } catch (...) {
+            tokens_.resize(n_evaluated_);
+            throw;
+        }
     }
-    if (!ctx_->settings().config.diff_enabled) {
+    if (!cfg.diff_enabled) {
         return;
     }
     const uint64_t recomputed = stats_.tokens_prefilled - computed_before;
     ctx_->count(*this, &llama_opt_stats::diff_tokens_total, tokens.size());
     ctx_->count(*this, &llama_opt_stats::diff_tokens_recomputed, recomputed);
     ctx_->count(*this, &llama_opt_stats::diff_tokens_unchanged, tokens.size() - std::min<uint64_t>(recomputed, tokens.size()));
+}
+
+// Tier 2 (approximate, opt-in): after an edit, the KV of the unchanged spans that follow it is
+// reused at their new positions (rows moved to aligned cells, K rotated by the shift:
+// patches/0005) instead of being computed again, as CacheBlend does. Those rows were computed
+// without the edit, so they are approximate; the first diff_recompute_share of each span, where
+// the edit matters most, is computed again, and so is the last token (its logits are needed).
+// Approximate KV never enters the block pool.
+std::vector<llama_opt_session::span_move> llama_opt_session::plan_shifted(const std::vector<llama_token> & tokens,
+                                                                          size_t keep) const {
+    const llama_opt_config & cfg = ctx_->settings().config;
+    // the session keeps the tile of the block that holds `keep` and writes the rest of it again:
+    // cells parked there would be in the way
+    const size_t B          = ctx_->block_size();
+    const size_t first_free = (keep + B - 1) / B * B;
+    const llama_opt_diff_engine engine(ctx_->block_size(), cfg.diff_min_unchanged);
+    const llama_opt_diff_result diff =
+        engine.compute(tokens_.data(), (uint32_t) n_evaluated_, tokens.data(), (uint32_t) tokens.size());
+
+    std::vector<span_move> moves;
+    for (const llama_opt_diff_span & d : diff) {
+        if (d.op != DIFF_KEEP || d.curr_start == 0) {
+            continue;  // the common prefix stays where it is, exactly
+        }
+        size_t again = (size_t) std::ceil(cfg.diff_recompute_share * (double) d.curr_length);
+        again        = std::max(again, first_free > d.prev_start ? first_free - d.prev_start : 0);
+        const size_t to    = d.curr_start + again;
+        const size_t n     = std::min<size_t>(d.curr_length - std::min<size_t>(again, d.curr_length),
+                                              tokens.size() - 1 > to ? tokens.size() - 1 - to : 0);
+        if (n >= cfg.diff_min_unchanged) {
+            moves.push_back({ d.prev_start + again, to, n });
+        }
+    }
+    return moves;
+}
+
+void llama_opt_session::sync_shifted(const std::vector<llama_token> & tokens, size_t keep,
+                                     const std::vector<span_move> & moves) {
+
+    llama_memory_t mem     = llama_get_memory(ctx_->ctx_);
+    const int32_t  scratch = ctx_->scratch_seq();
+    for (const span_move & m : moves) {  // parked, so that the history can be rebuilt in order
+        llama_memory_seq_cp(mem, seq_, scratch, (llama_pos) m.from, (llama_pos) (m.from + m.n));
+    }
+    forget(keep);
+    tokens_      = tokens;
+    approx_from_ = n_evaluated_;
+    size_t pos = n_evaluated_;
+    try {
+        for (const span_move & m : moves) {
+            if (pos < m.to) {
+                ctx_->decode(*this, pos, m.to, &llama_opt_stats::tokens_prefilled, true);
+                n_evaluated_ = m.to;
+            }
+            if (llama_memory_seq_move(mem, scratch, seq_, (llama_pos) m.from, (llama_pos) (m.from + m.n),
+                                      (llama_pos) m.to - (llama_pos) m.from)) {
+                n_evaluated_ = m.to + m.n;
+                ctx_->count(*this, &llama_opt_stats::diff_tokens_shifted, m.n);
+            }  // else: no room for the moved cells, the span is computed instead
+            pos = n_evaluated_;
+        }
+        ctx_->decode(*this, pos, tokens_.size(), &llama_opt_stats::tokens_prefilled, true);
+        n_evaluated_ = tokens_.size();
+    } catch (const llama_opt_error & e) {
+        llama_memory_seq_rm(mem, scratch, -1, -1);
+        if (e.code != llama_opt_errc::context_overflow) {
+            tokens_.resize(n_evaluated_);  // the history whose KV exists
+            throw;
+        }
+        // no room to rebuild the history this way: compute it exactly (prefill can relocate)
+        forget(std::min(n_evaluated_, keep));
+        try {
+            prefill(&llama_opt_stats::tokens_prefilled);
+        } catch (...) {
+            tokens_.resize(n_evaluated_);
+            throw;
+        }
+        return;
+    }
+    llama_memory_seq_rm(mem, scratch, -1, -1);
 }
 
 std::shared_ptr<llama_opt_session> llama_opt_session::fork() {

@@ -27,6 +27,8 @@ struct llama_opt_sampling {
 
 class llama_opt_session {
 public:
+    static constexpr size_t npos = (size_t) -1;
+
     llama_opt_session(std::shared_ptr<llama_opt_context> ctx, int32_t seq);
     ~llama_opt_session();
 
@@ -65,6 +67,8 @@ public:
     std::vector<llama_token>         tokens() const;  // a copy, taken under the context's lock
     size_t                           n_evaluated() const { return n_evaluated_; }
     size_t                           n_canonical() const { return n_canonical_; }
+    // Tier 2: KV of positions >= approx_from() was reused shifted after an edit; npos if none.
+    size_t                           approx_from() const { return approx_from_; }
     size_t                           room() const;  // tokens that still fit the context
     int32_t                          seq() const { return seq_; }
     // Logits after the last token of the history (computed if needed; empty if no history),
@@ -85,7 +89,12 @@ private:
     void adopt_shared_prefix();            // dedup: take a longer canonical prefix another sequence holds
     void register_blocks();                // dedup: put new complete blocks into the pool
     void share_duplicate(size_t k, const llama_opt_kv_block * b);  // canon: store block k once
+    // Tier 2 sync: the KV of positions [from, from + n) is reused at [to, to + n)
+    struct span_move { size_t from, to, n; };
+    std::vector<span_move> plan_shifted(const std::vector<llama_token> & tokens, size_t keep) const;
+    void sync_shifted(const std::vector<llama_token> & tokens, size_t keep, const std::vector<span_move> & moves);
     void evict();                          // called by the context: the KV is gone
+    bool approximate() const { return approx_from_ != npos; }
 
     std::shared_ptr<llama_opt_context> ctx_;
     int32_t                            seq_;
@@ -94,6 +103,7 @@ private:
     std::vector<llama_token>           tokens_;           // history
     size_t                             n_evaluated_ = 0;  // tokens_[0, n_evaluated_) have KV
     size_t                             n_canonical_ = 0;  // tokens with canonical (reusable) KV
+    size_t                             approx_from_ = npos;  // see approx_from()
     size_t                             n_shared_    = 0;  // [0, n_shared_) may be cells other sequences hold too:
                                                           // never cut inside them (a shared tile is never written)
     std::vector<uint64_t>              blocks_;           // pool ids of the canonical blocks (may stop early: pool full)

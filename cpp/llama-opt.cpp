@@ -80,6 +80,8 @@ const std::vector<llama_opt_field> & llama_opt_fields() {
         OPT_UINT(dedup_pool_max,             "LLAMA_OPT_DEDUP_POOL_MAX",       1, 1u << 30,   "max blocks in the dedup pool"),
         OPT_BOOL(diff_enabled,               "LLAMA_OPT_DIFF_ENABLED",                         "structural KV cache diffing"),
         OPT_UINT(diff_min_unchanged,         "LLAMA_OPT_DIFF_MIN_UNCHANGED",   1, 1u << 30,   "min unchanged span worth keeping"),
+        OPT_BOOL(diff_reuse_shifted,         "LLAMA_OPT_DIFF_REUSE_SHIFTED",                   "reuse unchanged spans after an edit, shifted (Tier 2)"),
+        OPT_REAL(diff_recompute_share,       "LLAMA_OPT_DIFF_RECOMPUTE_SHARE", 0, 1,          "share of each shifted span computed again (Tier 2)"),
         OPT_BOOL(schema_skip_enabled,        "LLAMA_OPT_SCHEMA_SKIP_ENABLED",                  "schema-aware token skipping"),
         OPT_BOOL(canon_enabled,              "LLAMA_OPT_CANON_ENABLED",                        "KV cache canonicalization"),
         OPT_BOOL(precompute_enabled,         "LLAMA_OPT_PRECOMPUTE_ENABLED",                   "deterministic precomputation"),
@@ -331,7 +333,7 @@ std::map<std::string, std::string> llama_opt_environ() {
 const std::vector<llama_opt_stats_field> & llama_opt_stats_fields() {
     static const std::vector<llama_opt_stats_field> fields = {
         STAT(dedup_blocks_total), STAT(dedup_blocks_hit), STAT(dedup_tokens_saved), STAT(dedup_sequences_evicted),
-        STAT(diff_tokens_total), STAT(diff_tokens_unchanged), STAT(diff_tokens_recomputed),
+        STAT(diff_tokens_total), STAT(diff_tokens_unchanged), STAT(diff_tokens_recomputed), STAT(diff_tokens_shifted),
         STAT(schema_tokens_total), STAT(schema_tokens_skipped), STAT(schema_tokens_inferred),
         STAT(canon_entries_total), STAT(canon_entries_deduped), STAT(canon_bytes_saved),
         STAT(precompute_rope_hits), STAT(precompute_norm_hits), STAT(precompute_mask_hits),

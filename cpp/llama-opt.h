@@ -64,6 +64,8 @@ struct llama_opt_config {
 
     bool     diff_enabled       = false;
     uint32_t diff_min_unchanged = 8;
+    bool     diff_reuse_shifted   = false;  // Tier 2: reuse unchanged spans after an edit, shifted
+    float    diff_recompute_share = 0.25f;  // Tier 2: share of each such span computed again
 
     bool schema_skip_enabled = false;
     bool canon_enabled       = false;
@@ -159,6 +161,7 @@ struct llama_opt_stats {
     uint64_t diff_tokens_total      = 0;
     uint64_t diff_tokens_unchanged  = 0;
     uint64_t diff_tokens_recomputed = 0;
+    uint64_t diff_tokens_shifted    = 0;  // Tier 2: reused at a new position after an edit
     // Phase 1 - schema-aware skipping
     uint64_t schema_tokens_total    = 0;
     uint64_t schema_tokens_skipped  = 0;

@@ -48,7 +48,7 @@ class Context:
             self.model._core, self.config._settings,
             _check_int("n_ctx", n_ctx, 16, 2**24),
             _check_int("n_batch", n_batch, 1, 2**16),
-            _check_int("n_seq_max", n_seq_max, 1, 256),
+            _check_int("n_seq_max", n_seq_max, 1, 255),
             _check_int("n_threads", n_threads or 0, 0, 1024),
             _check_int("n_threads_batch", n_threads_batch or 0, 0, 1024),
             bool(flash_attn), bool(swa_full), schedule == "canonical")

@@ -129,6 +129,12 @@ class Session:
     def text(self) -> str:
         return self.context.model.detokenize(self.tokens)
 
+    @property
+    def approx_from(self) -> int | None:
+        """Tier 2 (``diff_reuse_shifted``): the position from which this session's KV is approximate
+        (reused at a shifted position after an edit), or None when all of it is exact."""
+        return self._core.approx_from
+
     def append(self, tokens: Iterable[int]) -> None:
         """Add tokens to the history and compute their KV. On error the session is unchanged."""
         self._core.append(check_token_ids(tokens))

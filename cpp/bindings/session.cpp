@@ -31,6 +31,12 @@ void register_session(py::module_ & m) {
         .def_property_readonly("tokens", &llama_opt_session::tokens)
         .def_property_readonly("n_evaluated", &llama_opt_session::n_evaluated)
         .def_property_readonly("n_canonical", &llama_opt_session::n_canonical)
+        .def_property_readonly("approx_from", [](const llama_opt_session & self) -> py::object {
+            if (self.approx_from() == llama_opt_session::npos) {
+                return py::none();
+            }
+            return py::int_(self.approx_from());
+        })
         .def_property_readonly("evicted", &llama_opt_session::evicted)
         .def_property_readonly("room", &llama_opt_session::room)
         .def_property_readonly("seq", &llama_opt_session::seq);
