@@ -54,10 +54,10 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
         if (!params.swa_full && model_->n_swa() > 0) {
             invalid("the canonical schedule needs swa_full=True on a sliding-window model", "swa_full");
         }
-    } else if (cfg.dedup_enabled || cfg.diff_enabled) {
+    } else if (cfg.dedup_enabled || cfg.diff_enabled || cfg.persist_enabled) {
         throw llama_opt_error(llama_opt_errc::config,
-            "the llama schedule cannot reuse KV: turn dedup_enabled and diff_enabled off, or use the canonical schedule",
-            "schedule");
+            "the llama schedule cannot reuse KV: turn dedup_enabled, diff_enabled and persist_enabled off, or use "
+            "the canonical schedule", "schedule");
     }
     if (cfg.dedup_enabled) {
         pool_ = std::make_unique<llama_opt_block_pool>(cfg.dedup_pool_max);
@@ -92,8 +92,40 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
         throw llama_opt_error(llama_opt_errc::invalid_argument,
             "this model's KV memory does not support aligned placement; use schedule='llama'", "schedule");
     }
+    if (cfg.persist_enabled) {
+        open_persist_store();
+    }
     slots_.resize(params.n_seq_max);
     cached_blocks_.resize(params.n_seq_max);
+}
+
+void llama_opt_context::open_persist_store() {
+    const llama_opt_config & cfg = settings_.config;
+    const size_t row = llama_memory_kv_bytes_per_pos(llama_get_memory(ctx_));
+    if (row == 0) {
+        llama_free(ctx_);
+        ctx_ = nullptr;
+        throw llama_opt_error(llama_opt_errc::config,
+            "the persistent KV cache needs flash_attn=True (without it llama.cpp stores V transposed)", "flash_attn");
+    }
+    // what decides the KV bits besides model and tokens: the build (pin, patches, CPU flags)
+    // and this context's numerics settings
+    const std::string compat = std::string(LLAMA_OPT_BUILD_ID) + "|" + llama_print_system_info() +
+        "|fa=" + std::to_string(params_.flash_attn) + "|swa_full=" + std::to_string(params_.swa_full) +
+        "|align=" + std::to_string(align_) + "|row_align=" + std::to_string(row_align());
+    const auto dims = model_->head_dims();
+    persist_layout_.model_hash      = model_->content_hash();
+    persist_layout_.compat_hash     = llama_opt_checksum(compat.data(), compat.size());
+    persist_layout_.block_size      = block_;
+    persist_layout_.n_layers        = (uint32_t) model_->n_layer();
+    persist_layout_.n_kv_heads      = (uint32_t) model_->n_head_kv();
+    persist_layout_.k_dim           = dims.first;
+    persist_layout_.v_dim           = dims.second;
+    persist_layout_.k_type          = GGML_TYPE_F16;  // llama.cpp's default KV type, which we keep
+    persist_layout_.v_type          = GGML_TYPE_F16;
+    persist_layout_.bytes_per_token = row;
+    persist_ = std::make_unique<llama_opt_persist_store>(cfg.persist_dir.empty() ? llama_opt_persist_default_dir()
+                                                                                 : cfg.persist_dir);
 }
 
 llama_opt_context::~llama_opt_context() {
@@ -146,6 +178,9 @@ void llama_opt_context::close() {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     for (auto & s : slots_) {
         if (auto session = s.session.lock()) {
+            if (persist_ && ctx_ && !session->closed()) {
+                session->save_quietly();
+            }
             session->closed_ = true;
         }
         s = slot();

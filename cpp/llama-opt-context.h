@@ -16,6 +16,7 @@
 // where the new tokens start, default placement), without reuse.
 
 #include "llama-kv-cache-dedup.h"
+#include "llama-kv-cache-persist.h"
 #include "llama-opt-model.h"
 #include "llama-opt.h"
 
@@ -66,6 +67,9 @@ public:
     // A sequence id no session uses: KV parked there while a session is rearranged.
     int32_t  scratch_seq() const { return (int32_t) params_.n_seq_max; }
     bool     dedup() const { return pool_ != nullptr; }
+    // kv-cache-persist: the disk tier, if persist_enabled (else null), and what its entries must match
+    llama_opt_persist_store *        persist() const { return persist_.get(); }
+    const llama_opt_persist_layout & persist_layout() const { return persist_layout_; }
     uint32_t kv_cells_used() const;
 
     llama_opt_stats stats() const;
@@ -114,6 +118,7 @@ private:
     void drop_sequence(int32_t seq);       // frees a sequence's KV, pool references and id
     void retire(llama_opt_session & s);    // a closing session's blocks stay cached
     void check_open() const;
+    void open_persist_store();
 
     llama_opt_block_pool * pool() { return pool_.get(); }
 
@@ -126,6 +131,8 @@ private:
     uint32_t                              align_     = 1;  // cell tile and minimum chunk (measured numerics rule)
     uint32_t                              chunk_     = 0;  // canonical chunk: largest multiple of block_ <= n_batch
     std::unique_ptr<llama_opt_block_pool> pool_;
+    std::unique_ptr<llama_opt_persist_store> persist_;
+    llama_opt_persist_layout              persist_layout_;
     std::vector<slot>                     slots_;           // by sequence id
     std::vector<std::vector<uint64_t>>    cached_blocks_;   // pool ids held by cached sequences
     uint64_t                              clock_ = 0;       // for LRU

@@ -58,3 +58,7 @@ std::string llama_opt_log_take_errors() {
     g_recent.clear();
     return out;
 }
+
+void llama_opt_log_warn(const std::string & message) {
+    fprintf(stderr, "%s\n", message.c_str());
+}

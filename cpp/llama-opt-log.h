@@ -9,3 +9,4 @@ void        llama_opt_log_init();               // installs the log callback (id
 void        llama_opt_log_set_verbose(bool verbose);
 bool        llama_opt_log_verbose();
 std::string llama_opt_log_take_errors();        // recent warnings/errors, then forgets them
+void        llama_opt_log_warn(const std::string & message);  // ours, rare (a failure we recover from): always on stderr

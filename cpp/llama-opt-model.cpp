@@ -1,6 +1,7 @@
 #include "llama-opt-model.h"
 
 #include "ggml-cpu.h"
+#include "llama-kv-cache-persist.h"
 #include "llama-opt-log.h"
 #include "llama.h"
 
@@ -138,16 +139,38 @@ int32_t  llama_opt_model::n_head_kv() const   { return llama_model_n_head_kv(mod
 int32_t  llama_opt_model::n_swa() const       { return llama_model_n_swa(model_); }
 uint64_t llama_opt_model::n_params() const    { return llama_model_n_params(model_); }
 
-uint64_t llama_opt_model::kv_bytes_per_token() const {
-    const std::string arch  = meta("general.architecture");
-    const uint64_t    dflt  = (uint64_t) (n_embd() / std::max(1, n_head()));
+std::pair<uint32_t, uint32_t> llama_opt_model::head_dims() const {
+    const std::string arch = meta("general.architecture");
+    const uint32_t    dflt = (uint32_t) (n_embd() / std::max(1, n_head()));
     auto dim = [&](const char * key) {
         const std::string v = meta(arch + ".attention." + key);
-        return v.empty() ? dflt : std::stoull(v);
+        return v.empty() ? dflt : (uint32_t) std::stoul(v);
     };
-    return (uint64_t) n_layer() * (uint64_t) n_head_kv() * (dim("key_length") + dim("value_length")) * 2;
+    return { dim("key_length"), dim("value_length") };
+}
+
+uint64_t llama_opt_model::kv_bytes_per_token() const {
+    const auto dims = head_dims();
+    return (uint64_t) n_layer() * (uint64_t) n_head_kv() * (dims.first + dims.second) * 2;
 }
 uint64_t llama_opt_model::size_bytes() const  { return llama_model_size(model_); }
+
+uint64_t llama_opt_model::content_hash() const {
+    std::call_once(hash_once_, [this] {
+        std::ifstream in(path_, std::ios::binary);
+        std::vector<char> buf(1 << 23);
+        uint64_t h = 0;
+        while (in) {
+            in.read(buf.data(), (std::streamsize) buf.size());
+            h = llama_opt_checksum(buf.data(), (size_t) in.gcount(), h);
+        }
+        if (in.bad()) {
+            throw llama_opt_error(llama_opt_errc::model_load, "cannot read " + path_ + " to hash it: " + strerror(errno));
+        }
+        content_hash_ = h;
+    });
+    return content_hash_;
+}
 
 llama_token llama_opt_model::bos() const                    { return llama_vocab_bos(vocab_); }
 llama_token llama_opt_model::eos() const                    { return llama_vocab_eos(vocab_); }

@@ -3,6 +3,7 @@
 #include "llama-context-hash.h"
 #include "llama-kv-cache-diff.h"
 #include "llama-opt-context.h"
+#include "llama-opt-log.h"
 
 #include <algorithm>
 #include <cmath>
@@ -39,6 +40,9 @@ void llama_opt_session::check_open() const {
 void llama_opt_session::close() {
     lock_t lock(ctx_->mutex());
     if (!closed_ && !evicted_ && !ctx_->closed()) {
+        if (ctx_->persist()) {
+            save_quietly();
+        }
         ctx_->retire(*this);
     }
     closed_ = true;
@@ -206,6 +210,7 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
         if (ctx_->dedup()) {
             adopt_shared_prefix();
         }
+        restore_from_disk(end);
     }
     if (n_evaluated_ < end) {
         try {
@@ -406,6 +411,121 @@ void llama_opt_session::sync_shifted(const std::vector<llama_token> & tokens, si
         return;
     }
     llama_memory_seq_rm(mem, scratch, -1, -1);
+}
+
+std::vector<uint64_t> llama_opt_session::persist_chain(size_t n_blocks) const {
+    const uint32_t B = ctx_->block_size();
+    std::vector<uint64_t> chain;
+    for (size_t k = 0; k < n_blocks; ++k) {
+        chain.push_back(llama_opt_hash_chain(k == 0 ? LLAMA_OPT_CHAIN_ROOT : chain.back(), tokens_.data() + k * B, B));
+    }
+    return chain;
+}
+
+size_t llama_opt_session::save() {
+    lock_t lock(ctx_->mutex());
+    check_open();
+    if (!ctx_->persist()) {
+        throw llama_opt_error(llama_opt_errc::invalid_argument,
+            "the persistent KV cache is off: create the Context with OptConfig(persist_enabled=True) "
+            "(or LLAMA_OPT_PERSIST_ENABLED=1)", "persist_enabled");
+    }
+    return save_blocks();
+}
+
+void llama_opt_session::save_quietly() {
+    try {
+        save_blocks();
+    } catch (const std::exception &) {
+        ctx_->count(*this, &llama_opt_stats::persist_errors, 1);
+    }
+}
+
+size_t llama_opt_session::save_blocks() {
+    llama_opt_persist_store *        store  = ctx_->persist();
+    const llama_opt_persist_layout & layout = ctx_->persist_layout();
+    const uint32_t B        = ctx_->block_size();
+    const size_t   n_blocks = n_canonical_ / B;  // exact KV only (approximate KV starts later)
+    if (n_blocks == 0) {
+        return 0;
+    }
+    const size_t n = n_blocks * B;
+    const std::vector<uint64_t> chain = persist_chain(n_blocks);
+    if (store->find(layout, chain, tokens_.data(), n_blocks).n_blocks == n_blocks) {
+        return n;  // stored already (maybe within a longer context)
+    }
+    std::vector<uint8_t> rows(n * layout.bytes_per_token);
+    std::string why;
+    if (!llama_memory_seq_kv_read(llama_get_memory(ctx_->ctx_), seq_, 0, (llama_pos) n, rows.data())) {
+        why = "the KV of the history is not all in the cache";
+    } else if (store->save(layout, std::vector<llama_token>(tokens_.begin(), tokens_.begin() + n), chain, rows.data(), why)) {
+        ctx_->count(*this, &llama_opt_stats::persist_saves, 1);
+        if (const uint32_t budget = ctx_->settings().config.persist_max_mb) {
+            store->cleanup(0, (uint64_t) budget << 20);
+        }
+        return n;
+    }
+    ctx_->count(*this, &llama_opt_stats::persist_errors, 1);
+    llama_opt_log_warn("pyllamaopt: could not save the KV of a session: " + why);
+    return 0;
+}
+
+// The disk tier after the RAM tier: blocks of a stored context that holds a longer prefix of
+// this history than the session has are read back into its cells, bit for bit (the canonical
+// schedule makes them equal to computing them here).
+void llama_opt_session::restore_from_disk(size_t end) {
+    llama_opt_persist_store * store = ctx_->persist();
+    if (!store) {
+        return;
+    }
+    const llama_opt_persist_layout & layout = ctx_->persist_layout();
+    const uint32_t B    = ctx_->block_size();
+    const size_t   want = reusable_prefix(end, *ctx_) / B;  // the last chunk is computed here
+    const size_t   own  = n_canonical_ / B;
+    if (want <= own) {
+        return;
+    }
+    const llama_opt_persist_store::match m = store->find(layout, persist_chain(want), tokens_.data(), want);
+    if (m.n_blocks <= own) {
+        if (m.miss == llama_opt_persist_miss::incompatible) {
+            ctx_->count(*this, &llama_opt_stats::persist_misses_incompatible, 1);
+        } else if (m.n_blocks == 0) {
+            ctx_->count(*this, &llama_opt_stats::persist_misses, 1);
+        }
+        return;
+    }
+    forget(own * B);
+    llama_memory_t mem = llama_get_memory(ctx_->ctx_);
+    const size_t piece = 16;  // blocks read and written at a time: bounded memory
+    std::vector<uint8_t> rows(piece * B * layout.bytes_per_token);
+    size_t k = own;
+    while (k < m.n_blocks) {
+        const uint32_t last = (uint32_t) std::min(k + piece, (size_t) m.n_blocks);
+        std::string why;
+        llama_opt_persist_miss miss;
+        const uint32_t got = store->load(m.entry, (uint32_t) k, last, rows.data(), why, miss);
+        bool written = llama_memory_seq_kv_write(mem, seq_, (llama_pos) (k * B), (llama_pos) ((k + got) * B), rows.data());
+        while (!written && ctx_->evict_one(seq_, /* cached_only */ true)) {
+            written = llama_memory_seq_kv_write(mem, seq_, (llama_pos) (k * B), (llama_pos) ((k + got) * B), rows.data());
+        }
+        if (!written) {
+            break;  // no room: the rest is computed (and may relocate)
+        }
+        k += got;
+        if (k < last) {
+            if (miss == llama_opt_persist_miss::corrupt) {
+                ctx_->count(*this, &llama_opt_stats::persist_misses_corrupt, 1);
+                llama_opt_log_warn("pyllamaopt: removed a corrupt KV cache entry: " + why);
+            }
+            break;
+        }
+    }
+    if (k > own) {
+        n_evaluated_ = n_canonical_ = k * B;
+        register_blocks();
+        ctx_->count(*this, &llama_opt_stats::persist_loads, 1);
+        ctx_->count(*this, &llama_opt_stats::persist_tokens_restored, (k - own) * B);
+    }
 }
 
 std::shared_ptr<llama_opt_session> llama_opt_session::fork() {

@@ -48,6 +48,12 @@ public:
     // A new session with the same history, sharing this one's KV blocks.
     std::shared_ptr<llama_opt_session> fork();
 
+    // kv-cache-persist: stores the KV of the history's complete canonical blocks on disk, unless
+    // an entry holds them already; returns the tokens stored or already held. A failed write is
+    // counted (persist_errors) and returns 0. Throws invalid_argument if persistence is off.
+    // Sessions are also saved when they close (and when their context closes).
+    size_t save();
+
     // Sampler for the following next_token() calls.
     void set_sampling(const llama_opt_sampling & sampling);
 
@@ -94,6 +100,10 @@ private:
     std::vector<span_move> plan_shifted(const std::vector<llama_token> & tokens, size_t keep) const;
     void sync_shifted(const std::vector<llama_token> & tokens, size_t keep, const std::vector<span_move> & moves);
     void evict();                          // called by the context: the KV is gone
+    size_t save_blocks();                  // save() without the checks
+    void   save_quietly();                 // on close: never throws, failures are counted
+    void   restore_from_disk(size_t end);  // persist: take a longer canonical prefix from disk
+    std::vector<uint64_t> persist_chain(size_t n_blocks) const;  // unmasked chained hashes
     bool approximate() const { return approx_from_ != npos; }
 
     std::shared_ptr<llama_opt_context> ctx_;

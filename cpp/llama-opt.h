@@ -74,7 +74,8 @@ struct llama_opt_config {
     uint32_t precompute_rope_max = 131072;
 
     bool        persist_enabled = false;
-    std::string persist_dir;
+    std::string persist_dir;                // "" = llama_opt_persist_default_dir()
+    uint32_t    persist_max_mb  = 10240;    // size budget of the directory (0 = none)
 
     bool     memo_enabled  = false;
     uint32_t memo_trie_max = 65536;
@@ -178,6 +179,10 @@ struct llama_opt_stats {
     uint64_t persist_loads           = 0;
     uint64_t persist_saves           = 0;
     uint64_t persist_tokens_restored = 0;
+    uint64_t persist_misses              = 0;  // nothing stored for the prompt
+    uint64_t persist_misses_incompatible = 0;  // stored, but for another model or build
+    uint64_t persist_misses_corrupt      = 0;  // a stored entry failed its checksums (removed)
+    uint64_t persist_errors              = 0;  // saves that failed (disk full, not writable)
     // Phase 3 - output memoization
     uint64_t memo_lookups        = 0;
     uint64_t memo_hits           = 0;

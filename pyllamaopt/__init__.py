@@ -28,6 +28,7 @@ from .errors import (
     SessionEvictedError,
 )
 from .model import Model
+from .persist import PersistEntry, PersistStore
 from .session import Generation, Session, Token
 from .stats import Stats
 
@@ -40,7 +41,8 @@ def build_info() -> dict[str, object]:
 
 
 __all__ = [
-    "Chat", "ChatTemplate", "Context", "Generation", "Model", "OptConfig", "Session", "Stats", "Token",
+    "Chat", "ChatTemplate", "Context", "Generation", "Model", "OptConfig", "PersistEntry", "PersistStore", "Session",
+    "Stats", "Token",
     "build_info", "features", "fields",
     "ChatTemplateError", "ConfigError", "ContextOverflowError", "DecodeError", "FeatureUnavailableError",
     "InvalidArgumentError", "InvalidTokenError", "ModelLoadError", "ModelNotFoundError", "PyllamaoptError",

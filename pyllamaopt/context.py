@@ -8,6 +8,7 @@ from . import _core
 from .config import OptConfig
 from .errors import InvalidArgumentError
 from .model import Model
+from .persist import PersistStore
 from .session import Session
 from .stats import Stats
 
@@ -96,8 +97,14 @@ class Context:
     def closed(self) -> bool:
         return self._core.closed
 
+    @property
+    def persist(self) -> PersistStore | None:
+        """The persistent KV cache directory of this context (``persist_enabled``), else None."""
+        store = self._core.persist
+        return None if store is None else PersistStore(_core_store=store)
+
     def close(self) -> None:
-        """Free the context's memory; its sessions become closed."""
+        """Free the context's memory; its sessions become closed (and saved, with persistence on)."""
         self._core.close()
 
     def __enter__(self) -> Context:

@@ -129,6 +129,14 @@ class Session:
     def text(self) -> str:
         return self.context.model.detokenize(self.tokens)
 
+    def save(self) -> int:
+        """Store the KV of the history's complete blocks in the persistent KV cache (the context
+        needs ``persist_enabled``); a later session or process whose prompt starts with them
+        restores them instead of computing them. Returns the tokens stored (or already stored);
+        0 if writing failed (counted in ``stats.persist_errors``). Sessions are also saved when
+        they close."""
+        return self._core.save()
+
     @property
     def approx_from(self) -> int | None:
         """Tier 2 (``diff_reuse_shifted``): the position from which this session's KV is approximate

@@ -22,7 +22,7 @@ def run(*args, env=None, input=None):
 def test_help_names_every_command():
     result = run("--help")
     assert result.returncode == 0
-    for command in ("run", "chat", "demo", "config", "info"):
+    for command in ("run", "chat", "demo", "config", "info", "cache"):
         assert command in result.stdout
     assert "LLAMA_OPT_" in result.stdout
 
@@ -75,3 +75,35 @@ def test_info(tiny_model_path):
     result = run("info", "--model", str(tiny_model_path))
     assert result.returncode == 0
     assert "llama_cpp_commit" in result.stdout and "layers 2" in result.stdout
+
+
+def test_cache_ls_verify_clean(tiny_model, tmp_path):
+    """Entries written by a context with persistence on, listed, verified and cleaned by the CLI
+    (which needs no model); a corrupt entry is reported by verify and removed by clean."""
+    from pyllamaopt import Context, OptConfig
+
+    kv = tmp_path / "kv"
+    config = OptConfig(env={}, persist_enabled=True, persist_dir=str(kv))
+    with Context(tiny_model, n_ctx=1024, n_batch=256, n_threads=2, config=config) as ctx:
+        for seed in (1, 2):
+            s = ctx.session()
+            s.append([(seed * 37 + i) % 200 + 3 for i in range(300)])
+            assert s.save() == 256
+    env = {"LLAMA_OPT_PERSIST_DIR": str(kv)}
+    listing = run("cache", "ls", env=env)
+    assert listing.returncode == 0 and f"{kv}: 2 entries" in listing.stdout
+    assert listing.stdout.count("256 tokens") == 2
+    assert run("cache", "verify", env=env).returncode == 0
+
+    entry = sorted(kv.glob("*.llkv"))[0]
+    data = bytearray(entry.read_bytes())
+    data[-10] ^= 0xFF  # in the last block's rows
+    entry.write_bytes(bytes(data))
+    verify = run("cache", "verify", "--dir", str(kv))
+    assert verify.returncode == 1 and "checksum mismatch" in verify.stdout and "1 bad" in verify.stdout
+    cleaned = run("cache", "clean", "--dir", str(kv))
+    assert cleaned.returncode == 0 and "removed 0 file(s); 2 entries left" in cleaned.stdout  # sound headers
+    removed = run("cache", "verify", "--remove", "--dir", str(kv))
+    assert removed.returncode == 0 and "1 entries left, 1 bad (removed)" in removed.stdout
+    assert "removed 1 file(s); 0 entries left" in run("cache", "clean", "--all", "--dir", str(kv)).stdout
+    assert run("cache", "clean", "--max-age", "-1", "--dir", str(kv)).returncode != 0

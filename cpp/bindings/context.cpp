@@ -37,5 +37,6 @@ void register_context(py::module_ & m) {
         .def_property_readonly("block_size", &llama_opt_context::block_size)
         .def_property_readonly("min_chunk", &llama_opt_context::min_chunk)
         .def_property_readonly("canonical", &llama_opt_context::canonical)
-        .def_property_readonly("settings", &llama_opt_context::settings);
+        .def_property_readonly("settings", &llama_opt_context::settings)
+        .def_property_readonly("persist", &llama_opt_context::persist, py::return_value_policy::reference_internal);
 }

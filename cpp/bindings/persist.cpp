@@ -1,0 +1,44 @@
+// PersistStore (llama_opt_persist_store): the disk tier's directory, to inspect and clean.
+
+#include "bindings.h"
+
+#include "llama-kv-cache-persist.h"
+
+#include <pybind11/stl.h>
+
+static py::dict entry_dict(const llama_opt_persist_entry & e) {
+    py::dict d;
+    d["path"]         = e.path;
+    d["n_tokens"]     = e.n_tokens;
+    d["size"]         = e.file_size;
+    d["mtime"]        = e.mtime;
+    d["context_hash"] = e.context_hash;
+    d["model_hash"]   = e.layout.model_hash;
+    d["compat_hash"]  = e.layout.compat_hash;
+    d["problem"]      = e.problem;
+    return d;
+}
+
+void register_persist(py::module_ & m) {
+    py::class_<llama_opt_persist_store>(m, "PersistStore")
+        .def(py::init<std::string>(), py::arg("dir"))
+        .def_property_readonly("dir", &llama_opt_persist_store::dir)
+        .def("list", [](const llama_opt_persist_store & s) {
+                 std::vector<llama_opt_persist_entry> entries;
+                 {
+                     py::gil_scoped_release nogil;
+                     entries = s.list();
+                 }
+                 py::list out;
+                 for (const auto & e : entries) {
+                     out.append(entry_dict(e));
+                 }
+                 return out;
+             })
+        .def("verify", &llama_opt_persist_store::verify, py::arg("path"), py::call_guard<py::gil_scoped_release>())
+        .def("cleanup", &llama_opt_persist_store::cleanup, py::arg("max_age_s"), py::arg("max_bytes"),
+             py::call_guard<py::gil_scoped_release>())
+        .def("remove", &llama_opt_persist_store::remove, py::arg("path"))
+        .def("_fail_after_bytes", &llama_opt_persist_store::fail_after_bytes, py::arg("n"));
+    m.def("default_persist_dir", &llama_opt_persist_default_dir);
+}

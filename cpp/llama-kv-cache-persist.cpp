@@ -1,0 +1,475 @@
+#include "llama-kv-cache-persist.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the persist format is little-endian; this host is not"
+#endif
+
+static constexpr char     MAGIC[8]      = { 'L', 'L', 'A', 'M', 'A', 'K', 'V', '\0' };
+static constexpr uint32_t VERSION       = 1;
+static constexpr uint64_t DATA_ALIGN    = 4096;
+static constexpr char     SUFFIX[]      = ".llkv";
+static constexpr char     TMP_PREFIX[]  = ".tmp-";
+static constexpr int64_t  TMP_STALE_S   = 3600;
+
+// The fixed header at offset 0 (docs/persist-format.md).
+struct file_header {
+    char     magic[8];
+    uint32_t version;
+    uint32_t header_size;
+    uint64_t model_hash;
+    uint64_t compat_hash;
+    uint64_t context_hash;
+    uint32_t n_tokens;
+    uint32_t block_size;
+    uint32_t n_layers;
+    uint32_t n_kv_heads;
+    uint32_t k_dim;
+    uint32_t v_dim;
+    int32_t  k_type;
+    int32_t  v_type;
+    uint64_t bytes_per_token;
+    uint64_t tokens_offset;     // n_tokens int32 token ids
+    uint64_t chain_offset;      // n_blocks uint64 chained block hashes
+    uint64_t checksums_offset;  // n_blocks uint64 checksums of each block's rows
+    uint64_t data_offset;       // rows, position-major; block k at data_offset + k * block_bytes
+    uint64_t file_size;
+    uint64_t meta_checksum;     // of this header (with this field 0), tokens, chain and checksums
+};
+static_assert(sizeof(file_header) == 128, "the header layout is part of the format");
+
+uint64_t llama_opt_checksum(const void * data, size_t n_bytes, uint64_t seed) {
+    constexpr uint64_t P1 = 0x9e3779b185ebca87ULL, P2 = 0xc2b2ae3d27d4eb4fULL;
+    auto rotl = [](uint64_t x, int r) { return (x << r) | (x >> (64 - r)); };
+    const uint8_t * p = (const uint8_t *) data;
+    uint64_t h = seed ^ (P2 * (n_bytes + 1));
+    size_t i = 0;
+    for (; i + 8 <= n_bytes; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = rotl(h ^ (w * P1), 31) * P2;
+    }
+    uint64_t tail = 0;
+    memcpy(&tail, p + i, n_bytes - i);
+    h = rotl(h ^ (tail * P1), 31) * P2;
+    h ^= h >> 33;
+    h *= P1;
+    h ^= h >> 29;
+    return h;
+}
+
+bool llama_opt_persist_layout::operator==(const llama_opt_persist_layout & o) const {
+    return model_hash == o.model_hash && compat_hash == o.compat_hash && block_size == o.block_size &&
+           n_layers == o.n_layers && n_kv_heads == o.n_kv_heads && k_dim == o.k_dim && v_dim == o.v_dim &&
+           k_type == o.k_type && v_type == o.v_type && bytes_per_token == o.bytes_per_token;
+}
+
+std::string llama_opt_persist_default_dir() {
+    const char * xdg  = getenv("XDG_CACHE_HOME");
+    const char * home = getenv("HOME");
+    const std::string base = xdg && *xdg ? xdg : std::string(home && *home ? home : "/tmp") + "/.cache";
+    return base + "/pyllamaopt/kv";
+}
+
+namespace {
+
+bool ends_with(const std::string & s, const char * suffix) {
+    const size_t n = strlen(suffix);
+    return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
+
+bool starts_with(const std::string & s, const char * prefix) {
+    return s.compare(0, strlen(prefix), prefix) == 0;
+}
+
+std::string errno_text(const std::string & what) {
+    return what + ": " + strerror(errno);
+}
+
+// Reads exactly n bytes at offset (false on a short read or an error).
+bool pread_all(int fd, void * dst, size_t n, uint64_t offset) {
+    uint8_t * p = (uint8_t *) dst;
+    while (n > 0) {
+        const ssize_t r = pread(fd, p, n, (off_t) offset);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR) {
+                continue;
+            }
+            return false;
+        }
+        p += r;
+        n -= (size_t) r;
+        offset += (uint64_t) r;
+    }
+    return true;
+}
+
+struct fd_guard {
+    int fd;
+    ~fd_guard() {
+        if (fd >= 0) {
+            close(fd);
+        }
+    }
+};
+
+bool make_dirs(const std::string & dir, std::string & why) {
+    std::string path;
+    for (size_t i = 0; i <= dir.size(); ++i) {
+        if (i == dir.size() || (dir[i] == '/' && i > 0)) {
+            path = dir.substr(0, i);
+            if (mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+                why = errno_text("cannot create " + path);
+                return false;
+            }
+        }
+    }
+    struct stat st;
+    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+        why = dir + " is not a directory";
+        return false;
+    }
+    return true;
+}
+
+std::vector<std::string> dir_files(const std::string & dir) {
+    std::vector<std::string> names;
+    if (DIR * d = opendir(dir.c_str())) {
+        while (const dirent * e = readdir(d)) {
+            names.emplace_back(e->d_name);
+        }
+        closedir(d);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+std::string hex(uint64_t v) {
+    char buf[17];
+    snprintf(buf, sizeof(buf), "%016llx", (unsigned long long) v);
+    return buf;
+}
+
+uint64_t meta_checksum(file_header h, const std::vector<llama_token> & tokens, const std::vector<uint64_t> & chain,
+                       const std::vector<uint64_t> & sums) {
+    h.meta_checksum = 0;
+    uint64_t c = llama_opt_checksum(&h, sizeof(h));
+    c = llama_opt_checksum(tokens.data(), tokens.size() * sizeof(llama_token), c);
+    c = llama_opt_checksum(chain.data(), chain.size() * sizeof(uint64_t), c);
+    return llama_opt_checksum(sums.data(), sums.size() * sizeof(uint64_t), c);
+}
+
+}  // namespace
+
+llama_opt_persist_store::llama_opt_persist_store(std::string dir) : dir_(std::move(dir)) {}
+
+bool llama_opt_persist_store::read_header(const std::string & path, llama_opt_persist_entry & e,
+                                          std::vector<llama_token> * tokens) const {
+    e      = llama_opt_persist_entry();
+    e.path = path;
+    fd_guard f{ open(path.c_str(), O_RDONLY | O_CLOEXEC) };
+    struct stat st;
+    if (f.fd < 0 || fstat(f.fd, &st) != 0) {
+        e.problem = errno_text("cannot read");
+        return false;
+    }
+    e.file_size = (uint64_t) st.st_size;
+    e.mtime     = (int64_t) st.st_mtime;
+    file_header h;
+    if (!pread_all(f.fd, &h, sizeof(h), 0) || memcmp(h.magic, MAGIC, sizeof(MAGIC)) != 0) {
+        e.problem = "not a pyllamaopt KV file";
+        return false;
+    }
+    if (h.version != VERSION || h.header_size != sizeof(h)) {
+        e.problem = "format version " + std::to_string(h.version) + ", this build reads " + std::to_string(VERSION);
+        return false;
+    }
+    const uint64_t n_blocks    = h.block_size ? h.n_tokens / h.block_size : 0;
+    const uint64_t block_bytes = (uint64_t) h.block_size * h.bytes_per_token;
+    const bool sane = h.block_size > 0 && h.n_tokens % h.block_size == 0 && n_blocks > 0 &&
+                      h.tokens_offset == sizeof(h) && h.chain_offset == h.tokens_offset + 4 * (uint64_t) h.n_tokens &&
+                      h.checksums_offset == h.chain_offset + 8 * n_blocks && h.data_offset >= h.checksums_offset + 8 * n_blocks &&
+                      h.bytes_per_token > 0 && h.file_size == h.data_offset + n_blocks * block_bytes;
+    if (!sane) {
+        e.problem = "inconsistent header";
+        return false;
+    }
+    if (e.file_size != h.file_size) {
+        e.problem = "truncated: " + std::to_string(e.file_size) + " of " + std::to_string(h.file_size) + " bytes";
+        return false;
+    }
+    std::vector<llama_token> toks(h.n_tokens);
+    std::vector<uint64_t>    sums(n_blocks);
+    e.chain.resize(n_blocks);
+    if (!pread_all(f.fd, toks.data(), toks.size() * sizeof(llama_token), h.tokens_offset) ||
+        !pread_all(f.fd, e.chain.data(), n_blocks * 8, h.chain_offset) ||
+        !pread_all(f.fd, sums.data(), n_blocks * 8, h.checksums_offset)) {
+        e.problem = "unreadable header";
+        return false;
+    }
+    if (meta_checksum(h, toks, e.chain, sums) != h.meta_checksum) {
+        e.problem = "header checksum mismatch";
+        return false;
+    }
+    e.layout       = { h.model_hash, h.compat_hash, h.block_size, h.n_layers, h.n_kv_heads, h.k_dim, h.v_dim,
+                       h.k_type, h.v_type, h.bytes_per_token };
+    e.context_hash = h.context_hash;
+    e.n_tokens     = h.n_tokens;
+    e.checksums    = std::move(sums);
+    e.data_offset  = h.data_offset;
+    if (tokens) {
+        *tokens = std::move(toks);
+    }
+    return true;
+}
+
+llama_opt_persist_store::match llama_opt_persist_store::find(const llama_opt_persist_layout & layout,
+                                                             const std::vector<uint64_t> & chain,
+                                                             const llama_token * tokens, size_t max_blocks) const {
+    match best;
+    bool  foreign = false;  // these tokens are stored, for another model or build
+    for (const std::string & name : dir_files(dir_)) {
+        if (!ends_with(name, SUFFIX) || starts_with(name, TMP_PREFIX)) {
+            continue;
+        }
+        llama_opt_persist_entry  e;
+        std::vector<llama_token> stored;
+        if (!read_header(dir_ + "/" + name, e, &stored)) {
+            continue;  // cleanup() removes broken entries; a lookup only skips them
+        }
+        size_t k = 0;
+        const size_t limit = std::min({ max_blocks, e.chain.size(), chain.size() });
+        while (k < limit && e.chain[k] == chain[k]) {
+            ++k;
+        }
+        const size_t B = e.layout.block_size;
+        while (k > 0 && !std::equal(tokens, tokens + k * B, stored.begin())) {
+            --k;  // a hash collision: trust only what the tokens confirm
+        }
+        if (k == 0) {
+            continue;
+        }
+        if (e.layout != layout) {
+            foreign = true;
+            continue;
+        }
+        if (k > best.n_blocks) {
+            best.entry    = std::move(e);
+            best.n_blocks = (uint32_t) k;
+        }
+    }
+    best.miss = best.n_blocks > 0 ? llama_opt_persist_miss::none
+              : foreign           ? llama_opt_persist_miss::incompatible
+                                  : llama_opt_persist_miss::not_stored;
+    return best;
+}
+
+uint32_t llama_opt_persist_store::load(const llama_opt_persist_entry & e, uint32_t first, uint32_t last,
+                                       uint8_t * dst, std::string & why, llama_opt_persist_miss & miss) const {
+    const uint64_t block_bytes = (uint64_t) e.layout.block_size * e.layout.bytes_per_token;
+    miss = llama_opt_persist_miss::none;
+    fd_guard f{ open(e.path.c_str(), O_RDONLY | O_CLOEXEC) };
+    if (f.fd < 0) {
+        why  = errno_text("cannot open " + e.path);
+        miss = llama_opt_persist_miss::not_stored;  // another process cleaned it up
+        return 0;
+    }
+    uint32_t k = first;
+    for (; k < last && k < e.checksums.size(); ++k) {
+        uint8_t * block = dst + (uint64_t) (k - first) * block_bytes;
+        if (!pread_all(f.fd, block, block_bytes, e.data_offset + k * block_bytes)) {
+            why = "short read in block " + std::to_string(k);
+            break;
+        }
+        if (llama_opt_checksum(block, block_bytes) != e.checksums[k]) {
+            why = "checksum mismatch in block " + std::to_string(k);
+            break;
+        }
+    }
+    if (k < last) {
+        miss = llama_opt_persist_miss::corrupt;
+        remove(e.path);
+    } else {
+        futimens(f.fd, nullptr);  // recently used
+    }
+    return k - first;
+}
+
+bool llama_opt_persist_store::save(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
+                                   const std::vector<uint64_t> & chain, const uint8_t * rows, std::string & why) const {
+    const uint64_t n_blocks = chain.size();
+    if (n_blocks == 0 || tokens.size() != n_blocks * layout.block_size) {
+        why = "nothing to store: no complete block";
+        return false;
+    }
+    if (!make_dirs(dir_, why)) {
+        return false;
+    }
+    const uint64_t block_bytes = (uint64_t) layout.block_size * layout.bytes_per_token;
+    std::vector<uint64_t> sums(n_blocks);
+    for (uint64_t k = 0; k < n_blocks; ++k) {
+        sums[k] = llama_opt_checksum(rows + k * block_bytes, block_bytes);
+    }
+    file_header h;
+    memset(&h, 0, sizeof(h));
+    memcpy(h.magic, MAGIC, sizeof(MAGIC));
+    h.version          = VERSION;
+    h.header_size      = sizeof(h);
+    h.model_hash       = layout.model_hash;
+    h.compat_hash      = layout.compat_hash;
+    h.context_hash     = chain.back();
+    h.n_tokens         = (uint32_t) tokens.size();
+    h.block_size       = layout.block_size;
+    h.n_layers         = layout.n_layers;
+    h.n_kv_heads       = layout.n_kv_heads;
+    h.k_dim            = layout.k_dim;
+    h.v_dim            = layout.v_dim;
+    h.k_type           = layout.k_type;
+    h.v_type           = layout.v_type;
+    h.bytes_per_token  = layout.bytes_per_token;
+    h.tokens_offset    = sizeof(h);
+    h.chain_offset     = h.tokens_offset + 4 * (uint64_t) tokens.size();
+    h.checksums_offset = h.chain_offset + 8 * n_blocks;
+    h.data_offset      = (h.checksums_offset + 8 * n_blocks + DATA_ALIGN - 1) / DATA_ALIGN * DATA_ALIGN;
+    h.file_size        = h.data_offset + n_blocks * block_bytes;
+    h.meta_checksum    = meta_checksum(h, tokens, chain, sums);
+
+    static std::atomic<uint64_t> counter{ 0 };
+    const std::string name = hex(h.context_hash) + "-" + hex(layout.model_hash ^ layout.compat_hash) + SUFFIX;
+    const std::string path = dir_ + "/" + name;
+    const std::string tmp  = dir_ + "/" + TMP_PREFIX + name + "." + std::to_string(getpid()) + "." + std::to_string(counter++);
+
+    fd_guard f{ open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644) };
+    if (f.fd < 0) {
+        why = errno_text("cannot write in " + dir_);
+        return false;
+    }
+    uint64_t written = 0;
+    auto put = [&](const void * src, uint64_t n, uint64_t offset) {
+        const uint8_t * p = (const uint8_t *) src;
+        while (n > 0) {
+            size_t chunk = (size_t) std::min<uint64_t>(n, 1 << 24);
+            if (fail_after_ && written + chunk > fail_after_) {
+                chunk = (size_t) (fail_after_ > written ? fail_after_ - written : 0);
+                if (chunk == 0) {
+                    errno = ENOSPC;  // the test hook: a full disk
+                    return false;
+                }
+            }
+            const ssize_t w = pwrite(f.fd, p, chunk, (off_t) offset);
+            if (w < 0 && errno == EINTR) {
+                continue;
+            }
+            if (w <= 0) {
+                return false;
+            }
+            p += w;
+            n -= (uint64_t) w;
+            offset += (uint64_t) w;
+            written += (uint64_t) w;
+        }
+        return true;
+    };
+    const bool ok = put(&h, sizeof(h), 0) && put(tokens.data(), 4 * tokens.size(), h.tokens_offset) &&
+                    put(chain.data(), 8 * n_blocks, h.chain_offset) && put(sums.data(), 8 * n_blocks, h.checksums_offset) &&
+                    put(rows, n_blocks * block_bytes, h.data_offset) && fsync(f.fd) == 0;
+    if (!ok) {
+        why = errno_text("cannot write " + tmp);
+        unlink(tmp.c_str());
+        return false;
+    }
+    close(f.fd);
+    f.fd = -1;
+    if (rename(tmp.c_str(), path.c_str()) != 0) {
+        why = errno_text("cannot rename " + tmp);
+        unlink(tmp.c_str());
+        return false;
+    }
+    fd_guard d{ open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC) };
+    if (d.fd >= 0) {
+        fsync(d.fd);  // the rename itself survives a crash
+    }
+    // entries holding a prefix of this context are subsumed: it restores those prefixes too
+    for (const llama_opt_persist_entry & e : list()) {
+        if (e.problem.empty() && e.path != path && e.layout == layout && e.chain.size() < chain.size() &&
+            std::equal(e.chain.begin(), e.chain.end(), chain.begin())) {
+            remove(e.path);
+        }
+    }
+    return true;
+}
+
+std::vector<llama_opt_persist_entry> llama_opt_persist_store::list() const {
+    std::vector<llama_opt_persist_entry> entries;
+    for (const std::string & name : dir_files(dir_)) {
+        if (ends_with(name, SUFFIX) && !starts_with(name, TMP_PREFIX)) {
+            llama_opt_persist_entry e;
+            read_header(dir_ + "/" + name, e, nullptr);
+            entries.push_back(std::move(e));
+        }
+    }
+    return entries;
+}
+
+std::string llama_opt_persist_store::verify(const std::string & path) const {
+    llama_opt_persist_entry e;
+    if (!read_header(path, e, nullptr)) {
+        return e.problem;
+    }
+    const uint64_t block_bytes = (uint64_t) e.layout.block_size * e.layout.bytes_per_token;
+    std::vector<uint8_t> block(block_bytes);
+    fd_guard f{ open(path.c_str(), O_RDONLY | O_CLOEXEC) };
+    for (size_t k = 0; k < e.checksums.size(); ++k) {
+        if (f.fd < 0 || !pread_all(f.fd, block.data(), block_bytes, e.data_offset + k * block_bytes)) {
+            return "short read in block " + std::to_string(k);
+        }
+        if (llama_opt_checksum(block.data(), block_bytes) != e.checksums[k]) {
+            return "checksum mismatch in block " + std::to_string(k);
+        }
+    }
+    return "";
+}
+
+size_t llama_opt_persist_store::cleanup(int64_t max_age_s, uint64_t max_bytes) const {
+    const int64_t now     = (int64_t) time(nullptr);
+    size_t        removed = 0;
+    for (const std::string & name : dir_files(dir_)) {
+        struct stat st;
+        const std::string path = dir_ + "/" + name;
+        if (starts_with(name, TMP_PREFIX) && stat(path.c_str(), &st) == 0 && now - (int64_t) st.st_mtime > TMP_STALE_S) {
+            removed += unlink(path.c_str()) == 0;  // left by a save that was killed
+        }
+    }
+    std::vector<llama_opt_persist_entry> entries = list();
+    std::sort(entries.begin(), entries.end(), [](const auto & a, const auto & b) { return a.mtime < b.mtime; });
+    uint64_t total = 0;
+    for (const auto & e : entries) {
+        total += e.file_size;
+    }
+    for (const auto & e : entries) {
+        const bool broken = !e.problem.empty() && e.problem.rfind("cannot read", 0) != 0;
+        const bool old    = max_age_s > 0 && now - e.mtime > max_age_s;
+        const bool over   = max_bytes > 0 && total > max_bytes;
+        if ((broken || old || over) && remove(e.path)) {
+            total -= e.file_size;
+            ++removed;
+        }
+    }
+    return removed;
+}
+
+bool llama_opt_persist_store::remove(const std::string & path) const {
+    return unlink(path.c_str()) == 0;
+}

@@ -1,0 +1,91 @@
+"""The persistent KV cache on disk (kv-cache-persist): inspect, verify and clean a directory.
+
+Entries are written by sessions of a Context created with ``OptConfig(persist_enabled=True)``
+(``session.save()``, and whenever a session or its context closes) and read back when a new
+prompt starts with a stored prefix. The file format is in docs/persist-format.md.
+
+    >>> store = PersistStore()                    # LLAMA_OPT_PERSIST_DIR or the default
+    >>> for entry in store.entries(): print(entry.n_tokens, entry.size)
+    >>> store.clean(max_age=7 * 86400, max_mb=4096)
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import _core
+
+__all__ = ["PersistEntry", "PersistStore", "default_persist_dir"]
+
+
+def default_persist_dir() -> Path:
+    """``LLAMA_OPT_PERSIST_DIR`` if set, else ``$XDG_CACHE_HOME/pyllamaopt/kv`` (``~/.cache/...``)."""
+    return Path(os.environ.get("LLAMA_OPT_PERSIST_DIR") or _core.default_persist_dir())
+
+
+@dataclass(frozen=True)
+class PersistEntry:
+    """One stored context, as its header says (``problem`` is set if it is unreadable)."""
+    path: Path
+    n_tokens: int
+    size: int
+    mtime: float
+    model_hash: int
+    problem: str
+
+    @property
+    def age(self) -> float:
+        """Seconds since it was last written or used."""
+        return time.time() - self.mtime
+
+
+class PersistStore:
+    """A persistent KV cache directory. Reading it never needs the model."""
+
+    def __init__(self, directory: str | os.PathLike | None = None, *, _core_store=None) -> None:
+        self._core = _core_store or _core.PersistStore(str(directory or default_persist_dir()))
+
+    @property
+    def directory(self) -> Path:
+        return Path(self._core.dir)
+
+    def entries(self) -> list[PersistEntry]:
+        return [PersistEntry(Path(e["path"]), e["n_tokens"], e["size"], float(e["mtime"]), e["model_hash"], e["problem"])
+                for e in self._core.list()]
+
+    @property
+    def size(self) -> int:
+        """Bytes used by the entries."""
+        return sum(e.size for e in self.entries())
+
+    def verify(self, *, remove: bool = False) -> dict[Path, str]:
+        """Reads every entry and checks every checksum: ``{path: problem}`` for the bad ones,
+        which are removed with ``remove=True``. (Loading checks the blocks it reads anyway.)"""
+        problems = {}
+        for entry in self.entries():
+            problem = entry.problem or self._core.verify(str(entry.path))
+            if problem:
+                problems[entry.path] = problem
+                if remove:
+                    self._core.remove(str(entry.path))
+        return problems
+
+    def clean(self, *, max_age: float | None = None, max_mb: float | None = None) -> int:
+        """Removes unreadable entries, entries unused for ``max_age`` seconds, then the least
+        recently used ones until at most ``max_mb`` MiB remain, and leftovers of interrupted
+        saves. Returns the number of files removed."""
+        if max_age is not None and max_age <= 0:
+            raise ValueError("max_age must be positive (seconds)")
+        if max_mb is not None and max_mb < 0:
+            raise ValueError("max_mb must be >= 0")
+        max_bytes = 0 if max_mb is None else max(1, int(max_mb * 2**20))
+        return self._core.cleanup(int(max_age or 0), max_bytes)
+
+    def clear(self) -> int:
+        """Removes every entry. Returns the number removed."""
+        return sum(self._core.remove(str(e.path)) for e in self.entries())
+
+    def __repr__(self) -> str:
+        return f"PersistStore({str(self.directory)!r})"

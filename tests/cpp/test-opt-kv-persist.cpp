@@ -1,0 +1,196 @@
+// kv-cache-persist store: round trip of any block-aligned prefix, layout mismatches as misses,
+// corruption found by checksums (and the entry removed), atomic saves, subsumed entries,
+// cleanup by age and size.
+
+#include "check.h"
+#include "llama-context-hash.h"
+#include "llama-kv-cache-persist.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const uint32_t B = 4;
+
+static llama_opt_persist_layout layout(uint64_t model = 7) {
+    llama_opt_persist_layout l;
+    l.model_hash = model;
+    l.compat_hash = 11;
+    l.block_size = B;
+    l.n_layers = 2;
+    l.n_kv_heads = 1;
+    l.k_dim = l.v_dim = 4;
+    l.k_type = l.v_type = 1;
+    l.bytes_per_token = 32;
+    return l;
+}
+
+struct context {
+    std::vector<llama_token> tokens;
+    std::vector<uint64_t>    chain;
+    std::vector<uint8_t>     rows;
+};
+
+static context make(size_t n_blocks, int seed, size_t same_blocks = 0, const context * like = nullptr) {
+    context c;
+    for (size_t i = 0; i < n_blocks * B; ++i) {
+        c.tokens.push_back(like && i < same_blocks * B ? like->tokens[i] : (llama_token) (seed * 1000 + i));
+    }
+    uint64_t h = LLAMA_OPT_CHAIN_ROOT;
+    for (size_t k = 0; k < n_blocks; ++k) {
+        h = llama_opt_hash_chain(h, c.tokens.data() + k * B, B);
+        c.chain.push_back(h);
+    }
+    for (size_t i = 0; i < n_blocks * B * 32; ++i) {
+        c.rows.push_back(like && i < same_blocks * B * 32 ? like->rows[i] : (uint8_t) (seed * 31 + i * 7));
+    }
+    return c;
+}
+
+static std::string fresh_dir(const char * name) {
+    char tmpl[] = "/tmp/llama-opt-persist-XXXXXX";
+    std::string dir = std::string(mkdtemp(tmpl)) + "/" + name;
+    return dir;
+}
+
+static void flip_byte(const std::string & path, long offset) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(offset);
+    char c;
+    f.get(c);
+    f.seekp(offset);
+    f.put((char) (c ^ 0x10));
+}
+
+static void test_round_trip_of_any_prefix() {
+    llama_opt_persist_store store(fresh_dir("kv"));
+    const context c = make(5, 1);
+    std::string why;
+    llama_opt_persist_miss miss;
+    CHECK(store.save(layout(), c.tokens, c.chain, c.rows.data(), why));
+    // a prompt sharing the first 3 blocks
+    const context p = make(6, 2, 3, &c);
+    auto m = store.find(layout(), p.chain, p.tokens.data(), 6);
+    CHECK(m.n_blocks == 3 && m.miss == llama_opt_persist_miss::none);
+    std::vector<uint8_t> rows(3 * B * 32);
+    CHECK(store.load(m.entry, 1, 3, rows.data(), why, miss) == 2);  // blocks 1 and 2
+    CHECK(std::equal(rows.begin(), rows.begin() + 2 * B * 32, c.rows.begin() + B * 32));
+    CHECK(store.find(layout(), c.chain, c.tokens.data(), 2).n_blocks == 2);  // capped
+    const context other = make(3, 9);
+    CHECK(store.find(layout(), other.chain, other.tokens.data(), 3).miss == llama_opt_persist_miss::not_stored);
+}
+
+static void test_another_model_is_a_miss() {
+    llama_opt_persist_store store(fresh_dir("kv"));
+    const context c = make(2, 1);
+    std::string why;
+    CHECK(store.save(layout(7), c.tokens, c.chain, c.rows.data(), why));
+    auto m = store.find(layout(8), c.chain, c.tokens.data(), 2);
+    CHECK(m.n_blocks == 0 && m.miss == llama_opt_persist_miss::incompatible);
+    llama_opt_persist_layout wider = layout();
+    wider.bytes_per_token = 64;
+    CHECK(store.find(wider, c.chain, c.tokens.data(), 2).miss == llama_opt_persist_miss::incompatible);
+}
+
+static void test_corruption_is_found_and_removed() {
+    llama_opt_persist_store store(fresh_dir("kv"));
+    const context c = make(3, 1);
+    std::string why;
+    llama_opt_persist_miss miss;
+    CHECK(store.save(layout(), c.tokens, c.chain, c.rows.data(), why));
+    auto m = store.find(layout(), c.chain, c.tokens.data(), 3);
+    CHECK(m.n_blocks == 3 && store.verify(m.entry.path).empty());
+    flip_byte(m.entry.path, (long) (m.entry.data_offset + 2 * B * 32 + 5));  // in block 2
+    CHECK(store.verify(m.entry.path).find("block 2") != std::string::npos);
+    std::vector<uint8_t> rows(3 * B * 32);
+    CHECK(store.load(m.entry, 0, 3, rows.data(), why, miss) == 2);
+    CHECK(why.find("checksum") != std::string::npos && miss == llama_opt_persist_miss::corrupt);
+    CHECK(access(m.entry.path.c_str(), F_OK) != 0);  // removed
+
+    CHECK(store.save(layout(), c.tokens, c.chain, c.rows.data(), why));
+    m = store.find(layout(), c.chain, c.tokens.data(), 3);
+    flip_byte(m.entry.path, 20);  // in the header
+    CHECK(store.find(layout(), c.chain, c.tokens.data(), 3).n_blocks == 0);
+    CHECK(store.list().size() == 1 && !store.list()[0].problem.empty());
+    CHECK(store.cleanup(0, 0) == 1 && store.list().empty());
+
+    CHECK(store.save(layout(), c.tokens, c.chain, c.rows.data(), why));
+    m = store.find(layout(), c.chain, c.tokens.data(), 3);
+    CHECK(truncate(m.entry.path.c_str(), (off_t) (m.entry.file_size - 10)) == 0);
+    CHECK(store.find(layout(), c.chain, c.tokens.data(), 3).n_blocks == 0);
+    CHECK(store.list()[0].problem.find("truncated") == 0);
+
+    std::ofstream(store.dir() + "/foreign.llkv") << "not ours";
+    std::ofstream(store.dir() + "/notes.txt") << "not ours either";
+    CHECK(store.cleanup(0, 0) == 2);  // the truncated entry and the foreign .llkv file
+    CHECK(access((store.dir() + "/notes.txt").c_str(), F_OK) == 0);  // other files are left alone
+}
+
+static void test_a_failed_save_leaves_nothing() {
+    llama_opt_persist_store store(fresh_dir("kv"));
+    const context c = make(4, 1);
+    std::string why;
+    store.fail_after_bytes(300);
+    CHECK(!store.save(layout(), c.tokens, c.chain, c.rows.data(), why));
+    CHECK(why.find("No space") != std::string::npos);
+    store.fail_after_bytes(0);
+    CHECK(store.list().empty());
+    CHECK(store.cleanup(0, 0) == 0);  // no temporary file left either
+
+    llama_opt_persist_store nowhere("/dev/null/kv");
+    CHECK(!nowhere.save(layout(), c.tokens, c.chain, c.rows.data(), why) && !why.empty());
+    CHECK(nowhere.find(layout(), c.chain, c.tokens.data(), 4).n_blocks == 0);
+}
+
+static void test_longer_context_subsumes_its_prefixes() {
+    llama_opt_persist_store store(fresh_dir("kv"));
+    const context short_ = make(2, 1);
+    const context long_  = make(4, 2, 2, &short_);
+    const context other  = make(3, 3);
+    std::string why;
+    CHECK(store.save(layout(), short_.tokens, short_.chain, short_.rows.data(), why));
+    CHECK(store.save(layout(), other.tokens, other.chain, other.rows.data(), why));
+    CHECK(store.save(layout(), long_.tokens, long_.chain, long_.rows.data(), why));
+    CHECK(store.list().size() == 2);
+    CHECK(store.find(layout(), short_.chain, short_.tokens.data(), 2).n_blocks == 2);
+}
+
+static void test_cleanup_by_size_removes_least_recently_used() {
+    llama_opt_persist_store store(fresh_dir("kv"));
+    const context a = make(2, 1), b = make(2, 2), c = make(2, 3);
+    std::string why;
+    llama_opt_persist_miss miss;
+    for (const context * x : { &a, &b, &c }) {
+        CHECK(store.save(layout(), x->tokens, x->chain, x->rows.data(), why));
+    }
+    auto entries = store.list();
+    CHECK(entries.size() == 3);
+    // a is the oldest by mtime, then b; loading a makes it the most recent
+    for (size_t i = 0; i < entries.size(); ++i) {
+        const std::string stamp = "touch -d '" + std::to_string(10 - (int) i) + " minutes ago' " + entries[i].path;
+        CHECK(system(stamp.c_str()) == 0);
+    }
+    auto m = store.find(layout(), a.chain, a.tokens.data(), 2);
+    std::vector<uint8_t> rows(2 * B * 32);
+    CHECK(store.load(m.entry, 0, 2, rows.data(), why, miss) == 2);
+    const uint64_t one = store.list()[0].file_size;
+    CHECK(store.cleanup(0, 2 * one) == 1);
+    CHECK(store.find(layout(), a.chain, a.tokens.data(), 2).n_blocks == 2);
+    CHECK(store.cleanup(3600, 0) == 0);   // nothing older than an hour
+    CHECK(store.cleanup(60, 0) == 1);     // the other one is 9-10 minutes old
+}
+
+int main() {
+    test_round_trip_of_any_prefix();
+    test_another_model_is_a_miss();
+    test_corruption_is_found_and_removed();
+    test_a_failed_save_leaves_nothing();
+    test_longer_context_subsumes_its_prefixes();
+    test_cleanup_by_size_removes_least_recently_used();
+    return check_result("test-opt-kv-persist");
+}
