@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <stdexcept>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -472,4 +473,62 @@ size_t llama_opt_persist_store::cleanup(int64_t max_age_s, uint64_t max_bytes) c
 
 bool llama_opt_persist_store::remove(const std::string & path) const {
     return unlink(path.c_str()) == 0;
+}
+
+uint64_t llama_opt_file_hash(const std::string & path, const std::string & memo_dir) {
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) {
+        throw std::runtime_error(errno_text("cannot read " + path));
+    }
+    char key[4096 + 96];
+    snprintf(key, sizeof(key), "%llu %lld %lld %llu %s", (unsigned long long) st.st_size, (long long) st.st_mtim.tv_sec,
+             (long long) st.st_mtim.tv_nsec, (unsigned long long) st.st_ino, path.c_str());
+    const std::string memo = memo_dir + "/file-hashes";
+    if (FILE * f = fopen(memo.c_str(), "r")) {
+        char line[sizeof(key) + 32];
+        unsigned long long found = 0;
+        bool hit = false;
+        while (fgets(line, sizeof(line), f)) {
+            unsigned long long h;
+            int n = 0;
+            if (sscanf(line, "%16llx %n", &h, &n) == 1 && strncmp(line + n, key, strlen(key)) == 0 &&
+                line[n + strlen(key)] == '\n') {
+                found = h;
+                hit   = true;
+            }
+        }
+        fclose(f);
+        if (hit) {
+            return found;
+        }
+    }
+    fd_guard in{ open(path.c_str(), O_RDONLY | O_CLOEXEC) };
+    if (in.fd < 0) {
+        throw std::runtime_error(errno_text("cannot read " + path));
+    }
+    std::vector<uint8_t> buf(1 << 23);
+    uint64_t h = 0;
+    for (uint64_t offset = 0;;) {
+        const ssize_t r = pread(in.fd, buf.data(), buf.size(), (off_t) offset);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0) {
+            throw std::runtime_error(errno_text("cannot read " + path));
+        }
+        if (r == 0) {
+            break;
+        }
+        h = llama_opt_checksum(buf.data(), (size_t) r, h);
+        offset += (uint64_t) r;
+    }
+    std::string ignored;
+    if (make_dirs(memo_dir, ignored)) {
+        fd_guard out{ open(memo.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) };
+        const std::string line = hex(h) + " " + key + "\n";
+        if (out.fd >= 0 && write(out.fd, line.data(), line.size()) < 0) {
+            // a memo we cannot write only costs reading the file again next time
+        }
+    }
+    return h;
 }

@@ -113,3 +113,9 @@ private:
 
 // The default directory: $XDG_CACHE_HOME/pyllamaopt/kv, else ~/.cache/pyllamaopt/kv.
 std::string llama_opt_persist_default_dir();
+
+// The checksum of a file's whole content (the model's identity: its weights and metadata, not
+// its name). Remembered in memo_dir/file-hashes by (path, size, mtime, inode), so that a large
+// model is read once per version, not once per process. Throws std::runtime_error if the
+// file cannot be read.
+uint64_t llama_opt_file_hash(const std::string & path, const std::string & memo_dir);

@@ -113,8 +113,16 @@ void llama_opt_context::open_persist_store() {
     const std::string compat = std::string(LLAMA_OPT_BUILD_ID) + "|" + llama_print_system_info() +
         "|fa=" + std::to_string(params_.flash_attn) + "|swa_full=" + std::to_string(params_.swa_full) +
         "|align=" + std::to_string(align_) + "|row_align=" + std::to_string(row_align());
-    const auto dims = model_->head_dims();
-    persist_layout_.model_hash      = model_->content_hash();
+    const std::string dir  = cfg.persist_dir.empty() ? llama_opt_persist_default_dir() : cfg.persist_dir;
+    const auto        dims = model_->head_dims();
+    try {
+        persist_layout_.model_hash = llama_opt_file_hash(model_->path(), dir);
+    } catch (const std::exception & e) {
+        llama_free(ctx_);
+        ctx_ = nullptr;
+        throw llama_opt_error(llama_opt_errc::model_load, std::string(e.what()) + " (the persistent KV cache names "
+                              "stored KV by the model file's content)");
+    }
     persist_layout_.compat_hash     = llama_opt_checksum(compat.data(), compat.size());
     persist_layout_.block_size      = block_;
     persist_layout_.n_layers        = (uint32_t) model_->n_layer();
@@ -124,8 +132,7 @@ void llama_opt_context::open_persist_store() {
     persist_layout_.k_type          = GGML_TYPE_F16;  // llama.cpp's default KV type, which we keep
     persist_layout_.v_type          = GGML_TYPE_F16;
     persist_layout_.bytes_per_token = row;
-    persist_ = std::make_unique<llama_opt_persist_store>(cfg.persist_dir.empty() ? llama_opt_persist_default_dir()
-                                                                                 : cfg.persist_dir);
+    persist_ = std::make_unique<llama_opt_persist_store>(dir);
 }
 
 llama_opt_context::~llama_opt_context() {

@@ -1,7 +1,6 @@
 #include "llama-opt-model.h"
 
 #include "ggml-cpu.h"
-#include "llama-kv-cache-persist.h"
 #include "llama-opt-log.h"
 #include "llama.h"
 
@@ -154,23 +153,6 @@ uint64_t llama_opt_model::kv_bytes_per_token() const {
     return (uint64_t) n_layer() * (uint64_t) n_head_kv() * (dims.first + dims.second) * 2;
 }
 uint64_t llama_opt_model::size_bytes() const  { return llama_model_size(model_); }
-
-uint64_t llama_opt_model::content_hash() const {
-    std::call_once(hash_once_, [this] {
-        std::ifstream in(path_, std::ios::binary);
-        std::vector<char> buf(1 << 23);
-        uint64_t h = 0;
-        while (in) {
-            in.read(buf.data(), (std::streamsize) buf.size());
-            h = llama_opt_checksum(buf.data(), (size_t) in.gcount(), h);
-        }
-        if (in.bad()) {
-            throw llama_opt_error(llama_opt_errc::model_load, "cannot read " + path_ + " to hash it: " + strerror(errno));
-        }
-        content_hash_ = h;
-    });
-    return content_hash_;
-}
 
 llama_token llama_opt_model::bos() const                    { return llama_vocab_bos(vocab_); }
 llama_token llama_opt_model::eos() const                    { return llama_vocab_eos(vocab_); }

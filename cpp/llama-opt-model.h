@@ -6,7 +6,6 @@
 
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -51,9 +50,6 @@ public:
     uint64_t kv_bytes_per_token() const;  // K and V of one token over all layers, in F16
     std::pair<uint32_t, uint32_t> head_dims() const;  // K and V dimension of one attention head
     uint64_t size_bytes() const;
-    // A hash of the model file's content (weights and metadata, not its name): stored KV is
-    // valid only for the model that computed it. Read once, on first use.
-    uint64_t content_hash() const;
 
     llama_token bos() const;
     llama_token eos() const;
@@ -67,8 +63,6 @@ public:
 
 private:
     std::string         path_;
-    mutable std::once_flag hash_once_;
-    mutable uint64_t       content_hash_ = 0;
     llama_model *       model_ = nullptr;
     const llama_vocab * vocab_ = nullptr;
 };

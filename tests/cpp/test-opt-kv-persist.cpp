@@ -185,7 +185,30 @@ static void test_cleanup_by_size_removes_least_recently_used() {
     CHECK(store.cleanup(60, 0) == 1);     // the other one is 9-10 minutes old
 }
 
+static void test_file_hash_is_remembered_per_file_version() {
+    const std::string dir  = fresh_dir("kv");
+    const std::string file = dir + ".model";
+    std::ofstream(file) << "weights v1";
+    const uint64_t h1 = llama_opt_file_hash(file, dir);
+    CHECK(h1 == llama_opt_checksum("weights v1", 10, 0));
+    std::ifstream memo(dir + "/file-hashes");
+    std::string line;
+    CHECK(std::getline(memo, line) && line.find(file) != std::string::npos);
+    CHECK(llama_opt_file_hash(file, dir) == h1);  // from the memo
+    std::ofstream(file) << "weights v2";          // a new version: size or mtime differ
+    CHECK(system(("touch -d '1 minute ago' " + file).c_str()) == 0);
+    CHECK(llama_opt_file_hash(file, dir) == llama_opt_checksum("weights v2", 10, 0));
+    bool thrown = false;
+    try {
+        llama_opt_file_hash(dir + "/missing", dir);
+    } catch (const std::runtime_error &) {
+        thrown = true;
+    }
+    CHECK(thrown);
+}
+
 int main() {
+    test_file_hash_is_remembered_per_file_version();
     test_round_trip_of_any_prefix();
     test_another_model_is_a_miss();
     test_corruption_is_found_and_removed();
