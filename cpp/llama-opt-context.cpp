@@ -334,7 +334,7 @@ bool llama_opt_context::evict_for_pool(int32_t except) {
 }
 
 void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, uint64_t llama_opt_stats::* counter,
-                               bool evict_sessions) {
+                               bool evict_sessions, bool logits) {
     check_open();
     touch(s.seq_);
     llama_memory_t mem = llama_get_memory(ctx_);
@@ -361,7 +361,7 @@ void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, 
             batch.pos[i]       = (llama_pos) (pos + i);
             batch.n_seq_id[i]  = 1;
             batch.seq_id[i][0] = s.seq_;
-            batch.logits[i]    = pos + i + 1 == end;
+            batch.logits[i]    = logits && pos + i + 1 == end;
         }
         int32_t rc = llama_decode(ctx_, batch);
         while (rc == 1 && evict_one(s.seq_, !evict_sessions)) {  // no room: free the least recently used KV, retry
@@ -381,7 +381,9 @@ void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, 
         pos = stop;
     }
     llama_batch_free(batch);
-
+    if (!logits) {
+        return;
+    }
     const float * out = llama_get_logits_ith(ctx_, -1);
     s.logits_.assign(out, out + model_->n_vocab());
     s.logits_for_ = end;

@@ -103,8 +103,9 @@ private:
     // When the cache is full, cached sequences and then (if evict_sessions) idle sessions are
     // evicted, least recently used first. On failure the KV of [begin, end) is removed and
     // llama_opt_error is thrown.
+    // With logits=false nothing is output (KV only; the session's logits stay as they were).
     void decode(llama_opt_session & s, size_t begin, size_t end, uint64_t llama_opt_stats::* counter,
-                bool evict_sessions);
+                bool evict_sessions, bool logits = true);
 
     void count(llama_opt_session & s, uint64_t llama_opt_stats::* counter, uint64_t n);
     void mark_shared(int32_t seq, size_t n_shared);  // another sequence now holds [0, n_shared) of seq's cells too

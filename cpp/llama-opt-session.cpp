@@ -4,6 +4,7 @@
 #include "llama-kv-cache-diff.h"
 #include "llama-opt-context.h"
 #include "llama-opt-log.h"
+#include "llama-schema-skip.h"
 
 #include <algorithm>
 #include <cmath>
@@ -238,10 +239,19 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
 }
 
 void llama_opt_session::decode_pending_step() {
-    if (n_evaluated_ + 1 == tokens_.size() && logits_for_ == n_evaluated_ && n_evaluated_ > 0) {
-        ctx_->decode(*this, n_evaluated_, tokens_.size(), &llama_opt_stats::tokens_decoded, true);
-        n_evaluated_ = tokens_.size();
+    // generated tokens without KV yet: the last sampled one, and any the grammar forced after it
+    if (n_evaluated_ == 0 || n_evaluated_ >= tokens_.size() || logits_for_ != n_evaluated_) {
+        return;
     }
+    const llama_opt_config & cfg = ctx_->settings().config;
+    if (!cfg.schema_skip_batch && !cfg.schema_jump_forward) {
+        // one-token steps, as if nothing had been skipped (bitwise the same KV), without logits
+        for (; n_evaluated_ + 1 < tokens_.size(); ++n_evaluated_) {
+            ctx_->decode(*this, n_evaluated_, n_evaluated_ + 1, &llama_opt_stats::tokens_decoded, true, false);
+        }
+    }
+    ctx_->decode(*this, n_evaluated_, tokens_.size(), &llama_opt_stats::tokens_decoded, true);
+    n_evaluated_ = tokens_.size();
 }
 
 void llama_opt_session::ensure_logits(uint64_t llama_opt_stats::* counter) {
@@ -578,6 +588,7 @@ void llama_opt_session::set_sampling(const llama_opt_sampling & s) {
     llama_sampler_free(sampler_);
     sampler_ = chain;
     greedy_  = s.temperature <= 0.0f;
+    top_k_   = s.top_k;
 }
 
 llama_token llama_opt_session::next_token() {
@@ -591,11 +602,31 @@ llama_token llama_opt_session::next_token() {
         throw llama_opt_error(llama_opt_errc::invalid_argument,
             "the session is empty: append a prompt before generating");
     }
+    if (grammar_ && ctx_->settings().config.schema_skip_enabled && n_evaluated_ > 0) {
+        const llama_token jumped = next_jump_forward();
+        if (jumped >= 0) {
+            return take_inferred(jumped);
+        }
+        const llama_token forced = grammar_->forced();
+        if (forced == -2) {
+            return -1;  // the grammar allows nothing more
+        }
+        if (forced >= 0) {  // the grammar leaves one choice: no logits, no sampling for it
+            return take_inferred(forced);
+        }
+    }
     decode_pending_step();  // the pending sampled token: one decode step, not a (canonical) prefill
     ensure_logits(&llama_opt_stats::tokens_prefilled);
 
     llama_token token;
-    if (greedy_) {
+    if (grammar_) {
+        token = greedy_ ? grammar_->best(logits_.data(), ctx_->settings().config.schema_full_mask) : sample_allowed();
+        if (token < 0) {
+            return -1;  // the grammar allows nothing more
+        }
+        grammar_->accept(token);
+        ctx_->count(*this, &llama_opt_stats::schema_tokens_total, 1);
+    } else if (greedy_) {
         // what llama_sampler_init_greedy picks (the first maximum), without a 262k-entry array
         token = (llama_token) (std::max_element(logits_.begin(), logits_.end()) - logits_.begin());
     } else {
@@ -614,8 +645,73 @@ llama_token llama_opt_session::next_token() {
     return token;
 }
 
+// A token the grammar decided: it joins the history without logits or sampling; its KV is
+// computed before the next real step (decode_pending_step).
+llama_token llama_opt_session::take_inferred(llama_token token) {
+    grammar_->accept(token);
+    llama_sampler_accept(sampler_, token);
+    tokens_.push_back(token);
+    ctx_->count(*this, &llama_opt_stats::tokens_generated, 1);
+    ctx_->count(*this, &llama_opt_stats::schema_tokens_total, 1);
+    ctx_->count(*this, &llama_opt_stats::schema_tokens_inferred, 1);
+    ctx_->count(*this, &llama_opt_stats::schema_tokens_skipped, 1);
+    return token;
+}
+
+// Jump-forward (schema_jump_forward, opt-in): when the grammar forces a whole string, it is
+// tokenized as text and taken token by token without forward passes, except its last token,
+// which a longer token could still absorb together with what follows. The tokens are the
+// string's own tokenization, which may differ from what the model would have produced.
+llama_token llama_opt_session::next_jump_forward() {
+    if (!ctx_->settings().config.schema_jump_forward) {
+        return -1;
+    }
+    if (jump_queue_.empty()) {
+        const std::string text = grammar_->forced_text(256);
+        if (text.empty()) {
+            return -1;
+        }
+        std::vector<llama_token> tokens = ctx_->model().tokenize(text, false, false);
+        if (tokens.size() < 2 || ctx_->model().detokenize(tokens, false, false) != text) {
+            return -1;
+        }
+        tokens.pop_back();
+        jump_queue_.assign(tokens.rbegin(), tokens.rend());  // popped from the back
+    }
+    const llama_token token = jump_queue_.back();
+    jump_queue_.pop_back();
+    if (!grammar_->allows(token)) {
+        jump_queue_.clear();
+        return -1;
+    }
+    return token;
+}
+
+// Sampling under a grammar: the allowed tokens (the top_k best of them, when top_k is on) go
+// through the session's sampler chain, as masking the vocabulary first would give.
+llama_token llama_opt_session::sample_allowed() {
+    candidates_ = grammar_->top_allowed(logits_.data(), top_k_);
+    if (candidates_.empty()) {
+        return -1;
+    }
+    llama_token_data_array cur = { candidates_.data(), candidates_.size(), -1, true };
+    llama_sampler_apply(sampler_, &cur);
+    return cur.data[cur.selected].id;
+}
+
+void llama_opt_session::set_grammar(const std::string & gbnf) {
+    lock_t lock(ctx_->mutex());
+    grammar_ = gbnf.empty() ? nullptr : std::make_unique<llama_opt_grammar>(ctx_->model().vocab(), gbnf);
+    jump_queue_.clear();
+}
+
 void llama_opt_session::end_turn() {
     lock_t lock(ctx_->mutex());
+    if (grammar_) {  // the generation it constrained is over
+        ctx_->count(*this, &llama_opt_stats::schema_check_us, grammar_->check_ns() / 1000);
+        grammar_.reset();
+        jump_queue_.clear();
+    }
     if (ctx_->settings().config.stats_enabled) {
         (stats_ - turn_start_).print();
     }

@@ -16,6 +16,7 @@
 
 class llama_opt_context;
 struct llama_opt_kv_block;
+class llama_opt_grammar;
 
 struct llama_opt_sampling {
     float    temperature = 0.0f;  // <= 0: greedy
@@ -56,12 +57,18 @@ public:
 
     // Sampler for the following next_token() calls.
     void set_sampling(const llama_opt_sampling & sampling);
+    // Constrains the following next_token() calls to a GBNF grammar ("": none). Throws
+    // llama_opt_error(grammar) if it does not parse. With schema_skip_enabled, a token the
+    // grammar forces is taken without computing logits (llama-schema-skip).
+    void set_grammar(const std::string & gbnf);
 
     // Computes the KV of a pending (last sampled) token if any, then samples the next token
     // and adds it to the history as pending. Throws context_overflow when the history is full.
+    // Returns -1 when a grammar allows no token.
     llama_token next_token();
 
-    // Ends a turn: prints the turn's statistics when LLAMA_OPT_STATS is on.
+    // Ends a turn (a generation): drops its grammar, prints the turn's statistics when
+    // LLAMA_OPT_STATS is on.
     void end_turn();
 
     // Closes the session. With dedup on, its complete blocks stay in the context for reuse
@@ -90,7 +97,10 @@ private:
 
     void prefill(uint64_t llama_opt_stats::* counter);  // computes tokens_[n_evaluated_, end)
     void ensure_logits(uint64_t llama_opt_stats::* counter);
-    void decode_pending_step();            // the last sampled token, as a one-token decode
+    void decode_pending_step();            // pending generated tokens, as one-token decodes
+    llama_token sample_allowed();          // seeded sampling under the grammar
+    llama_token take_inferred(llama_token token);  // a token the grammar decided
+    llama_token next_jump_forward();       // the next token of a forced string, or -1
     void forget(size_t pos);               // drops the KV of positions >= pos
     void adopt_shared_prefix();            // dedup: take a longer canonical prefix another sequence holds
     void register_blocks();                // dedup: put new complete blocks into the pool
@@ -122,6 +132,9 @@ private:
     size_t                             logits_for_  = 0;  // logits_ follow token logits_for_ - 1
     llama_sampler *                    sampler_     = nullptr;
     bool                               greedy_      = true;  // argmax directly, no candidate array
+    int32_t                            top_k_       = 40;
+    std::unique_ptr<llama_opt_grammar> grammar_;
+    std::vector<llama_token>           jump_queue_;       // jump-forward tokens still to take, last first
     std::vector<llama_token_data>      candidates_;       // sampling scratch, reused per step
     llama_opt_stats                    stats_;
     llama_opt_stats                    turn_start_;

@@ -22,7 +22,7 @@ const std::vector<llama_opt_feature> & llama_opt_features() {
     static const std::vector<llama_opt_feature> features = {
         { "dedup",       "LLAMA_OPT_DEDUP",       "dedup_enabled",       1, LLAMA_OPT_DEDUP != 0,       true  },
         { "kv_diff",     "LLAMA_OPT_KV_DIFF",     "diff_enabled",        1, LLAMA_OPT_KV_DIFF != 0,     true  },
-        { "schema_skip", "LLAMA_OPT_SCHEMA_SKIP", "schema_skip_enabled", 1, LLAMA_OPT_SCHEMA_SKIP != 0, false },
+        { "schema_skip", "LLAMA_OPT_SCHEMA_SKIP", "schema_skip_enabled", 1, LLAMA_OPT_SCHEMA_SKIP != 0, true  },
         { "kv_canon",    "LLAMA_OPT_KV_CANON",    "canon_enabled",       1, LLAMA_OPT_KV_CANON != 0,    true  },
         { "precompute",  "LLAMA_OPT_PRECOMPUTE",  "precompute_enabled",  1, LLAMA_OPT_PRECOMPUTE != 0,  false },
         { "kv_persist",  "LLAMA_OPT_KV_PERSIST",  "persist_enabled",     1, LLAMA_OPT_KV_PERSIST != 0,  true  },
@@ -83,6 +83,9 @@ const std::vector<llama_opt_field> & llama_opt_fields() {
         OPT_BOOL(diff_reuse_shifted,         "LLAMA_OPT_DIFF_REUSE_SHIFTED",                   "reuse unchanged spans after an edit, shifted (Tier 2)"),
         OPT_REAL(diff_recompute_share,       "LLAMA_OPT_DIFF_RECOMPUTE_SHARE", 0, 1,          "share of each shifted span computed again (Tier 2)"),
         OPT_BOOL(schema_skip_enabled,        "LLAMA_OPT_SCHEMA_SKIP_ENABLED",                  "schema-aware token skipping"),
+        OPT_BOOL(schema_skip_batch,          "LLAMA_OPT_SCHEMA_SKIP_BATCH",                    "forced tokens' KV in one batch (fewer passes, not bitwise)"),
+        OPT_BOOL(schema_jump_forward,        "LLAMA_OPT_SCHEMA_JUMP_FORWARD",                  "take strings the grammar forces whole (changes tokenization)"),
+        OPT_BOOL(schema_full_mask,           "LLAMA_OPT_SCHEMA_FULL_MASK",                     "check every token every step, as llama.cpp does (baseline)"),
         OPT_BOOL(canon_enabled,              "LLAMA_OPT_CANON_ENABLED",                        "KV cache canonicalization"),
         OPT_BOOL(precompute_enabled,         "LLAMA_OPT_PRECOMPUTE_ENABLED",                   "deterministic precomputation"),
         OPT_UINT(precompute_rope_max,        "LLAMA_OPT_PRECOMPUTE_ROPE_MAX",  1, 1u << 30,   "max RoPE cache entries"),
@@ -335,7 +338,7 @@ const std::vector<llama_opt_stats_field> & llama_opt_stats_fields() {
     static const std::vector<llama_opt_stats_field> fields = {
         STAT(dedup_blocks_total), STAT(dedup_blocks_hit), STAT(dedup_tokens_saved), STAT(dedup_sequences_evicted),
         STAT(diff_tokens_total), STAT(diff_tokens_unchanged), STAT(diff_tokens_recomputed), STAT(diff_tokens_shifted),
-        STAT(schema_tokens_total), STAT(schema_tokens_skipped), STAT(schema_tokens_inferred),
+        STAT(schema_tokens_total), STAT(schema_tokens_skipped), STAT(schema_tokens_inferred), STAT(schema_check_us),
         STAT(canon_entries_total), STAT(canon_entries_deduped), STAT(canon_bytes_saved),
         STAT(precompute_rope_hits), STAT(precompute_norm_hits), STAT(precompute_mask_hits),
         STAT(persist_loads), STAT(persist_saves), STAT(persist_tokens_restored),

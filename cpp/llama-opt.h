@@ -27,6 +27,7 @@ enum class llama_opt_errc {
     session_evicted,      // use of a session whose KV was evicted to make room
     decode_failed,        // llama_decode failed for another reason
     invalid_argument,     // any other bad argument
+    grammar,              // invalid grammar
 };
 
 struct llama_opt_error : std::runtime_error {
@@ -68,6 +69,9 @@ struct llama_opt_config {
     float    diff_recompute_share = 0.25f;  // Tier 2: share of each such span computed again
 
     bool schema_skip_enabled = false;
+    bool schema_skip_batch   = false;  // forced tokens computed in one batch with the next step
+    bool schema_jump_forward = false;  // forced strings tokenized and taken whole (changes tokenization)
+    bool schema_full_mask    = false;  // check every token every step, as llama.cpp's grammar sampler does
     bool canon_enabled       = false;
 
     bool     precompute_enabled  = false;
@@ -167,6 +171,7 @@ struct llama_opt_stats {
     uint64_t schema_tokens_total    = 0;
     uint64_t schema_tokens_skipped  = 0;
     uint64_t schema_tokens_inferred = 0;
+    uint64_t schema_check_us        = 0;  // time spent asking the grammar what it allows
     // Phase 2 - KV canonicalization
     uint64_t canon_entries_total   = 0;
     uint64_t canon_entries_deduped = 0;

@@ -19,6 +19,7 @@ from .errors import (
     ContextOverflowError,
     DecodeError,
     FeatureUnavailableError,
+    GrammarError,
     InvalidArgumentError,
     InvalidTokenError,
     ModelLoadError,
@@ -44,7 +45,7 @@ __all__ = [
     "Chat", "ChatTemplate", "Context", "Generation", "Model", "OptConfig", "PersistEntry", "PersistStore", "Session",
     "Stats", "Token",
     "build_info", "features", "fields",
-    "ChatTemplateError", "ConfigError", "ContextOverflowError", "DecodeError", "FeatureUnavailableError",
+    "ChatTemplateError", "ConfigError", "ContextOverflowError", "DecodeError", "FeatureUnavailableError", "GrammarError",
     "InvalidArgumentError", "InvalidTokenError", "ModelLoadError", "ModelNotFoundError", "PyllamaoptError",
     "SessionClosedError", "SessionEvictedError",
 ]

@@ -55,3 +55,13 @@ class DecodeError(PyllamaoptError):
 
 class ChatTemplateError(PyllamaoptError):
     """The chat template is missing or failed to render."""
+
+
+class GrammarError(PyllamaoptError, ValueError):
+    """An invalid GBNF grammar, an invalid JSON Schema, or a schema the converter cannot
+    express. Raised before any token is generated."""
+
+
+class DeltaError(PyllamaoptError, ValueError):
+    """Bad input to the GGUF delta tool (pyllamaopt.delta): not a GGUF file, a missing or
+    unsupported matrix, a rank out of range, a parent model that does not match..."""

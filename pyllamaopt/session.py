@@ -27,12 +27,13 @@ class Token:
 
 class Generation(Iterator[Token]):
     """A streaming generation: iterate for tokens; afterwards ``text``, ``tokens`` and
-    ``finish_reason`` ('eos', 'length', 'stop', 'context_full' or 'interrupted')."""
+    ``finish_reason`` ('eos', 'length', 'stop', 'context_full', 'grammar' or 'interrupted')."""
 
     def __init__(self, session: Session, max_tokens: int | None, stop: Sequence[str],
                  sampling: tuple[float, int, float, float, int],
-                 on_finish: Callable[[Generation], None] | None = None) -> None:
+                 on_finish: Callable[[Generation], None] | None = None, grammar: str = "") -> None:
         self.session = session
+        self._grammar = grammar
         self._on_finish = on_finish
         self.tokens: list[int] = []
         self.text = ""
@@ -45,6 +46,7 @@ class Generation(Iterator[Token]):
     def _run(self, max_tokens: int | None, stop: list[str], sampling: tuple) -> Iterator[Token]:
         core, model = self.session._core, self.session.context.model
         core.set_sampling(*sampling)  # here, not in generate(): generations may be interleaved
+        core.set_grammar(self._grammar)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         full = ""  # all text decoded so far; self.text is the part released
         if max_tokens == 0:
@@ -57,6 +59,9 @@ class Generation(Iterator[Token]):
                     token = core.next_token()
                 except ContextOverflowError:  # the KV cache is full, even after evictions
                     self.finish_reason = "context_full"
+                    break
+                if token < 0:
+                    self.finish_reason = "grammar"  # the grammar allows no token here
                     break
                 self.tokens.append(token)
                 if model.is_eog(token):
@@ -172,14 +177,23 @@ class Session:
 
     def generate(self, max_tokens: int | None = 256, *, temperature: float = 0.0, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, seed: int | None = None,
-                 stop: str | Sequence[str] = (),
+                 stop: str | Sequence[str] = (), grammar: str | None = None,
+                 json_schema: dict | bool | None = None,
                  on_finish: Callable[[Generation], None] | None = None) -> Generation:
         """Stream generated tokens (greedy unless ``temperature`` > 0).
 
         max_tokens  at most this many tokens (None: until end of generation or a full context)
         seed        makes sampling reproducible (default: random)
         stop        strings that end generation; they are not part of the returned text
+        grammar     a GBNF grammar (llama.cpp's format, a ``root`` rule) the output must match
+        json_schema a JSON Schema the output must be an instance of (True: any JSON value);
+                    the supported keywords: docs/structured-output.md
         on_finish   called with the Generation when it ends
+
+        With a grammar, tokens the grammar forces are taken without computing logits
+        (``schema_skip_enabled``, exact); ``finish_reason`` is 'grammar' if the grammar allows no
+        token at some point, and 'length' means the output was cut off before it was complete.
+        An invalid grammar or schema raises GrammarError before any token is generated.
         """
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
                                        or not 0 <= max_tokens <= self.context.n_ctx):
@@ -195,7 +209,17 @@ class Session:
         if any(not isinstance(s, str) or not s for s in stops):
             raise InvalidArgumentError("stop must be a non-empty string or a list of them")
         sampling = (float(temperature), int(top_k), float(top_p), float(min_p), 0xFFFFFFFF if seed is None else seed)
-        return Generation(self, max_tokens, stops, sampling, on_finish)
+        if grammar is not None and json_schema is not None:
+            raise InvalidArgumentError("give grammar or json_schema, not both")
+        if json_schema is not None:
+            from .grammar import JSON_GBNF, json_schema_to_gbnf
+
+            grammar = JSON_GBNF if json_schema is True else json_schema_to_gbnf(json_schema)
+        if grammar is not None:
+            if not isinstance(grammar, str) or not grammar.strip():
+                raise InvalidArgumentError("grammar must be a non-empty GBNF string")
+            self._core.set_grammar(grammar)  # parsed now: a bad grammar fails before generating
+        return Generation(self, max_tokens, stops, sampling, on_finish, grammar or "")
 
     def generate_text(self, max_tokens: int | None = 256, **kwargs: Any) -> str:
         """Generate and return the text (see generate)."""

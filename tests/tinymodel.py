@@ -19,27 +19,30 @@ WORDS = ("the be to of and a in that have it for not on with he as you do at thi
          "capital france paris code file error return value list").split()
 
 
-def _vocab() -> tuple[list[str], list[float], list[int]]:
+def _vocab(characters: bool = True) -> tuple[list[str], list[float], list[int]]:
     tokens = ["<unk>", "<s>", "</s>"]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-    tokens += [f"<0x{b:02X}>" for b in range(256)]
-    types += [gguf.TokenType.BYTE] * 256
-    pieces = ["\u2581"] + list(string.ascii_letters + string.digits + string.punctuation)
-    pieces += ["\u2581" + c for c in string.ascii_lowercase]
+    pieces = []
+    if characters:  # byte fallback and single characters: any text can be tokenized
+        tokens += [f"<0x{b:02X}>" for b in range(256)]
+        types += [gguf.TokenType.BYTE] * 256
+        pieces += ["\u2581"] + list(string.ascii_letters + string.digits + string.punctuation)
+        pieces += ["\u2581" + c for c in string.ascii_lowercase]
     pieces += ["\u2581" + w for w in WORDS] + list(dict.fromkeys(WORDS))
     pieces = list(dict.fromkeys(p for p in pieces if p not in tokens))
     tokens += pieces
     types += [gguf.TokenType.NORMAL] * len(pieces)
     # SentencePiece prefers higher scores: longer pieces first
-    scores = [0.0] * (3 + 256) + [float(len(p)) - i * 1e-4 for i, p in enumerate(pieces)]
+    scores = [0.0] * (len(tokens) - len(pieces)) + [float(len(p)) - i * 1e-4 for i, p in enumerate(pieces)]
     return tokens, scores, [int(t) for t in types]
 
 
 def write_tiny_llama(path: Path, *, seed: int = 0, n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
-                     n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 4096) -> Path:
-    """Write a tiny llama model to `path` and return it."""
+                     n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 4096, characters: bool = True) -> Path:
+    """Write a tiny llama model to `path` and return it. characters=False: a vocabulary of
+    whole words only (no byte fallback), where a grammar can leave a single token."""
     rng = np.random.default_rng(seed)
-    tokens, scores, types = _vocab()
+    tokens, scores, types = _vocab(characters)
     n_vocab, head_dim = len(tokens), n_embd // n_head
 
     writer = gguf.GGUFWriter(str(path), "llama")

@@ -15,6 +15,7 @@ static const char * exception_name(llama_opt_errc code) {
         case llama_opt_errc::session_evicted:     return "SessionEvictedError";
         case llama_opt_errc::decode_failed:       return "DecodeError";
         case llama_opt_errc::invalid_argument:    return "InvalidArgumentError";
+        case llama_opt_errc::grammar:             return "GrammarError";
     }
     return "PyllamaoptError";
 }

@@ -13,6 +13,7 @@ void register_session(py::module_ & m) {
         .def("sync", &llama_opt_session::sync, py::arg("tokens"), py::call_guard<py::gil_scoped_release>())
         .def("fork", &llama_opt_session::fork, py::call_guard<py::gil_scoped_release>())
         .def("save", &llama_opt_session::save, py::call_guard<py::gil_scoped_release>())
+        .def("set_grammar", &llama_opt_session::set_grammar, py::arg("gbnf"))
         .def("set_sampling", [](llama_opt_session & self, float temperature, int32_t top_k, float top_p, float min_p, uint32_t seed) {
                  self.set_sampling({ temperature, top_k, top_p, min_p, seed });
              }, py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("seed"))

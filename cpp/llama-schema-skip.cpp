@@ -1,0 +1,330 @@
+#include "llama-schema-skip.h"
+
+#include "llama-grammar.h"  // llama.cpp's internal grammar and vocabulary (src/)
+#include "llama-vocab.h"
+#include "llama-kv-cache-persist.h"
+#include "llama-opt-log.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+namespace {
+
+// forced() answers by (grammar text, state), shared by every grammar object of the process
+std::mutex                                  g_forced_mutex;
+std::unordered_map<uint64_t, llama_token>   g_forced;
+
+struct stopwatch {
+    uint64_t & total;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    ~stopwatch() {
+        total += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    }
+};
+
+uint64_t mix(uint64_t h, uint64_t v) {
+    return llama_opt_checksum(&v, sizeof(v), h);
+}
+
+std::string llama_opt_utf8(int64_t cpt) {
+    std::string s;
+    if (cpt < 0x80) {
+        s += (char) cpt;
+    } else if (cpt < 0x800) {
+        s += (char) (0xC0 | (cpt >> 6));
+        s += (char) (0x80 | (cpt & 0x3F));
+    } else if (cpt < 0x10000) {
+        s += (char) (0xE0 | (cpt >> 12));
+        s += (char) (0x80 | ((cpt >> 6) & 0x3F));
+        s += (char) (0x80 | (cpt & 0x3F));
+    } else {
+        s += (char) (0xF0 | (cpt >> 18));
+        s += (char) (0x80 | ((cpt >> 12) & 0x3F));
+        s += (char) (0x80 | ((cpt >> 6) & 0x3F));
+        s += (char) (0x80 | (cpt & 0x3F));
+    }
+    return s;
+}
+
+}  // namespace
+
+llama_opt_grammar::llama_opt_grammar(const llama_vocab * vocab, const std::string & gbnf, const std::string & root)
+    : vocab_(vocab), n_vocab_(llama_vocab_n_tokens(vocab)) {
+    llama_opt_log_take_errors();
+    grammar_ = llama_grammar_init_impl(vocab, gbnf.c_str(), root.c_str(), false, nullptr, 0, nullptr, 0);
+    if (!grammar_) {
+        const std::string why = llama_opt_log_take_errors();
+        throw llama_opt_error(llama_opt_errc::grammar,
+            "invalid grammar" + (why.empty() ? std::string() : ": " + why) +
+            "\n(GBNF as in llama.cpp's grammars/README.md, with a '" + root + "' rule)", "grammar");
+    }
+    text_hash_ = llama_opt_checksum(gbnf.data(), gbnf.size(), llama_opt_checksum(root.data(), root.size()));
+}
+
+llama_opt_grammar::~llama_opt_grammar() {
+    llama_grammar_free_impl(grammar_);
+}
+
+uint64_t llama_opt_grammar::state_key() const {
+    // elements are addressed by (rule, offset): the same in every object parsed from this text
+    const llama_grammar_rules & rules = grammar_->rules;
+    uint64_t h = text_hash_;
+    for (const llama_grammar_stack & stack : grammar_->stacks) {
+        h = mix(h, stack.size());
+        for (const llama_grammar_element * e : stack) {
+            for (size_t r = 0; r < rules.size(); ++r) {
+                if (e >= rules[r].data() && e < rules[r].data() + rules[r].size()) {
+                    h = mix(h, (r << 32) | (uint64_t) (e - rules[r].data()));
+                    break;
+                }
+            }
+        }
+    }
+    h = mix(h, grammar_->partial_utf8.value);
+    return mix(h, (uint64_t) (int64_t) grammar_->partial_utf8.n_remain);
+}
+
+std::vector<llama_token> llama_opt_grammar::allowed(const llama_token * ids, size_t n) const {
+    std::vector<llama_token_data> data(n);
+    for (size_t i = 0; i < n; ++i) {
+        data[i] = { ids[i], 0.0f, 0.0f };
+    }
+    llama_token_data_array cur = { data.data(), data.size(), -1, false };
+    llama_grammar_apply_impl(*grammar_, &cur);
+    std::vector<llama_token> out;
+    for (const llama_token_data & d : data) {
+        if (d.logit != -INFINITY) {
+            out.push_back(d.id);
+        }
+    }
+    return out;
+}
+
+// The one character every continuation starts with, or -1 when there are several (or the text
+// may end here: end-of-generation is allowed then). Every character has a token (byte
+// fallback), so several characters mean several allowed tokens.
+static int64_t only_next_char(const llama_grammar & g) {
+    if (g.partial_utf8.n_remain != 0) {
+        return -1;  // inside a multi-byte character: not worth the bookkeeping
+    }
+    int64_t only = -1;
+    for (const llama_grammar_stack & stack : g.stacks) {
+        if (stack.empty()) {
+            return -1;
+        }
+        const llama_grammar_element * e = stack.back();
+        if (e->type != LLAMA_GRETYPE_CHAR || e[1].type == LLAMA_GRETYPE_CHAR_RNG_UPPER || e[1].type == LLAMA_GRETYPE_CHAR_ALT) {
+            return -1;  // a class, a negated class, any character, or a token
+        }
+        if (only >= 0 && only != (int64_t) e->value) {
+            return -1;
+        }
+        only = e->value;
+    }
+    return only;
+}
+
+// Tokens by the first byte of their text, per vocabulary (forced() looks at one bucket).
+static const std::vector<std::vector<llama_token>> & tokens_by_first_byte(const llama_vocab * vocab) {
+    static std::mutex m;
+    static std::map<const llama_vocab *, std::vector<std::vector<llama_token>>> all;
+    std::lock_guard<std::mutex> lock(m);
+    auto & buckets = all[vocab];
+    if (buckets.empty()) {
+        buckets.resize(256);
+        for (llama_token t = 0; t < llama_vocab_n_tokens(vocab); ++t) {
+            const std::string & piece = vocab->token_to_piece(t);
+            if (!piece.empty()) {
+                buckets[(uint8_t) piece[0]].push_back(t);
+            }
+        }
+    }
+    return buckets;
+}
+
+// The tokens that may be allowed: those whose text starts with a byte some continuation starts
+// with, and end-of-generation tokens where the text may end (all tokens when that is not known).
+std::vector<llama_token> llama_opt_grammar::candidates() const {
+    std::vector<bool> bytes(256, false);
+    bool may_end = false;
+    bool known   = grammar_->partial_utf8.n_remain == 0;
+    for (const llama_grammar_stack & stack : grammar_->stacks) {
+        if (stack.empty()) {
+            may_end = true;
+            continue;
+        }
+        const llama_grammar_element * e = stack.back();
+        if (e->type != LLAMA_GRETYPE_CHAR) {
+            known = false;  // a negated class, any character, or a token
+            break;
+        }
+        for (; e->type == LLAMA_GRETYPE_CHAR || e->type == LLAMA_GRETYPE_CHAR_ALT; ++e) {
+            const uint32_t lo = e->value;
+            const uint32_t hi = e[1].type == LLAMA_GRETYPE_CHAR_RNG_UPPER ? e[1].value : lo;
+            for (uint32_t c = lo; c <= hi && c < 0x80; ++c) {
+                bytes[c] = true;
+            }
+            if (hi >= 0x80) {  // first bytes of multi-byte characters in the range
+                const uint8_t from = (uint8_t) llama_opt_utf8(std::max<uint32_t>(lo, 0x80))[0];
+                const uint8_t to   = (uint8_t) llama_opt_utf8(hi)[0];
+                for (uint32_t b = from; b <= to; ++b) {
+                    bytes[b] = true;
+                }
+            }
+            if (e[1].type == LLAMA_GRETYPE_CHAR_RNG_UPPER) {
+                ++e;
+            }
+        }
+    }
+    if (!known) {
+        return all_tokens();
+    }
+    std::vector<llama_token> ids;
+    const auto & buckets = tokens_by_first_byte(vocab_);
+    for (int b = 0; b < 256; ++b) {
+        if (bytes[b]) {
+            ids.insert(ids.end(), buckets[b].begin(), buckets[b].end());
+        }
+    }
+    if (may_end) {
+        for (llama_token t = 0; t < n_vocab_; ++t) {
+            if (llama_vocab_is_eog(vocab_, t)) {
+                ids.push_back(t);
+            }
+        }
+    }
+    return ids;
+}
+
+// ids before others: higher logit, then lower id (the order an argmax scan prefers)
+static bool ranks_before(const float * logits, llama_token a, llama_token b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+}
+
+std::vector<llama_token> llama_opt_grammar::ranked(const float * logits, size_t k) const {
+    // one pass keeping the k best in order: the common case is a handful of candidates
+    std::vector<llama_token> top;
+    top.reserve(k + 1);
+    for (llama_token t = 0; t < n_vocab_; ++t) {
+        if (top.size() == k && !ranks_before(logits, t, top.back())) {
+            continue;
+        }
+        auto at = std::upper_bound(top.begin(), top.end(), t,
+                                   [logits](llama_token a, llama_token b) { return ranks_before(logits, a, b); });
+        top.insert(at, t);
+        if (top.size() > k) {
+            top.pop_back();
+        }
+    }
+    return top;
+}
+
+llama_token llama_opt_grammar::best(const float * logits, bool full_mask) {
+    stopwatch sw{ check_ns_ };
+    if (full_mask) {
+        return best_of(all_tokens(), logits);
+    }
+    // the model usually wants what the grammar allows: try its favourites first, a few at a time
+    const std::vector<llama_token> top = ranked(logits, 32);
+    for (size_t i = 0; i < top.size(); i += 8) {
+        const std::vector<llama_token> ok = allowed(top.data() + i, std::min<size_t>(8, top.size() - i));
+        if (!ok.empty()) {
+            return ok.front();
+        }
+    }
+    // otherwise check every token that can start with a character the grammar allows
+    return best_of(candidates(), logits);
+}
+
+llama_token llama_opt_grammar::best_of(const std::vector<llama_token> & ids, const float * logits) const {
+    llama_token best = -1;
+    for (llama_token t : allowed(ids.data(), ids.size())) {
+        if (best < 0 || ranks_before(logits, t, best)) {
+            best = t;
+        }
+    }
+    return best;
+}
+
+std::vector<llama_token> llama_opt_grammar::all_tokens() const {
+    std::vector<llama_token> ids(n_vocab_);
+    for (llama_token t = 0; t < n_vocab_; ++t) {
+        ids[t] = t;
+    }
+    return ids;
+}
+
+std::vector<llama_token_data> llama_opt_grammar::top_allowed(const float * logits, int32_t k) {
+    stopwatch sw{ check_ns_ };
+    const std::vector<llama_token> ids = candidates();
+    std::vector<llama_token> ok = allowed(ids.data(), ids.size());
+    std::sort(ok.begin(), ok.end(), [logits](llama_token a, llama_token b) { return ranks_before(logits, a, b); });
+    if (k > 0 && ok.size() > (size_t) k) {
+        ok.resize(k);
+    }
+    std::vector<llama_token_data> out;
+    for (llama_token t : ok) {
+        out.push_back({ t, logits[t], 0.0f });
+    }
+    return out;
+}
+
+llama_token llama_opt_grammar::forced() {
+    stopwatch sw{ check_ns_ };
+    const int64_t c = only_next_char(*grammar_);
+    if (c < 0) {
+        return -1;
+    }
+    const uint64_t key = state_key();
+    {
+        std::lock_guard<std::mutex> lock(g_forced_mutex);
+        const auto it = g_forced.find(key);
+        if (it != g_forced.end()) {
+            return it->second;
+        }
+    }
+    // only tokens starting with that character can be allowed; stop at the second one
+    const std::string first = llama_opt_utf8(c);
+    const std::vector<llama_token> & bucket = tokens_by_first_byte(vocab_)[(uint8_t) first[0]];
+    llama_token only = -2;
+    for (size_t start = 0; start < bucket.size() && only != -1; start += 1024) {
+        for (llama_token t : allowed(bucket.data() + start, std::min<size_t>(1024, bucket.size() - start))) {
+            only = only == -2 ? t : -1;
+        }
+    }
+    std::lock_guard<std::mutex> lock(g_forced_mutex);
+    if (g_forced.size() >= (1u << 20)) {
+        g_forced.clear();  // bounded memory; answers are recomputed when needed
+    }
+    g_forced.emplace(key, only);
+    return only;
+}
+
+std::string llama_opt_grammar::forced_text(size_t max_chars) {
+    stopwatch sw{ check_ns_ };
+    llama_grammar * probe = llama_grammar_clone_impl(*grammar_);
+    std::string text;
+    for (size_t i = 0; i < max_chars; ++i) {
+        const int64_t c = only_next_char(*probe);
+        if (c < 0) {
+            break;
+        }
+        llama_grammar_accept(probe, (uint32_t) c);
+        text += llama_opt_utf8(c);
+    }
+    llama_grammar_free_impl(probe);
+    return text;
+}
+
+bool llama_opt_grammar::allows(llama_token token) {
+    stopwatch sw{ check_ns_ };
+    return !allowed(&token, 1).empty();
+}
+
+void llama_opt_grammar::accept(llama_token token) {
+    llama_grammar_accept_impl(*grammar_, token);
+}

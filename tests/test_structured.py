@@ -1,0 +1,114 @@
+"""Grammar-constrained generation on the tiny models (llama-schema-skip): the fast masking path
+picks exactly what masking the whole vocabulary picks; tokens the grammar forces are taken
+without logits and the output is token for token the one computed without skipping; bad
+grammars fail before generating; dead ends and truncation are reported."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pyllamaopt import Context, GrammarError, Model, OptConfig
+from tinymodel import write_tiny_llama
+
+# on the tiny vocabulary (letters, digits, punctuation, words)
+GRAMMARS = {
+    "call": (r'''root ::= "{" ws "\"tool\":" ws name "," ws "\"line\":" ws [0-9]{1,3} ws "}"
+name ::= "\"read\"" | "\"write\"" | "\"test\""
+ws ::= [ ]?''', r'\{ ?"tool": ?"(read|write|test)", ?"line": ?[0-9]{1,3} ?\}'),
+    "words": (r'''root ::= ("the" | "a") " " ("code" | "file" | "test") (" " [a-z]+){0,4} "."''',
+              r'(the|a) (code|file|test)( [a-z]+){0,4}\.'),
+    "list": (r'''root ::= "[" item ("," item)* "]"
+item ::= [0-9]+ | "\"" [a-z]{1,8} "\""''', r'\[(?:[0-9]+|"[a-z]{1,8}")(?:,(?:[0-9]+|"[a-z]{1,8}"))*\]'),
+}
+PROMPTS = ["the code file has a function that will return a value", "hello world python test", "paris france capital"]
+
+
+def generate(model, prompt, grammar, max_tokens=40, **config):
+    """prompt: text, or token ids"""
+    with Context(model, n_ctx=1024, n_batch=256, n_threads=2, config=OptConfig(env={}, **config)) as ctx:
+        s = ctx.session()
+        s.append_text(prompt) if isinstance(prompt, str) else s.append(prompt)
+        before = s.stats
+        g = s.generate(max_tokens, grammar=grammar)
+        tokens = [t.id for t in g]
+        return tokens, g.text, g.finish_reason, s.stats - before
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMARS))
+def test_fast_masking_picks_what_full_masking_picks(tiny_model, name):
+    grammar, pattern = GRAMMARS[name]
+    for prompt in PROMPTS:
+        fast = generate(tiny_model, prompt, grammar)
+        full = generate(tiny_model, prompt, grammar, schema_full_mask=True)
+        assert fast[:3] == full[:3], prompt
+        text, reason = fast[1], fast[2]
+        if reason == "eos":
+            assert re.fullmatch(pattern, text), text
+        else:
+            assert reason == "length"
+
+
+def test_seeded_sampling_under_a_grammar_is_valid_and_reproducible(tiny_model):
+    grammar, pattern = GRAMMARS["call"]
+    with Context(tiny_model, n_ctx=1024, n_batch=256, n_threads=2) as ctx:
+        runs = []
+        for _ in range(2):
+            s = ctx.session()
+            s.append_text(PROMPTS[0])
+            g = s.generate(40, grammar=grammar, temperature=1.0, seed=5)
+            runs.append(([t.id for t in g], g.text, g.finish_reason))
+            s.close()
+    assert runs[0] == runs[1]
+    assert runs[0][2] == "length" or re.fullmatch(pattern, runs[0][1])
+
+
+@pytest.fixture(scope="module")
+def words_model(tmp_path_factory):
+    """Whole words only (no characters, no byte fallback): a grammar can leave one token. Its
+    tokenizer cannot encode arbitrary text, so prompts are given as token ids."""
+    return Model(write_tiny_llama(tmp_path_factory.mktemp("words") / "words.gguf", characters=False))
+
+
+def word_ids(model, text):
+    ids = {model.token_bytes(t): t for t in range(model.n_vocab)}
+    return [model.bos_token] + [ids[(" " + w).encode()] for w in text.split()]
+
+
+FORCING = r'''root ::= "the" " code" (" file" | " test") " will" " return" " a" " value" (" paris" | " python")'''
+
+
+@pytest.mark.parametrize("config", [{}, {"schema_skip_batch": True}], ids=["exact", "batch"])
+def test_forced_tokens_are_skipped(words_model, config):
+    reference = generate(words_model, word_ids(words_model, "hello world"), FORCING, schema_skip_enabled=False)
+    skipping = generate(words_model, word_ids(words_model, "hello world"), FORCING, **config)
+    assert skipping[1] == reference[1]
+    assert re.fullmatch(r"the code (file|test) will return a value (paris|python)", reference[1])
+    stats, ref_stats = skipping[3], reference[3]
+    # the, code, will, return, a, value: forced; the two choices are the model's
+    assert stats.schema_tokens_skipped == 6 and stats.schema_tokens_inferred == 6
+    assert ref_stats.schema_tokens_skipped == 0 and stats.schema_tokens_total == ref_stats.schema_tokens_total
+    if config:  # the forced tokens computed together with the next step: fewer passes
+        assert stats.forward_passes < ref_stats.forward_passes
+    else:  # one-token steps without logits: the same KV bits, the same tokens
+        assert skipping[0] == reference[0]
+
+
+def test_invalid_grammar_fails_before_generating(tiny_model):
+    with Context(tiny_model, n_ctx=256, n_threads=2) as ctx:
+        s = ctx.session()
+        s.append_text("hello")
+        n = s.n_tokens
+        for bad in ['root ::= "unclosed', "notroot ::= \"a\"", 'root ::= missing_rule']:
+            with pytest.raises(GrammarError):
+                s.generate(5, grammar=bad)
+        assert s.n_tokens == n
+        assert s.generate_text(3) is not None  # the session goes on
+
+
+def test_dead_end_and_truncation_are_reported(words_model, tiny_model):
+    # no token of the words vocabulary spells "zzz"
+    _, text, reason, _ = generate(words_model, word_ids(words_model, "hello"), 'root ::= "the" "zzz"')
+    assert reason == "grammar" and text == "the"
+    _, text, reason, _ = generate(tiny_model, "hello", GRAMMARS["list"][0], max_tokens=3)
+    assert reason == "length" and len(text) > 0
