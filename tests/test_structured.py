@@ -112,3 +112,23 @@ def test_dead_end_and_truncation_are_reported(words_model, tiny_model):
     assert reason == "grammar" and text == "the"
     _, text, reason, _ = generate(tiny_model, "hello", GRAMMARS["list"][0], max_tokens=3)
     assert reason == "length" and len(text) > 0
+
+
+def test_json_schema_output_is_an_instance(tiny_model):
+    import json
+
+    schema = {"type": "object", "properties": {"tool": {"enum": ["read", "write"]},
+                                               "line": {"type": "integer", "minimum": 1, "maximum": 999}},
+              "required": ["tool", "line"], "additionalProperties": False}
+    with Context(tiny_model, n_ctx=1024, n_batch=256, n_threads=2) as ctx:
+        for prompt in PROMPTS:
+            s = ctx.session()
+            s.append_text(prompt)
+            g = s.generate(40, json_schema=schema)
+            text = "".join(t.text for t in g)
+            assert g.finish_reason == "eos", text
+            value = json.loads(text)
+            assert value["tool"] in ("read", "write") and 1 <= value["line"] <= 999 and set(value) == {"tool", "line"}
+            s.close()
+        with pytest.raises(GrammarError):
+            ctx.session().generate(5, json_schema={"type": "string", "pattern": "^a+$"})
