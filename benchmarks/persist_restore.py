@@ -15,7 +15,11 @@ prefill and against llama.cpp's own sequence state files, in one run:
   llama.cpp  llama-cpp-python 0.3.36's low-level API on the same GGUF, same n_ctx, flash
              attention on, swa_full, 2 threads, 512-token batches: prefill, then
              llama_state_seq_save_file; a fresh context llama_state_seq_load_file's it (cold and
-             warm), removes the last position and decodes the last token again for its logits
+             warm), removes the last position and decodes the last token again for its logits.
+             Its file holds, for sliding-window layers, only the cells inside the window of the
+             last position (llama_kv_cache::state_write skips SWA-masked cells, even with
+             swa_full): it can resume that one context, not serve a shorter prefix of it, while
+             a pyllamaopt entry holds every layer at every position of its complete blocks
 
     python benchmarks/persist_restore.py [--sizes 2048,8192,16384] [--reps 3] [--gen 16]
 
@@ -27,6 +31,9 @@ is reported apart from the TTFT. Exactness: the logits after the prompt must be 
 restore. Cache drop: fsync + posix_fadvise(DONTNEED) of the entry file (works without root for
 clean pages), plus `echo 1 > /proc/sys/vm/drop_caches` when permitted; the pages still resident
 afterwards are counted with mincore(2) and reported (in a VM the host may still cache the disk).
+drop_caches also evicts the GGUF: for the fresh-Model runs the file is read back into the page
+cache after loading the Model (its mmapped tensors would otherwise be paged in by the first
+forward pass, which is model loading, not restoring).
 Target (issue): restore TTFT <= 1/20 of the full prefill's at 8k tokens.
 """
 from __future__ import annotations
@@ -50,7 +57,8 @@ import agent_trace_data as data  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from pyllamaopt import Context, Model, OptConfig, PersistStore, models  # noqa: E402
+import pyllamaopt  # noqa: E402
+from pyllamaopt import Context, Model, OptConfig, PersistStore, _core, models  # noqa: E402
 
 N_THREADS = 2
 CTX_MARGIN = 256
@@ -305,7 +313,7 @@ def measure_size(path: Path, model: Model, llama: LlamaCpp | None, size: int, n_
     n_ctx = size + CTX_MARGIN
     prompt = build_prompt(model, size)
     persist_dir = workdir / f"kv-{size}"
-    print(f"## {size} tokens (n_ctx {n_ctx})", flush=True)
+    print(f"## {size} tokens (n_ctx {n_ctx}); load average {os.getloadavg()[0]:.1f}", flush=True)
 
     prefill, _, _ = run_session(model, n_ctx, prompt, n_gen, None)
     print(f"  prefill, persistence off: TTFT {prefill.ttft_ms:.0f} ms", flush=True)
@@ -314,6 +322,8 @@ def measure_size(path: Path, model: Model, llama: LlamaCpp | None, size: int, n_
           f"misses {persist_prefill.misses}; save() {saved} tokens in {save_ms:.0f} ms", flush=True)
     entries = PersistStore(persist_dir).entries()
     files = [e.path for e in entries]
+    print(f"  stored: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'}, "
+          f"{', '.join(f'{e.n_tokens} tokens {e.size} bytes' for e in entries)}", flush=True)
     result = SizeResult(size, prefill, persist_prefill, saved, save_ms, sum(e.size for e in entries), len(entries))
     if not entries:
         print("  no entry was written: nothing to restore", flush=True)
@@ -323,12 +333,17 @@ def measure_size(path: Path, model: Model, llama: LlamaCpp | None, size: int, n_
     for label, fresh_model, cold in plans:
         runs = []
         for _ in range(reps):
-            m = Model(path, progress=False) if fresh_model else model
             if cold:
-                drop, resident = drop_page_cache(files)
+                drop, _ = drop_page_cache(files)
             else:
                 warm_page_cache(files)
-                drop, resident = "none", min((resident_fraction(f) or 0.0) for f in files)
+                drop = "none"
+            # a restarted process loads the model (which reads the GGUF again) before its first prompt
+            m = Model(path, progress=False) if fresh_model else model
+            if fresh_model:  # its weights are partly mmapped: page them in, as a model load would
+                warm_page_cache([path])
+            fractions = [resident_fraction(f) for f in files]
+            resident = None if None in fractions else max(fractions)
             run, _, _ = run_session(m, n_ctx, prompt, n_gen, persist_dir)
             run.drop, run.resident = drop, resident
             runs.append(run)
@@ -336,6 +351,10 @@ def measure_size(path: Path, model: Model, llama: LlamaCpp | None, size: int, n_
                 del m
         result.restores[label] = runs
         r = runs[-1]
+        after = PersistStore(persist_dir).entries()
+        if len(after) != len(entries) or sum(e.size for e in after) != result.entry_bytes:
+            print(f"  note: the directory changed during the restores: {len(after)} entries, "
+                  f"{sum(e.size for e in after)} bytes", flush=True)
         print(f"  restore {label}: TTFT median {median_run(runs, 'ttft_ms'):.0f} ms "
               f"(runs {', '.join(f'{x.ttft_ms:.0f}' for x in runs)}), Context {median_run(runs, 'ctx_ms'):.0f} ms; "
               f"restored {r.restored}, computed {r.prefilled}, loads {r.loads}, misses {r.misses}; "
@@ -356,7 +375,7 @@ def measure_size(path: Path, model: Model, llama: LlamaCpp | None, size: int, n_
             print(f"  llama.cpp: failed ({result.llama_error})", flush=True)
         finally:
             (workdir / "llama-state.bin").unlink(missing_ok=True)
-    print(flush=True)
+    print(f"  load average {os.getloadavg()[0]:.1f}\n", flush=True)
     return result
 
 
@@ -379,6 +398,9 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001
             print(f"llama.cpp comparison not available ({type(exc).__name__}: {exc})")
     workdir = Path(tempfile.mkdtemp(prefix="persist-restore-", dir=args.dir))
+    core = Path(_core.__file__)
+    print(f"pyllamaopt {pyllamaopt.__version__}, llama.cpp b{pyllamaopt.build_info()['llama_cpp_build']}; "
+          f"{core.name} built {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(core.stat().st_mtime))}")
     print(f"model {model.description}; {N_THREADS} threads; flash attention on; {args.gen} greedy tokens; "
           f"KV {model.kv_bytes_per_token} bytes/token; restores: median of {args.reps}; dir {workdir}\n")
     results = []
@@ -392,9 +414,9 @@ def main() -> int:
 
     cold, warm, fresh = "cold, reused Model", "warm, reused Model", "cold, fresh Model"
     print(f"{'size':>6} {'prefill':>9} {'restore ms':>11} {'restore':>8} {'prefill/restore':>16} {'save':>6} "
-          f"{'bytes/token':>11} {'bytes/token':>12} {'exact':>6} {'cache drop':>18}")
+          f"{'bytes/token':>11} {'bytes/token':>12} {'exact':>6} {'cache drop':>24}")
     print(f"{'tokens':>6} {'TTFT ms':>9} {'cold':>11} {'warm ms':>8} {'cold':>7} {'warm':>8} {'ms':>6} "
-          f"{'ours':>11} {'llama.cpp':>12} {'':>6} {'(resident after)':>18}")
+          f"{'ours':>11} {'llama.cpp':>12} {'':>6} {'(entry resident)':>24}")
     for r in results:
         if not r.restores:
             print(f"{r.size:>6} {r.prefill.ttft_ms:>9.0f}  no restore (nothing stored)")
@@ -407,10 +429,11 @@ def main() -> int:
         ll = f"{r.llama['file_size'] / r.size:>12.0f}" if r.llama else f"{'-':>12}"
         print(f"{r.size:>6} {r.prefill.ttft_ms:>9.0f} {c:>11.0f} {w:>8.0f} {r.prefill.ttft_ms / c:>7.1f} "
               f"{r.prefill.ttft_ms / w:>8.1f} {r.save_ms:>6.0f} {r.entry_bytes / r.size:>11.0f} {ll} "
-              f"{'yes' if ok else 'NO':>6} {drop:>18}")
+              f"{'yes' if ok else 'NO':>6} {drop:>24}")
 
-    print("\nRestart (fresh Model object, cold cache): Context creation (hashes the weights) + TTFT; "
-          "llama.cpp: fresh context + llama_state_seq_load_file + last token, cold / warm")
+    print("\nRestart (fresh Model object, cold entry): Context creation (allocates the KV cache; with a fresh Model "
+          "object it also hashes the weights) + TTFT; persist-on: prefill TTFT with persistence on and an empty "
+          "directory; llama.cpp (ms): prefill, save, fresh context + llama_state_seq_load_file + last token, cold / warm")
     print(f"{'size':>6} {'Context ms':>10} {'TTFT ms':>8} {'sum ms':>7} {'prefill/sum':>11} {'persist-on':>10} "
           f"{'entry MiB':>9} {'stored':>7} {'restored':>8} {'computed':>8} {'llama pre':>9} {'llama save':>10} "
           f"{'llama cold':>10} {'llama warm':>10}")
