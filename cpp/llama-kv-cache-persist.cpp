@@ -188,6 +188,7 @@ bool llama_opt_persist_store::read_header(const std::string & path, llama_opt_pe
     }
     e.file_size = (uint64_t) st.st_size;
     e.mtime     = (int64_t) st.st_mtime;
+    e.mtime_ns  = (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
     file_header h;
     if (!pread_all(f.fd, &h, sizeof(h), 0) || memcmp(h.magic, MAGIC, sizeof(MAGIC)) != 0) {
         e.problem = "not a pyllamaopt KV file";
@@ -309,7 +310,8 @@ uint32_t llama_opt_persist_store::load(const llama_opt_persist_entry & e, uint32
 }
 
 bool llama_opt_persist_store::save(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
-                                   const std::vector<uint64_t> & chain, const uint8_t * rows, std::string & why) const {
+                                   const std::vector<uint64_t> & chain, const uint8_t * rows, std::string & why,
+                                   uint64_t max_bytes) const {
     const uint64_t n_blocks = chain.size();
     if (n_blocks == 0 || tokens.size() != n_blocks * layout.block_size) {
         why = "nothing to store: no complete block";
@@ -346,6 +348,11 @@ bool llama_opt_persist_store::save(const llama_opt_persist_layout & layout, cons
     h.data_offset      = (h.checksums_offset + 8 * n_blocks + DATA_ALIGN - 1) / DATA_ALIGN * DATA_ALIGN;
     h.file_size        = h.data_offset + n_blocks * block_bytes;
     h.meta_checksum    = meta_checksum(h, tokens, chain, sums);
+    if (max_bytes > 0 && h.file_size > max_bytes) {
+        why = "the entry (" + std::to_string(h.file_size >> 20) + " MiB) is larger than the size budget (" +
+              std::to_string(max_bytes >> 20) + " MiB, persist_max_mb)";
+        return false;
+    }
 
     static std::atomic<uint64_t> counter{ 0 };
     const std::string name = hex(h.context_hash) + "-" + hex(layout.model_hash ^ layout.compat_hash) + SUFFIX;
@@ -409,6 +416,9 @@ bool llama_opt_persist_store::save(const llama_opt_persist_layout & layout, cons
             remove(e.path);
         }
     }
+    if (max_bytes > 0) {
+        cleanup(0, max_bytes, path);
+    }
     return true;
 }
 
@@ -443,7 +453,7 @@ std::string llama_opt_persist_store::verify(const std::string & path) const {
     return "";
 }
 
-size_t llama_opt_persist_store::cleanup(int64_t max_age_s, uint64_t max_bytes) const {
+size_t llama_opt_persist_store::cleanup(int64_t max_age_s, uint64_t max_bytes, const std::string & keep) const {
     const int64_t now     = (int64_t) time(nullptr);
     size_t        removed = 0;
     for (const std::string & name : dir_files(dir_)) {
@@ -454,7 +464,7 @@ size_t llama_opt_persist_store::cleanup(int64_t max_age_s, uint64_t max_bytes) c
         }
     }
     std::vector<llama_opt_persist_entry> entries = list();
-    std::sort(entries.begin(), entries.end(), [](const auto & a, const auto & b) { return a.mtime < b.mtime; });
+    std::sort(entries.begin(), entries.end(), [](const auto & a, const auto & b) { return a.mtime_ns < b.mtime_ns; });
     uint64_t total = 0;
     for (const auto & e : entries) {
         total += e.file_size;
@@ -463,7 +473,7 @@ size_t llama_opt_persist_store::cleanup(int64_t max_age_s, uint64_t max_bytes) c
         const bool broken = !e.problem.empty() && e.problem.rfind("cannot read", 0) != 0;
         const bool old    = max_age_s > 0 && now - e.mtime > max_age_s;
         const bool over   = max_bytes > 0 && total > max_bytes;
-        if ((broken || old || over) && remove(e.path)) {
+        if ((broken || old || over) && e.path != keep && remove(e.path)) {
             total -= e.file_size;
             ++removed;
         }
@@ -480,9 +490,10 @@ uint64_t llama_opt_file_hash(const std::string & path, const std::string & memo_
     if (stat(path.c_str(), &st) != 0) {
         throw std::runtime_error(errno_text("cannot read " + path));
     }
-    char key[4096 + 96];
-    snprintf(key, sizeof(key), "%llu %lld %lld %llu %s", (unsigned long long) st.st_size, (long long) st.st_mtim.tv_sec,
-             (long long) st.st_mtim.tv_nsec, (unsigned long long) st.st_ino, path.c_str());
+    char key[4096 + 128];
+    snprintf(key, sizeof(key), "%llu %llu %lld.%09ld %lld.%09ld %s", (unsigned long long) st.st_ino,
+             (unsigned long long) st.st_size, (long long) st.st_mtim.tv_sec, (long) st.st_mtim.tv_nsec,
+             (long long) st.st_ctim.tv_sec, (long) st.st_ctim.tv_nsec, path.c_str());
     const std::string memo = memo_dir + "/file-hashes";
     if (FILE * f = fopen(memo.c_str(), "r")) {
         char line[sizeof(key) + 32];

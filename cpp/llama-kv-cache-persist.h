@@ -48,6 +48,7 @@ struct llama_opt_persist_entry {
     uint32_t                 n_tokens     = 0;  // a multiple of block_size
     uint64_t                 file_size    = 0;
     int64_t                  mtime        = 0;  // seconds; refreshed on every load (LRU)
+    int64_t                  mtime_ns     = 0;  // the same in nanoseconds: the LRU order
     std::vector<uint64_t>    chain;             // chained hash of each block
     std::vector<uint64_t>    checksums;         // of each block's rows
     uint64_t                 data_offset  = 0;
@@ -85,9 +86,12 @@ public:
 
     // Stores a context: n_tokens = chain.size() * block_size tokens and their rows, position-
     // major. Atomic; entries whose tokens are a prefix of this one are removed (this one
-    // restores them too). Returns false (and why) on an I/O error: nothing is left behind.
+    // restores them too); with max_bytes > 0, least recently used other entries are removed
+    // until the directory fits, and an entry larger than max_bytes is not stored. Returns false
+    // (and why) on an I/O error or that: nothing is left behind.
     bool save(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
-              const std::vector<uint64_t> & chain, const uint8_t * rows, std::string & why) const;
+              const std::vector<uint64_t> & chain, const uint8_t * rows, std::string & why,
+              uint64_t max_bytes = 0) const;
 
     // Every entry (headers only; `problem` set for unreadable ones) and the total size.
     std::vector<llama_opt_persist_entry> list() const;
@@ -95,8 +99,8 @@ public:
     std::string verify(const std::string & path) const;
     // Removes entries older than max_age_s seconds (0: no age limit), then the least recently
     // used ones until the total is at most max_bytes (0: no limit), and temporary files of
-    // interrupted saves older than an hour. Returns the number of files removed.
-    size_t cleanup(int64_t max_age_s, uint64_t max_bytes) const;
+    // interrupted saves older than an hour; never `keep`. Returns the number of files removed.
+    size_t cleanup(int64_t max_age_s, uint64_t max_bytes, const std::string & keep = "") const;
     // Removes one entry; false if it was not there.
     bool remove(const std::string & path) const;
 
@@ -115,7 +119,8 @@ private:
 std::string llama_opt_persist_default_dir();
 
 // The checksum of a file's whole content (the model's identity: its weights and metadata, not
-// its name). Remembered in memo_dir/file-hashes by (path, size, mtime, inode), so that a large
-// model is read once per version, not once per process. Throws std::runtime_error if the
+// its name). Remembered in memo_dir/file-hashes by (path, inode, size, mtime, ctime), so that a
+// large model is read once per version, not once per process. ctime is there because tools
+// that copy a file may restore its mtime, but nothing can set ctime back. Throws std::runtime_error if the
 // file cannot be read.
 uint64_t llama_opt_file_hash(const std::string & path, const std::string & memo_dir);

@@ -468,11 +468,9 @@ size_t llama_opt_session::save_blocks() {
     std::string why;
     if (!llama_memory_seq_kv_read(llama_get_memory(ctx_->ctx_), seq_, 0, (llama_pos) n, rows.data())) {
         why = "the KV of the history is not all in the cache";
-    } else if (store->save(layout, std::vector<llama_token>(tokens_.begin(), tokens_.begin() + n), chain, rows.data(), why)) {
+    } else if (store->save(layout, std::vector<llama_token>(tokens_.begin(), tokens_.begin() + n), chain, rows.data(), why,
+                           (uint64_t) ctx_->settings().config.persist_max_mb << 20)) {
         ctx_->count(*this, &llama_opt_stats::persist_saves, 1);
-        if (const uint32_t budget = ctx_->settings().config.persist_max_mb) {
-            store->cleanup(0, (uint64_t) budget << 20);
-        }
         return n;
     }
     ctx_->count(*this, &llama_opt_stats::persist_errors, 1);

@@ -36,8 +36,9 @@ void register_persist(py::module_ & m) {
                  return out;
              })
         .def("verify", &llama_opt_persist_store::verify, py::arg("path"), py::call_guard<py::gil_scoped_release>())
-        .def("cleanup", &llama_opt_persist_store::cleanup, py::arg("max_age_s"), py::arg("max_bytes"),
-             py::call_guard<py::gil_scoped_release>())
+        .def("cleanup", [](const llama_opt_persist_store & s, int64_t max_age_s, uint64_t max_bytes) {
+                 return s.cleanup(max_age_s, max_bytes);
+             }, py::arg("max_age_s"), py::arg("max_bytes"), py::call_guard<py::gil_scoped_release>())
         .def("remove", &llama_opt_persist_store::remove, py::arg("path"))
         .def("_fail_after_bytes", &llama_opt_persist_store::fail_after_bytes, py::arg("n"));
     m.def("default_persist_dir", &llama_opt_persist_default_dir);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -207,7 +208,40 @@ static void test_file_hash_is_remembered_per_file_version() {
     CHECK(thrown);
 }
 
+static void test_the_budget_keeps_the_entry_just_saved() {
+    llama_opt_persist_store store(fresh_dir("kv"));
+    std::string why;
+    const context a = make(2, 1), b = make(2, 2), c = make(2, 3);
+    CHECK(store.save(layout(), a.tokens, a.chain, a.rows.data(), why));
+    const uint64_t one = store.list()[0].file_size;
+    CHECK(store.save(layout(), b.tokens, b.chain, b.rows.data(), why, 2 * one));
+    CHECK(store.save(layout(), c.tokens, c.chain, c.rows.data(), why, 2 * one));  // in the same second, likely
+    CHECK(store.list().size() == 2);
+    CHECK(store.find(layout(), c.chain, c.tokens.data(), 2).n_blocks == 2);  // the newest stays
+    CHECK(store.find(layout(), a.chain, a.tokens.data(), 2).n_blocks == 0);  // the oldest went
+    const context big = make(64, 4);  // rows of 64 blocks: more than two small entries
+    CHECK(!store.save(layout(), big.tokens, big.chain, big.rows.data(), why, 2 * one));
+    CHECK(why.find("larger than the size budget") != std::string::npos);
+    CHECK(store.list().size() == 2);
+}
+
+static void test_a_file_rewritten_with_its_mtime_restored_is_hashed_again() {
+    const std::string dir  = fresh_dir("kv");
+    const std::string file = dir + ".model";
+    std::ofstream(file) << "weights v1";
+    struct stat before;
+    stat(file.c_str(), &before);
+    CHECK(llama_opt_file_hash(file, dir) == llama_opt_checksum("weights v1", 10, 0));
+    usleep(20000);
+    std::ofstream(file) << "weights v2";  // same size, same inode
+    const struct timespec times[2] = { before.st_atim, before.st_mtim };
+    CHECK(utimensat(AT_FDCWD, file.c_str(), times, 0) == 0);  // as cp -p or rsync -t would
+    CHECK(llama_opt_file_hash(file, dir) == llama_opt_checksum("weights v2", 10, 0));
+}
+
 int main() {
+    test_the_budget_keeps_the_entry_just_saved();
+    test_a_file_rewritten_with_its_mtime_restored_is_hashed_again();
     test_file_hash_is_remembered_per_file_version();
     test_round_trip_of_any_prefix();
     test_another_model_is_a_miss();
