@@ -4,10 +4,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import _core, models
-from .errors import InvalidTokenError
+from . import _core, delta, models
+from .errors import DeltaError, InvalidTokenError, ModelLoadError
 
 if TYPE_CHECKING:
     from .context import Context
@@ -44,10 +45,19 @@ class _ProgressBar:
         self._bar.close()
 
 
+def _rebuilt_delta(path: Path, progress: bool) -> Path:
+    """The standard GGUF rebuilt from a delta file (docs/delta.md), built on first use, then cached."""
+    try:
+        return delta.cached_reconstruction(path, progress=progress)
+    except DeltaError as exc:
+        raise ModelLoadError(f"{path} is a delta file that cannot be rebuilt: {exc}") from exc
+
+
 class Model:
     """A GGUF model.
 
     >>> model = Model("gemma3-270m")            # a known name, or a path to a .gguf file
+    >>> model = Model("model.delta.gguf")       # a delta file: rebuilt once, then cached
     >>> model.tokenize("Hello")
     [2, 9259]
 
@@ -61,6 +71,8 @@ class Model:
         _core.set_verbose(bool(verbose))
         if progress is None:
             progress = sys.stderr.isatty()
+        if delta.is_delta_file(path):
+            path = _rebuilt_delta(path, progress)
         bar = _ProgressBar(f"loading {path.name}") if progress else None
         try:
             self._core = _core.Model(os.fspath(path), use_mmap, bar)

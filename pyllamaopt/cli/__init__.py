@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ..delta import cli as delta_cli
 from ..errors import PyllamaoptError
 from . import commands
 
@@ -99,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="build and model information")
     p.add_argument("-m", "--model", default=None, help="also describe this model")
     p.set_defaults(func=commands.info)
+
+    delta_cli.register(sub)
     return parser
 
 
