@@ -522,18 +522,23 @@ def test_a_truncated_entry_is_a_miss_and_clean_removes_it(tiny_model, tmp_path, 
     assert list(store.verify()) == [path]
     [entry] = store.entries()
     assert entry.problem
-    with persistent(tiny_model, tmp_path) as ctx:
+    assert_skipped_then_cleaned(tiny_model, tmp_path, tokens, store, path)
+    # the session was saved again when the context closed: a sound entry
+    assert store.verify() == {} and len(store.entries()) == 1
+    assert restores(tiny_model, tmp_path, tokens).persist_tokens_restored == 576
+
+
+def assert_skipped_then_cleaned(model, tmp_path, tokens, store, path):
+    """A broken entry is a plain miss (the output exact), and clean() removes it."""
+    with persistent(model, tmp_path) as ctx:
         s = ctx.session()
         s.append(tokens)
         stats = s.stats
         assert stats.persist_tokens_restored == 0 and stats.persist_loads == 0
         assert stats.persist_misses == 1
-        check_exact(s, tiny_model, tokens)
+        check_exact(s, model, tokens)
         assert store.clean() == 1
         assert not path.exists()
-    # the session was saved again when the context closed: a sound entry
-    assert store.verify() == {} and len(store.entries()) == 1
-    assert restores(tiny_model, tmp_path, tokens).persist_tokens_restored == 576
 
 
 # header offsets: magic, version, model hash, n_tokens, block_size, bytes_per_token, data_offset,
@@ -555,15 +560,7 @@ def test_a_flipped_bit_in_the_header_is_a_miss_and_clean_removes_it(tiny_model, 
     store = PersistStore(tmp_path)
     problems = store.verify()
     assert list(problems) == [path] and problems[path]
-    with persistent(tiny_model, tmp_path) as ctx:
-        s = ctx.session()
-        s.append(tokens)
-        stats = s.stats
-        assert stats.persist_tokens_restored == 0 and stats.persist_loads == 0
-        assert stats.persist_misses == 1
-        check_exact(s, tiny_model, tokens)
-        assert store.clean() == 1
-        assert not path.exists()
+    assert_skipped_then_cleaned(tiny_model, tmp_path, tokens, store, path)
     assert store.verify() == {}
 
 
