@@ -13,8 +13,9 @@ finetune  the specification's test 4 on the real model: a synthetic fine-tune (e
           matrix plus a random rank-R change of relative size SCALE, stored F16), decomposed
           against its parent with --parent at rank R; errors, size ratio, and the rebuilt
           fine-tune's greedy tokens against the fine-tune's own.
-runtime   Model(delta file): first load (rebuild + load), cached load, resident memory and
-          tokens/s, against the original; each measured in a fresh process.
+runtime   Model(delta file): first load (rebuild + load) and cached load, resident memory,
+          each in a fresh process; prompt and generation tokens/s against the original,
+          interleaved in one process.
 
 Settings are decompose options: "rank=64", "target_error=0.05", "rank=64 bases=3",
 "rank=128 matrices=attn_q,ffn_up". Default model: Gemma 3 270M. Set OPENBLAS_NUM_THREADS=1 on
@@ -144,7 +145,8 @@ def quality(args: argparse.Namespace) -> None:
                    "decomposed_ratio": report.totals["decomposed_ratio"],
                    "streamed_per_layer": report.totals["streamed_bytes_per_layer"],
                    "source_per_layer": report.totals["source_bytes_per_layer"],
-                   "mean_error": float(np.mean([m.rel_error for m in report.matrices])),
+                   # over the decomposed matrices (those stored whole have none)
+                   "mean_error": float(np.mean([m.rel_error for m in report.matrices if m.rank != -1])),
                    "whole": sum(m.rank == -1 for m in report.matrices), "n_matrices": len(report.matrices),
                    **compare(reference, Model(rebuilt), args.tokens, args.threads)}
             rows.append(row)
@@ -153,16 +155,16 @@ def quality(args: argparse.Namespace) -> None:
 
 
 def print_quality(rows: list[dict]) -> None:
-    print(f"\n{'setting':<32}{'file':>7}{'decomp.':>8}{'MB/layer':>10}{'mean err':>9}{'whole':>7}"
+    print(f"\n{'setting':<26}{'file':>7}{'decomp.':>8}{'MB/layer':>11}{'mean err':>9}{'whole':>8}"
           f"{'same':>6}{'tok<diff':>9}{'ppl':>10}{'ppl ref':>8}{'KL mean':>9}{'KL max':>8}")
     for r in rows:
         if "error" in r:
             print(f"{r['setting']:<32}  {r['error']}")
             continue
-        print(f"{r['setting']:<32}{r['ratio']:>7.3f}{r['decomposed_ratio']:>8.3f}"
-              f"{r['streamed_per_layer'] / 1e6:>5.2f}/{r['source_per_layer'] / 1e6:<4.2f}{100 * r['mean_error']:>8.1f}%"
+        print(f"{r['setting']:<26}{r['ratio']:>7.3f}{r['decomposed_ratio']:>8.3f}"
+              f"{r['streamed_per_layer'] / 1e6:>6.2f}/{r['source_per_layer'] / 1e6:<4.2f}{100 * r['mean_error']:>8.1f}%"
               f"{r['whole']:>4}/{r['n_matrices']:<3}{r['same_prompts']:>3}/{r['n_prompts']:<2}"
-              f"{r['tokens_before_difference']:>9.1f}{r['ppl']:>10.1f}{r['ppl_reference']:>8.1f}"
+              f"{r['tokens_before_difference']:>9.1f}{r['ppl']:>10.3g}{r['ppl_reference']:>8.1f}"
               f"{r['kl_mean']:>9.3f}{r['kl_max']:>8.2f}")
 
 
@@ -208,14 +210,19 @@ def finetune(args: argparse.Namespace) -> None:
         print(json.dumps(compare(Model(child_path), Model(rebuilt), args.tokens, args.threads)))
 
 
-def measure_load(path: str, threads: int) -> dict[str, float]:
-    """In this (fresh) process: load time, resident memory, prompt and generation speed."""
+def measure_load(path: str) -> dict[str, float]:
+    """In this (fresh) process: load time and resident memory after loading."""
     import resource
 
     start = time.perf_counter()
     model = Model(path)
     load = time.perf_counter() - start
-    rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"load_s": load, "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "file_bytes": Path(model.path).stat().st_size}
+
+
+def speed(model: Model, threads: int) -> tuple[float, float]:
+    """Prompt (TEXT) and generation (64 tokens) speed in tokens/s."""
     with Context(model, n_ctx=1024, n_threads=threads) as ctx:
         session = ctx.session()
         tokens = model.tokenize(TEXT)
@@ -224,31 +231,37 @@ def measure_load(path: str, threads: int) -> dict[str, float]:
         pp = len(tokens) / (time.perf_counter() - start)
         start = time.perf_counter()
         n = sum(1 for _ in session.generate(64))
-        tg = n / (time.perf_counter() - start)
-    return {"load_s": load, "peak_rss_after_load": rss_loaded,
-            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "pp_tok_s": pp, "tg_tok_s": tg,
-            "model_file": model.path}
+        return pp, n / (time.perf_counter() - start)
 
 
 def runtime(args: argparse.Namespace) -> None:
+    """Load time and memory in fresh processes; speed interleaved in one process (medians), so
+    that the machine's load drifts over both models alike."""
     source = models.resolve(args.model)
 
-    def fresh(path: Path, env: dict[str, str]) -> dict[str, float]:
-        out = subprocess.run([sys.executable, __file__, "measure-load", str(path), "--threads", str(args.threads)],
-                             capture_output=True, text=True, check=True, env=env)
+    def fresh(path: Path) -> dict[str, float]:
+        out = subprocess.run([sys.executable, __file__, "measure-load", str(path)],
+                             capture_output=True, text=True, check=True, env=os.environ)
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         delta = Path(tmp) / "model.delta.gguf"
         decompose(source, delta, parse_setting(args.setting))
-        env = {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / "cache")}
-        rows = {"original": fresh(source, env), "delta, first load (rebuild)": fresh(delta, env),
-                "delta, cached": fresh(delta, env)}
-    print(f"{args.setting}, {args.threads} threads")
-    print(f"{'':<30}{'load s':>8}{'RSS after load':>16}{'peak RSS':>10}{'pp tok/s':>10}{'tg tok/s':>10}")
-    for name, r in rows.items():
-        print(f"{name:<30}{r['load_s']:>8.2f}{r['peak_rss_after_load'] / 1e6:>13.0f} MB{r['peak_rss'] / 1e6:>7.0f} MB"
-              f"{r['pp_tok_s']:>10.1f}{r['tg_tok_s']:>10.1f}")
+        delta_bytes = delta.stat().st_size
+        os.environ["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
+        loads = {"original": fresh(source), "delta, first load (rebuild)": fresh(delta), "delta, cached": fresh(delta)}
+        runs: dict[str, list[tuple[float, float]]] = {"original": [], "delta": []}
+        loaded = {"original": Model(source), "delta": Model(delta)}
+        for _ in range(args.reps):
+            for name, model in loaded.items():
+                runs[name].append(speed(model, args.threads))
+    print(f"{args.setting}: delta file {delta_bytes / 1e6:.0f} MB")
+    print(f"{'':<30}{'file MB':>8}{'load s':>8}{'RSS after load':>16}")
+    for name, r in loads.items():
+        print(f"{name:<30}{r['file_bytes'] / 1e6:>8.0f}{r['load_s']:>8.2f}{r['rss'] / 1e6:>13.0f} MB")
+    print(f"\n{args.threads} thread(s), median of {args.reps}: {'pp tok/s':>10}{'tg tok/s':>10}")
+    for name, values in runs.items():
+        print(f"{name:<30}{np.median([v[0] for v in values]):>10.1f}{np.median([v[1] for v in values]):>10.1f}")
 
 
 def main() -> None:
@@ -263,10 +276,11 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=0.05, help="finetune: ‖change‖ / ‖W‖")
     parser.add_argument("--tokens", type=int, default=32, help="greedy tokens per prompt")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=5, help="runtime: speed measurements per model")
     parser.add_argument("--workdir", default=None, help="where the temporary model files go")
     args = parser.parse_args()
     if args.mode == "measure-load":
-        print(json.dumps(measure_load(args.path, args.threads)))
+        print(json.dumps(measure_load(args.path)))
     else:
         {"quality": quality, "finetune": finetune, "runtime": runtime}[args.mode](args)
 

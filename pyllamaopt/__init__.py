@@ -18,6 +18,7 @@ from .errors import (
     ConfigError,
     ContextOverflowError,
     DecodeError,
+    DeltaError,
     FeatureUnavailableError,
     GrammarError,
     InvalidArgumentError,
@@ -45,7 +46,8 @@ __all__ = [
     "Chat", "ChatTemplate", "Context", "Generation", "Model", "OptConfig", "PersistEntry", "PersistStore", "Session",
     "Stats", "Token",
     "build_info", "features", "fields",
-    "ChatTemplateError", "ConfigError", "ContextOverflowError", "DecodeError", "FeatureUnavailableError", "GrammarError",
+    "ChatTemplateError", "ConfigError", "ContextOverflowError", "DecodeError", "DeltaError", "FeatureUnavailableError",
+    "GrammarError",
     "InvalidArgumentError", "InvalidTokenError", "ModelLoadError", "ModelNotFoundError", "PyllamaoptError",
     "SessionClosedError", "SessionEvictedError",
 ]

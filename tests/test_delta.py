@@ -4,6 +4,7 @@ against its parent, loading delta files with Model, bad input, interrupted runs.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -166,7 +167,7 @@ def test_finetune_recovered_against_its_parent(models, tmp_path):
 
 def _greedy(path: Path | str, prompt: str = "the capital of france is", n: int = 16) -> list[int]:
     model = Model(path)
-    with Context(model, n_ctx=128, n_batch=64, n_seq_max=1, n_threads=2) as ctx:
+    with Context(model, n_ctx=128, n_batch=64, n_seq_max=1, n_threads=1) as ctx:
         session = ctx.session()
         session.append_text(prompt)
         return [t.id for t in session.generate(n)]
@@ -435,6 +436,15 @@ def test_cli(models, tmp_path, capsys):
         main(["delta", "decompose", str(models["shared"]), str(tmp_path / "x.gguf"), "--rank", "2",
               "--target-error", "0.1"])
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_report_plot(models, tmp_path, capsys):
+    png = tmp_path / "curves.png"
+    code = main(["delta", "report", str(models["shared"]), "--ranks", "2", "--matrices", "attn_q", "--plot", str(png)])
+    if importlib.util.find_spec("matplotlib") is None:   # not a dependency: a clear error, before the work
+        assert code == 2 and "pip install matplotlib" in capsys.readouterr().err and not png.exists()
+    else:
+        assert code == 0 and png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_importing_pyllamaopt_does_not_import_gguf():

@@ -173,8 +173,8 @@ def analyze(source: str | os.PathLike[str], *, matrices: Sequence[str] = DEFAULT
             progress: bool | None = None) -> ErrorCurves:
     """Error-against-rank curves of each matrix type of the GGUF model `source`."""
     started = time.perf_counter()
-    if not ranks or any(isinstance(r, bool) or not isinstance(r, int) or r <= 0 for r in ranks):
-        raise DeltaError(f"ranks must be positive whole numbers, got {list(ranks)!r}")
+    if not ranks or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in ranks):
+        raise DeltaError(f"ranks must be whole numbers >= 0 (0: the base alone), got {list(ranks)!r}")
     if not target_errors:
         raise DeltaError("give at least one target error")
     options = DecomposeOptions(target_error=min(target_errors), n_bases=n_bases, matrices=tuple(matrices),

@@ -52,9 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--base-type", default="F16", help="type of the stored bases (default F16)")
 
     p = actions.add_parser("decompose", help="write a delta file and its report",
-                           description="Write OUTPUT, the delta file of INPUT, a report OUTPUT.report.json, "
-                                       "and print the report. Matrices whose delta would not be smaller "
-                                       "are stored whole.")
+                           description="Write OUTPUT, the delta file of INPUT, and its report as JSON "
+                                       "(model.delta.gguf: model.delta.report.json), and print the report. "
+                                       "Matrices whose delta would not be smaller are stored whole.")
     p.add_argument("input", type=Path)
     p.add_argument("output", type=Path)
     how = p.add_mutually_exclusive_group(required=True)
@@ -62,7 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     how.add_argument("--target-error", type=float,
                      help="relative error ‖W−Ŵ‖/‖W‖ to meet: the smallest rank per matrix that does (0.05 = 5 %%)")
     choice_args(p)
-    p.add_argument("--report", type=Path, default=None, help="JSON report path (default: OUTPUT.report.json)")
+    p.add_argument("--report", type=Path, default=None,
+                   help="JSON report path (default: OUTPUT with .report.json for .gguf)")
     p.set_defaults(func=decompose_command)
 
     p = actions.add_parser("reconstruct", help="rebuild a standard GGUF from a delta file",
@@ -78,9 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                            description="Relative error at each rank and the rank each target error needs, "
                                        "per matrix type, with the size ratio each implies.")
     p.add_argument("input", type=Path)
-    p.add_argument("--ranks", type=_list_of(int, "ranks"), default=(16, 32, 64, 128), help="default 16,32,64,128")
-    p.add_argument("--target-errors", type=_list_of(float, "errors"), default=(0.01, 0.05, 0.10),
-                   help="default 0.01,0.05,0.1")
+    p.add_argument("--ranks", type=_list_of(int, "ranks"), help="default 16,32,64,128 (0: the base alone)")
+    p.add_argument("--target-errors", type=_list_of(float, "errors"), help="default 0.01,0.05,0.1")
     choice_args(p)
     p.add_argument("--json", type=Path, default=None, help="also write the curves as JSON here")
     p.add_argument("--plot", type=Path, default=None, help="also plot error against rank to this PNG (matplotlib)")
@@ -118,8 +118,9 @@ def report_command(args: argparse.Namespace) -> int:
 
     if args.plot:
         require_matplotlib()   # before the work, not after it
-    curves = analyze(args.input, matrices=args.matrices, ranks=args.ranks, target_errors=args.target_errors,
-                     n_bases=args.bases, parent=args.parent, base_type=args.base_type)
+    given = {name: value for name, value in (("ranks", args.ranks), ("target_errors", args.target_errors)) if value}
+    curves = analyze(args.input, matrices=args.matrices, n_bases=args.bases, parent=args.parent,
+                     base_type=args.base_type, **given)
     print(curves.table())
     if args.json:
         curves.save_json(args.json)

@@ -36,6 +36,7 @@ import gguf
 from ..errors import DeltaError
 from .names import PREFIX, VERSION_KEY
 from .source import GGUFModel
+from .writer import Field
 
 FORMAT_VERSION = 1
 WHOLE = -1   # rank of a matrix stored whole
@@ -68,7 +69,7 @@ class DeltaHeader:
     delta_type: str = "F16"
     version: int = FORMAT_VERSION
 
-    def fields(self) -> list[tuple[str, Any, gguf.GGUFValueType, gguf.GGUFValueType | None]]:
+    def fields(self) -> list[Field]:
         """(key, value, type, array item type) of every key, VERSION_KEY first."""
         out = [
             (VERSION_KEY, self.version, _T.UINT32, None),
@@ -125,7 +126,7 @@ class DeltaHeader:
                              "decompose the original model again") from None
 
 
-def copied_fields(model: GGUFModel) -> list[tuple[str, Any, gguf.GGUFValueType, gguf.GGUFValueType | None]]:
+def copied_fields(model: GGUFModel) -> list[Field]:
     """The metadata of `model` as (key, value, type, item type), without general.architecture
     (the writer adds it) and our own delta keys."""
     out = []
