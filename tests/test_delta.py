@@ -447,6 +447,7 @@ def test_report_plot(models, tmp_path, capsys):
         assert code == 0 and png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_importing_pyllamaopt_does_not_import_gguf():
+def test_importing_pyllamaopt_does_not_import_gguf(tmp_path):
     code = "import sys, pyllamaopt, pyllamaopt.cli; sys.exit('gguf' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    # outside the checkout, whose pyllamaopt/ (without the built _core) would shadow the installed one
+    assert subprocess.run([sys.executable, "-c", code], cwd=tmp_path).returncode == 0

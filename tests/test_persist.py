@@ -140,8 +140,11 @@ def run_script(tmp_path, name, source, *args, timeout=120):
     It is killed after `timeout` seconds, so that a hung child cannot hang the tests."""
     script = tmp_path / name
     script.write_text(textwrap.dedent(source))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, str(script), *map(str, args)], env=env, text=True,
+    # no empty entry on the path: it would mean the current directory, and from the checkout the
+    # source tree's pyllamaopt/ (without the built _core) would shadow the installed package
+    path = [str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    proc = subprocess.Popen([sys.executable, str(script), *map(str, args)], env=env, text=True, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     watchdog = threading.Timer(timeout, proc.kill)
     watchdog.daemon = True
