@@ -29,7 +29,8 @@ def gemma_delta(gemma_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("delta") / "gemma.delta.gguf"
     subprocess.run([sys.executable, "-m", "pyllamaopt.cli", "delta", "decompose", str(gemma_path), str(out),
                     "--rank", "64", "--matrices", ",".join(MATRICES)],
-                   env={**os.environ, "OPENBLAS_NUM_THREADS": "1"}, check=True, capture_output=True)
+                   env={**os.environ, "OPENBLAS_NUM_THREADS": "1"}, check=True, capture_output=True,
+                   cwd=out.parent)  # outside the checkout, whose pyllamaopt/ has no built _core
     report = json.loads(out.with_name("gemma.delta.report.json").read_text())
     rebuilt = out.with_name("gemma.rebuilt.gguf")
     reconstruct(out, rebuilt)
