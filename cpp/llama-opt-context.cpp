@@ -14,7 +14,7 @@
 // sequences' cells; without flash attention, 16 is enough for both. Either way chunk
 // boundaries must be multiples of 4 (row_align()).
 static uint32_t numerics_granularity(bool flash_attn) {
-    return flash_attn ? 64 : 16;
+    return flash_attn ? LLAMA_OPT_FA_KV_TILE : 16;
 }
 
 llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, const llama_opt_context_params & params,

@@ -16,7 +16,7 @@ static void backend_init() {
         llama_opt_log_init();
         llama_backend_init();
         // a decode step's attention must not depend on other sessions' cells (patches/0003)
-        ggml_cpu_set_flash_attn_split_kv(false);
+        ggml_cpu_set_flash_attn_kv_tile(LLAMA_OPT_FA_KV_TILE);
     });
 }
 

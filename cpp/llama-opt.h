@@ -57,6 +57,11 @@ const std::vector<llama_opt_feature> & llama_opt_features();
 // configuration
 //
 
+// Cells per tile of the KV that a decode step's flash attention reduces on its own (patches/0003).
+// With flash attention a sequence's blocks start at multiples of it (llama-opt-context.cpp), so
+// every tile holds one block's cells and a step's result does not depend on other sequences.
+constexpr uint32_t LLAMA_OPT_FA_KV_TILE = 64;
+
 struct llama_opt_config {
     uint32_t block_size = 64;  // tokens per hashed block
 

@@ -86,3 +86,34 @@ def test_the_canonical_schedule_is_independent_of_history_and_placement(gemma, p
         for config in (OFF, ON):
             assert same(logits_after(gemma, prompt, splits, flash_attn=flash_attn, cells_before=cells_before,
                                      schedule="canonical", config=config), reference), (splits, cells_before, config)
+
+
+@pytest.fixture()
+def upstream_decode_attention():
+    """ggml's own split of a decode step's KV (patches/0003 off) for the duration of a test."""
+    import ctypes
+
+    from pyllamaopt import _core
+
+    lib = ctypes.CDLL(_core.__file__)
+    tile = lib.ggml_cpu_get_flash_attn_kv_tile()
+    lib.ggml_cpu_set_flash_attn_kv_tile(0)
+    yield
+    lib.ggml_cpu_set_flash_attn_kv_tile(tile)
+
+
+DECODE_SPLIT = (511,)  # the last token alone: one query over 512+ cells, the decode path
+OTHER_CELLS = (64, 640, 1472)
+
+
+def test_a_decode_step_does_not_depend_on_other_sessions_cells(gemma, prompt):
+    """patches/0003: the KV is reduced in fixed 64-cell tiles, whatever the cache holds."""
+    reference = logits_after(gemma, prompt, DECODE_SPLIT)
+    for cells_before in OTHER_CELLS:
+        assert same(logits_after(gemma, prompt, DECODE_SPLIT, cells_before=cells_before), reference), cells_before
+
+
+def test_upstream_decode_attention_depends_on_other_sessions_cells(gemma, prompt, upstream_decode_attention):
+    """Why patches/0003 exists: upstream splits the KV at n_kv / n_threads."""
+    reference = logits_after(gemma, prompt, DECODE_SPLIT)
+    assert not all(same(logits_after(gemma, prompt, DECODE_SPLIT, cells_before=n), reference) for n in OTHER_CELLS)
