@@ -2,6 +2,7 @@
 
 #include "ggml-cpu.h"
 #include "llama-opt-log.h"
+#include "llama-schema-skip.h"
 #include "llama.h"
 
 #include <cerrno>
@@ -158,6 +159,11 @@ llama_token llama_opt_model::bos() const                    { return llama_vocab
 llama_token llama_opt_model::eos() const                    { return llama_vocab_eos(vocab_); }
 bool        llama_opt_model::add_bos() const                { return llama_vocab_get_add_bos(vocab_); }
 bool        llama_opt_model::is_eog(llama_token token) const { return llama_vocab_is_eog(vocab_, token); }
+
+std::shared_ptr<llama_opt_grammar_vocab> llama_opt_model::grammar_vocab() const {
+    std::call_once(grammar_vocab_once_, [this] { grammar_vocab_ = std::make_shared<llama_opt_grammar_vocab>(vocab_); });
+    return grammar_vocab_;
+}
 
 std::string llama_opt_model::description() const {
     char buf[256];

@@ -6,11 +6,14 @@
 
 #include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 struct llama_model;
 struct llama_vocab;
+class llama_opt_grammar_vocab;
 
 struct llama_opt_model_params {
     bool use_mmap = true;
@@ -61,8 +64,14 @@ public:
     std::string                        meta(const std::string & key) const;  // "" if absent
     std::string                        chat_template() const;               // "" if none
 
+    // What grammars learned about this vocabulary (llama-schema-skip), made on first use.
+    std::shared_ptr<llama_opt_grammar_vocab> grammar_vocab() const;
+
 private:
     std::string         path_;
     llama_model *       model_ = nullptr;
     const llama_vocab * vocab_ = nullptr;
+
+    mutable std::once_flag                           grammar_vocab_once_;
+    mutable std::shared_ptr<llama_opt_grammar_vocab> grammar_vocab_;
 };

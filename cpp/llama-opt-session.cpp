@@ -699,7 +699,7 @@ llama_token llama_opt_session::sample_allowed() {
 
 void llama_opt_session::set_grammar(const std::string & gbnf) {
     lock_t lock(ctx_->mutex());
-    grammar_ = gbnf.empty() ? nullptr : std::make_unique<llama_opt_grammar>(ctx_->model().vocab(), gbnf);
+    grammar_ = gbnf.empty() ? nullptr : std::make_unique<llama_opt_grammar>(ctx_->model().grammar_vocab(), gbnf);
     jump_queue_.clear();
 }
 

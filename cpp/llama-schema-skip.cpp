@@ -8,15 +8,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <map>
 #include <mutex>
 #include <unordered_map>
 
 namespace {
-
-// forced() answers by (grammar text, state), shared by every grammar object of the process
-std::mutex                                  g_forced_mutex;
-std::unordered_map<uint64_t, llama_token>   g_forced;
 
 struct stopwatch {
     uint64_t & total;
@@ -52,10 +47,58 @@ std::string llama_opt_utf8(int64_t cpt) {
 
 }  // namespace
 
-llama_opt_grammar::llama_opt_grammar(const llama_vocab * vocab, const std::string & gbnf, const std::string & root)
-    : vocab_(vocab), n_vocab_(llama_vocab_n_tokens(vocab)) {
+llama_opt_grammar_vocab::llama_opt_grammar_vocab(const llama_vocab * vocab)
+    : vocab_(vocab), n_tokens_((size_t) llama_vocab_n_tokens(vocab)), by_first_byte_(256) {
+    for (llama_token t = 0; t < (llama_token) n_tokens_; ++t) {
+        const std::string & piece = vocab->token_to_piece(t);
+        if (!piece.empty()) {
+            by_first_byte_[(uint8_t) piece[0]].push_back(t);
+        }
+        if (llama_vocab_is_eog(vocab, t)) {
+            eog_.push_back(t);
+        }
+    }
+}
+
+llama_opt_grammar_vocab::token_list llama_opt_grammar_vocab::allowed(uint64_t state) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = allowed_.find(state);
+    return it == allowed_.end() ? nullptr : it->second;
+}
+
+void llama_opt_grammar_vocab::remember_allowed(uint64_t state, token_list tokens) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (allowed_total_ + tokens->size() > (size_t{ 1 } << 24)) {  // 64 MiB at most; recomputed when needed
+        allowed_.clear();
+        allowed_total_ = 0;
+    }
+    allowed_total_ += tokens->size();
+    allowed_[state] = std::move(tokens);
+}
+
+bool llama_opt_grammar_vocab::forced(uint64_t state, llama_token & token) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = forced_.find(state);
+    if (it == forced_.end()) {
+        return false;
+    }
+    token = it->second;
+    return true;
+}
+
+void llama_opt_grammar_vocab::remember_forced(uint64_t state, llama_token token) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (forced_.size() >= (size_t{ 1 } << 20)) {
+        forced_.clear();
+    }
+    forced_[state] = token;
+}
+
+llama_opt_grammar::llama_opt_grammar(std::shared_ptr<llama_opt_grammar_vocab> vocab, const std::string & gbnf,
+                                     const std::string & root)
+    : vocab_(std::move(vocab)), n_vocab_(vocab_->n_tokens()) {
     llama_opt_log_take_errors();
-    grammar_ = llama_grammar_init_impl(vocab, gbnf.c_str(), root.c_str(), false, nullptr, 0, nullptr, 0);
+    grammar_ = llama_grammar_init_impl(vocab_->vocab(), gbnf.c_str(), root.c_str(), false, nullptr, 0, nullptr, 0);
     if (!grammar_) {
         const std::string why = llama_opt_log_take_errors();
         throw llama_opt_error(llama_opt_errc::grammar,
@@ -128,24 +171,6 @@ static int64_t only_next_char(const llama_grammar & g) {
     return only;
 }
 
-// Tokens by the first byte of their text, per vocabulary (forced() looks at one bucket).
-static const std::vector<std::vector<llama_token>> & tokens_by_first_byte(const llama_vocab * vocab) {
-    static std::mutex m;
-    static std::map<const llama_vocab *, std::vector<std::vector<llama_token>>> all;
-    std::lock_guard<std::mutex> lock(m);
-    auto & buckets = all[vocab];
-    if (buckets.empty()) {
-        buckets.resize(256);
-        for (llama_token t = 0; t < llama_vocab_n_tokens(vocab); ++t) {
-            const std::string & piece = vocab->token_to_piece(t);
-            if (!piece.empty()) {
-                buckets[(uint8_t) piece[0]].push_back(t);
-            }
-        }
-    }
-    return buckets;
-}
-
 // The tokens that may be allowed: those whose text starts with a byte some continuation starts
 // with, and end-of-generation tokens where the text may end (all tokens when that is not known).
 std::vector<llama_token> llama_opt_grammar::candidates() const {
@@ -184,18 +209,14 @@ std::vector<llama_token> llama_opt_grammar::candidates() const {
         return all_tokens();
     }
     std::vector<llama_token> ids;
-    const auto & buckets = tokens_by_first_byte(vocab_);
     for (int b = 0; b < 256; ++b) {
         if (bytes[b]) {
-            ids.insert(ids.end(), buckets[b].begin(), buckets[b].end());
+            const std::vector<llama_token> & bucket = vocab_->starting_with((uint8_t) b);
+            ids.insert(ids.end(), bucket.begin(), bucket.end());
         }
     }
     if (may_end) {
-        for (llama_token t = 0; t < n_vocab_; ++t) {
-            if (llama_vocab_is_eog(vocab_, t)) {
-                ids.push_back(t);
-            }
-        }
+        ids.insert(ids.end(), vocab_->eog().begin(), vocab_->eog().end());
     }
     return ids;
 }
@@ -206,27 +227,54 @@ static bool ranks_before(const float * logits, llama_token a, llama_token b) {
 }
 
 std::vector<llama_token> llama_opt_grammar::ranked(const float * logits, size_t k) const {
-    // one pass keeping the k best in order: the common case is a handful of candidates
+    // one pass keeping the k best in order; once there are k, a block of logits none of which
+    // beats the k-th is passed over with one vectorized comparison (equal ones rank after it)
+    constexpr llama_token block = 64;
     std::vector<llama_token> top;
     top.reserve(k + 1);
-    for (llama_token t = 0; t < n_vocab_; ++t) {
-        if (top.size() == k && !ranks_before(logits, t, top.back())) {
-            continue;
+    for (llama_token from = 0; from < n_vocab_; from += block) {
+        const llama_token to = std::min(n_vocab_, from + block);
+        if (top.size() == k) {
+            const float bar   = logits[top.back()];
+            int         above = 0;
+            for (llama_token t = from; t < to; ++t) {
+                above |= logits[t] > bar;
+            }
+            if (!above) {
+                continue;
+            }
         }
-        auto at = std::upper_bound(top.begin(), top.end(), t,
-                                   [logits](llama_token a, llama_token b) { return ranks_before(logits, a, b); });
-        top.insert(at, t);
-        if (top.size() > k) {
-            top.pop_back();
+        for (llama_token t = from; t < to; ++t) {
+            if (top.size() == k && !ranks_before(logits, t, top.back())) {
+                continue;
+            }
+            auto at = std::upper_bound(top.begin(), top.end(), t,
+                                       [logits](llama_token a, llama_token b) { return ranks_before(logits, a, b); });
+            top.insert(at, t);
+            if (top.size() > k) {
+                top.pop_back();
+            }
         }
     }
     return top;
 }
 
+// The token with the highest logit among `ok` (all allowed), -1 if there is none.
+static llama_token best_among(const std::vector<llama_token> & ok, const float * logits) {
+    llama_token best = -1;
+    for (llama_token t : ok) {
+        if (best < 0 || ranks_before(logits, t, best)) {
+            best = t;
+        }
+    }
+    return best;
+}
+
 llama_token llama_opt_grammar::best(const float * logits, bool full_mask) {
     stopwatch sw{ check_ns_ };
     if (full_mask) {
-        return best_of(all_tokens(), logits);
+        const std::vector<llama_token> ids = all_tokens();
+        return best_among(allowed(ids.data(), ids.size()), logits);
     }
     // the model usually wants what the grammar allows: try its favourites first, a few at a time
     const std::vector<llama_token> top = ranked(logits, 32);
@@ -236,18 +284,19 @@ llama_token llama_opt_grammar::best(const float * logits, bool full_mask) {
             return ok.front();
         }
     }
-    // otherwise check every token that can start with a character the grammar allows
-    return best_of(candidates(), logits);
+    // otherwise the best of everything allowed here
+    return best_among(*allowed_here(), logits);
 }
 
-llama_token llama_opt_grammar::best_of(const std::vector<llama_token> & ids, const float * logits) const {
-    llama_token best = -1;
-    for (llama_token t : allowed(ids.data(), ids.size())) {
-        if (best < 0 || ranks_before(logits, t, best)) {
-            best = t;
-        }
+llama_opt_grammar_vocab::token_list llama_opt_grammar::allowed_here() {
+    const uint64_t key = state_key();
+    if (llama_opt_grammar_vocab::token_list known = vocab_->allowed(key)) {
+        return known;
     }
-    return best;
+    const std::vector<llama_token> ids = candidates();
+    auto ok = std::make_shared<const std::vector<llama_token>>(allowed(ids.data(), ids.size()));
+    vocab_->remember_allowed(key, ok);
+    return ok;
 }
 
 std::vector<llama_token> llama_opt_grammar::all_tokens() const {
@@ -260,8 +309,7 @@ std::vector<llama_token> llama_opt_grammar::all_tokens() const {
 
 std::vector<llama_token_data> llama_opt_grammar::top_allowed(const float * logits, int32_t k) {
     stopwatch sw{ check_ns_ };
-    const std::vector<llama_token> ids = candidates();
-    std::vector<llama_token> ok = allowed(ids.data(), ids.size());
+    std::vector<llama_token> ok = *allowed_here();
     std::sort(ok.begin(), ok.end(), [logits](llama_token a, llama_token b) { return ranks_before(logits, a, b); });
     if (k > 0 && ok.size() > (size_t) k) {
         ok.resize(k);
@@ -280,27 +328,19 @@ llama_token llama_opt_grammar::forced() {
         return -1;
     }
     const uint64_t key = state_key();
-    {
-        std::lock_guard<std::mutex> lock(g_forced_mutex);
-        const auto it = g_forced.find(key);
-        if (it != g_forced.end()) {
-            return it->second;
-        }
+    llama_token    only;
+    if (vocab_->forced(key, only)) {
+        return only;
     }
     // only tokens starting with that character can be allowed; stop at the second one
-    const std::string first = llama_opt_utf8(c);
-    const std::vector<llama_token> & bucket = tokens_by_first_byte(vocab_)[(uint8_t) first[0]];
-    llama_token only = -2;
+    const std::vector<llama_token> & bucket = vocab_->starting_with((uint8_t) llama_opt_utf8(c)[0]);
+    only = -2;
     for (size_t start = 0; start < bucket.size() && only != -1; start += 1024) {
         for (llama_token t : allowed(bucket.data() + start, std::min<size_t>(1024, bucket.size() - start))) {
             only = only == -2 ? t : -1;
         }
     }
-    std::lock_guard<std::mutex> lock(g_forced_mutex);
-    if (g_forced.size() >= (1u << 20)) {
-        g_forced.clear();  // bounded memory; answers are recomputed when needed
-    }
-    g_forced.emplace(key, only);
+    vocab_->remember_forced(key, only);
     return only;
 }
 

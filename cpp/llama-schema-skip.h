@@ -8,8 +8,10 @@
 // best() checks candidates in descending logit order and stops at the first the grammar
 // accepts, which is what masking the whole vocabulary and taking the argmax gives (ties: the
 // lowest id). forced() answers "does the grammar allow exactly one token here?" by scanning
-// the vocabulary until a second allowed token turns up, and remembers the answer per grammar
-// state (process-wide, by grammar text and state), so a state costs a full scan only once.
+// the tokens that start with the one allowed character until a second allowed one turns up.
+// Answers that needed a scan are remembered per grammar state in the model's
+// llama_opt_grammar_vocab, shared by all grammars on that model: states recur (every element
+// of an array, every turn of an agent that sends the same tool schema).
 //
 // Uses llama.cpp's internal grammar (src/llama-grammar.h): the public sampler API has no way
 // to ask what a state allows without a full scan.
@@ -18,15 +20,50 @@
 #include "llama.h"
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 struct llama_grammar;
 
+// What grammars learn about one model's vocabulary; one per model (llama_opt_model owns it),
+// so token ids never leak between vocabularies.
+class llama_opt_grammar_vocab {
+public:
+    explicit llama_opt_grammar_vocab(const llama_vocab * vocab);
+
+    const llama_vocab *              vocab() const { return vocab_; }
+    int32_t                          n_tokens() const { return (int32_t) n_tokens_; }
+    const std::vector<llama_token> & starting_with(uint8_t byte) const { return by_first_byte_[byte]; }
+    const std::vector<llama_token> & eog() const { return eog_; }
+
+    using token_list = std::shared_ptr<const std::vector<llama_token>>;
+    // the allowed tokens of a grammar state (by llama_opt_grammar::state_key), if remembered
+    token_list allowed(uint64_t state) const;
+    void       remember_allowed(uint64_t state, token_list tokens);
+    // the only allowed token of a state (-1: several, -2: none), if remembered
+    bool forced(uint64_t state, llama_token & token) const;
+    void remember_forced(uint64_t state, llama_token token);
+
+private:
+    const llama_vocab *                   vocab_;
+    size_t                                n_tokens_;
+    std::vector<std::vector<llama_token>> by_first_byte_;  // by the first byte of the token's text
+    std::vector<llama_token>              eog_;
+
+    mutable std::mutex                         mutex_;
+    std::unordered_map<uint64_t, token_list>  allowed_;
+    size_t                                     allowed_total_ = 0;  // tokens held by allowed_
+    std::unordered_map<uint64_t, llama_token> forced_;
+};
+
 class llama_opt_grammar {
 public:
     // Parses a GBNF grammar; throws llama_opt_error(grammar) with llama.cpp's message.
-    llama_opt_grammar(const llama_vocab * vocab, const std::string & gbnf, const std::string & root = "root");
+    llama_opt_grammar(std::shared_ptr<llama_opt_grammar_vocab> vocab, const std::string & gbnf,
+                      const std::string & root = "root");
     ~llama_opt_grammar();
 
     llama_opt_grammar(const llama_opt_grammar &)             = delete;
@@ -50,17 +87,17 @@ public:
     uint64_t check_ns() const { return check_ns_; }  // time spent in best/top_allowed/forced
 
 private:
-    llama_grammar *     grammar_;
-    const llama_vocab * vocab_;
-    int32_t             n_vocab_;
-    uint64_t            text_hash_;   // the grammar's identity in the forced() cache
-    uint64_t            check_ns_ = 0;
+    std::shared_ptr<llama_opt_grammar_vocab> vocab_;
+    llama_grammar *                          grammar_;
+    int32_t                                  n_vocab_;
+    uint64_t                                 text_hash_;  // the grammar's identity in state keys
+    uint64_t                                 check_ns_ = 0;
 
     uint64_t state_key() const;  // the grammar state, independent of this object's addresses
     // Which of `ids` the grammar allows, in the order given.
     std::vector<llama_token> allowed(const llama_token * ids, size_t n) const;
+    llama_opt_grammar_vocab::token_list allowed_here();  // all allowed tokens, remembered per state
     std::vector<llama_token> ranked(const float * logits, size_t k) const;  // top k ids by logit
     std::vector<llama_token> candidates() const;  // a superset of the allowed tokens, often small
     std::vector<llama_token> all_tokens() const;
-    llama_token best_of(const std::vector<llama_token> & ids, const float * logits) const;  // -1: none allowed
 };

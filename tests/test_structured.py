@@ -132,3 +132,15 @@ def test_json_schema_output_is_an_instance(tiny_model):
             s.close()
         with pytest.raises(GrammarError):
             ctx.session().generate(5, json_schema={"type": "string", "pattern": "^a+$"})
+
+
+def test_what_a_grammar_state_allows_is_remembered_per_vocabulary(words_model, tiny_model):
+    """One grammar on two vocabularies, interleaved: the answers remembered for a grammar state
+    (the single forced token, the allowed tokens) belong to one model and never stand in for the
+    other's, and remembered answers pick what full masking picks."""
+    runs = [(words_model, word_ids(words_model, "hello world")), (tiny_model, PROMPTS[0])]
+    for _ in range(2):  # the second round answers from what the first remembered
+        for model, prompt in runs:
+            remembered = generate(model, prompt, FORCING)
+            full = generate(model, prompt, FORCING, schema_skip_enabled=False, schema_full_mask=True)
+            assert remembered[:3] == full[:3]
