@@ -5,10 +5,12 @@
   exact             pyllamaopt defaults: exact prefix reuse (diff) and shared blocks (dedup)
   tier2[@SHARE]     exact + Tier-2 post-edit reuse (diff_reuse_shifted; diff_recompute_share=SHARE,
                     default 0.25): approximate, its quality is reported against the reference
+  keep-generated    exact + Tier-2 reuse of generated tokens' KV (diff_reuse_generated): the
+                    answer's one-token-step rows are kept, as llama.cpp's prefix reuse keeps them
   llama-cpp-python  0.3.36 (same llama.cpp) with its automatic prefix reuse
 
     python benchmarks/agent_trace.py [--shapes append,reasoning,workspace,shared,fresh] [--turns 22]
-                                     [--engines off,exact,tier2,tier2@0.1,llama-cpp-python]
+                                     [--engines off,exact,tier2,tier2@0.1,keep-generated,llama-cpp-python]
 
 Shapes (benchmarks/agent_trace_data.py): append-only history; re-rendered history whose earlier
 answers lose their reasoning block; a workspace file after the system prompt, edited every
@@ -195,6 +197,7 @@ def main() -> int:
     factories = {
         "off": lambda: Pyllamaopt(model, "off", dedup_enabled=False, diff_enabled=False),
         "exact": lambda: Pyllamaopt(model, "exact"),
+        "keep-generated": lambda: Pyllamaopt(model, "keep-generated", diff_reuse_generated=True),
         "llama-cpp-python": lambda: LlamaCppPython(path),
     }
     engines = args.engines.split(",")
@@ -235,9 +238,10 @@ def main() -> int:
             if name.startswith("tier2") and "exact" in results:
                 print(f"  tokens computed exact / {name}: "
                       f"{results['exact'].total('computed') / max(1, results[name].total('computed')):.2f}")
-        if "exact" in results and "llama-cpp-python" in results:
-            print(f"  wall time exact / llama-cpp-python: "
-                  f"{results['exact'].total('wall') / results['llama-cpp-python'].total('wall'):.3f}")
+        for name in ("exact", "keep-generated"):
+            if name in results and "llama-cpp-python" in results:
+                print(f"  wall time {name} / llama-cpp-python: "
+                      f"{results[name].total('wall') / results['llama-cpp-python'].total('wall'):.3f}")
         if "exact" in results and baseline:
             print(f"  wall time exact / off: {results['exact'].total('wall') / baseline.total('wall'):.3f}")
         if shape == "shared" and "exact" in results:

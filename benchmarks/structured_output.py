@@ -13,7 +13,8 @@
     python benchmarks/structured_output.py [--engines ...] [--max-tokens 160] [--limit N]
 
 Schemas and prompts: benchmarks/schemas.py. Reported per engine: outputs valid against their
-schema (jsonschema), truncated at max_tokens, forward passes per output token, share of tokens
+schema (jsonschema), truncated at max_tokens, failed (the engine could not take the schema),
+forward passes per output token, share of tokens
 forced (taken without logits), grammar time per token, tokens/s, and outputs token-identical to
 "constrained" (exactness of skipping).
 """
@@ -147,24 +148,29 @@ def main() -> int:
     for case, schema, prompt in cases:
         json_schema_to_gbnf(schema)  # fail early on a schema the converter rejects
         for name, engine in engines.items():  # interleaved: the machine's drift hits all alike
-            totals[name].runs.append(engine.run(schema, prompt, args.max_tokens))
+            try:
+                totals[name].runs.append(engine.run(schema, prompt, args.max_tokens))
+            except Exception as exc:  # e.g. a converter that cannot handle the schema: reported
+                print(f"  {case}: {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                totals[name].runs.append(Run([], "", "failed", 0.0))
         print(f"  {case}: " + " | ".join(f"{n} {t.runs[-1].finish} {len(t.runs[-1].tokens)}" for n, t in totals.items()),
               file=sys.stderr)
 
     print(f"model {model.description}; 2 threads; greedy; {len(cases)} schemas; max_tokens {args.max_tokens}\n")
     reference = totals.get("constrained")
-    header = (f"{'engine':<17} {'valid':>7} {'truncated':>9} {'tokens':>7} {'passes/tok':>10} {'forced':>7} "
+    header = (f"{'engine':<17} {'valid':>7} {'truncated':>9} {'failed':>6} {'tokens':>7} {'passes/tok':>10} {'forced':>7} "
               f"{'grammar us/tok':>14} {'tok/s':>7} {'same as constrained':>19}")
     print(header)
     rates = {}
     for name, t in totals.items():
         n = sum(len(r.tokens) for r in t.runs)
-        done = [(r, s) for r, (_, s, _) in zip(t.runs, cases) if r.finish != "length"]
+        done = [(r, s) for r, (_, s, _) in zip(t.runs, cases) if r.finish not in ("length", "failed")]
         ok = sum(valid(s, r.text) for r, s in done) if name != "unconstrained" else 0
         truncated = sum(r.finish == "length" for r in t.runs)
+        failed = sum(r.finish == "failed" for r in t.runs)
         rates[name] = n / t.sum("seconds")
         same = (sum(a.tokens == b.tokens for a, b in zip(t.runs, reference.runs)) if reference else 0)
-        print(f"{name:<17} {f'{ok}/{len(done)}' if name != 'unconstrained' else '-':>7} {truncated:>9} {n:>7} "
+        print(f"{name:<17} {f'{ok}/{len(done)}' if name != 'unconstrained' else '-':>7} {truncated:>9} {failed:>6} {n:>7} "
               f"{t.sum('passes') / max(1, n):>10.3f} {t.sum('forced') / max(1, n):>7.3f} "
               f"{t.sum('check_us') / max(1, n):>14.0f} {rates[name]:>7.1f} "
               f"{f'{same}/{len(t.runs)}' if reference else '-':>19}")

@@ -204,7 +204,13 @@ void llama_opt_session::share_duplicate(size_t k, const llama_opt_kv_block * b) 
 void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
     const size_t end = tokens_.size();
     // an approximate session (Tier 2) keeps its KV as it is and is never pooled beyond n_canonical_
-    const bool canonical = ctx_->canonical() && !approximate();
+    bool canonical = ctx_->canonical() && !approximate();
+    if (canonical && ctx_->settings().config.diff_reuse_generated && n_canonical_ < n_evaluated_ && n_evaluated_ < end) {
+        // Tier 2: the rows computed off the canonical schedule (generated tokens, decoded one at
+        // a time; the last rows of a chunk) stay, as llama.cpp's own prefix reuse keeps them
+        approx_from_ = n_canonical_;
+        canonical    = false;
+    }
     if (canonical) {
         // what is not canonical (generated tokens, the last rows of a chunk) is computed again
         forget(std::min(n_canonical_, reusable_prefix(end, *ctx_)));

@@ -72,6 +72,7 @@ struct llama_opt_config {
     uint32_t diff_min_unchanged = 8;
     bool     diff_reuse_shifted   = false;  // Tier 2: reuse unchanged spans after an edit, shifted
     float    diff_recompute_share = 0.25f;  // Tier 2: share of each such span computed again
+    bool     diff_reuse_generated = false;  // Tier 2: keep the KV of generated tokens (decoded one by one)
 
     bool schema_skip_enabled = false;
     bool schema_skip_batch   = false;  // forced tokens computed in one batch with the next step

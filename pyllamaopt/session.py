@@ -144,8 +144,9 @@ class Session:
 
     @property
     def approx_from(self) -> int | None:
-        """Tier 2 (``diff_reuse_shifted``): the position from which this session's KV is approximate
-        (reused at a shifted position after an edit), or None when all of it is exact."""
+        """Tier 2: the position from which this session's KV is approximate (``diff_reuse_shifted``:
+        reused at a shifted position after an edit; ``diff_reuse_generated``: generated tokens'
+        KV kept from their one-token steps), or None when all of it is exact."""
         return self._core.approx_from
 
     def append(self, tokens: Iterable[int]) -> None:

@@ -11,6 +11,7 @@ SPEC_DEFAULTS = {  # the specification's table (runtime defaults)
     "attn_prune_window": 10, "sparse_attn_enabled": False, "act_dedup_enabled": False,
     "algebraic_enabled": False, "h2o_enabled": False, "stats_enabled": False,
     "diff_reuse_shifted": False,  # ours: Tier 2, off by default like every approximate feature
+    "diff_reuse_generated": False,
 }
 SPEC_VARIABLES = [
     "LLAMA_OPT_BLOCK_SIZE", "LLAMA_OPT_DEDUP_ENABLED", "LLAMA_OPT_DEDUP_POOL_MAX", "LLAMA_OPT_DIFF_ENABLED",
