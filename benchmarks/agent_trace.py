@@ -20,7 +20,8 @@ engine generates up to --gen tokens (greedy); the script's own answers continue 
 all engines see the same prompts.
 
 Reported per shape and engine: prompt tokens computed (against the tokens never seen before in
-any earlier prompt, the limit of exact reuse), wall time, time to first token per turn, peak KV
+any earlier prompt, the limit of exact reuse), wall time (split into prefill = the sum of the
+times to first token, and decode = the rest), time to first token per turn, peak KV
 cells and bytes, and whether the generated tokens equal those of the reference ("off", else
 "exact", which equals "off" token for token); for pyllamaopt engines also the mean and max KL
 divergence of each turn's next-token distribution from the reference's.
@@ -223,7 +224,8 @@ def main() -> int:
         results = run(available, work, args.gen)
         reference = "off" if "off" in results else "exact"
         baseline = results.get(reference)
-        print(f"  {'engine':<17} {'computed':>9} {'/never-seen':>11} {'wall s':>8} {'TTFT med ms':>11} "
+        print(f"  {'engine':<17} {'computed':>9} {'/never-seen':>11} {'wall s':>8} {'prefill s':>9} {'decode s':>8} "
+              f"{'TTFT med ms':>11} "
               f"{'TTFT max ms':>11} {'peak KV MiB':>11} {'same tokens as ' + reference:>20} {'KL mean':>9} {'KL max':>9}")
         for name, r in results.items():
             ttfts = [t.ttft * 1000 for t in r.turns]
@@ -232,7 +234,8 @@ def main() -> int:
                    if baseline and a.first_logits is not None and b.first_logits is not None]
             kl = f"{statistics.mean(kls):>9.2e} {max(kls):>9.2e}" if kls else f"{'-':>9} {'-':>9}"
             print(f"  {name:<17} {int(r.total('computed')):>9} {r.total('computed') / seen:>11.3f} "
-                  f"{r.total('wall'):>8.1f} {statistics.median(ttfts):>11.0f} {max(ttfts):>11.0f} "
+                  f"{r.total('wall'):>8.1f} {r.total('ttft'):>9.2f} {r.total('wall') - r.total('ttft'):>8.2f} "
+                  f"{statistics.median(ttfts):>11.0f} {max(ttfts):>11.0f} "
                   f"{r.peak_cells * cell_bytes / 2**20:>11.1f} {f'{same}/{len(r.turns)}':>20} {kl}")
         for name in results:
             if name.startswith("tier2") and "exact" in results:

@@ -607,16 +607,12 @@ llama_token llama_opt_session::next_token() {
             "the session is empty: append a prompt before generating");
     }
     if (grammar_ && ctx_->settings().config.schema_skip_enabled && n_evaluated_ > 0) {
-        const llama_token jumped = next_jump_forward();
-        if (jumped >= 0) {
-            return take_inferred(jumped);
-        }
-        const llama_token forced = grammar_->forced();
-        if (forced == -2) {
+        const llama_token inferred = next_inferred();
+        if (inferred == -2) {
             return -1;  // the grammar allows nothing more
         }
-        if (forced >= 0) {  // the grammar leaves one choice: no logits, no sampling for it
-            return take_inferred(forced);
+        if (inferred >= 0) {  // the grammar leaves one choice: no logits, no sampling for it
+            return take_inferred(inferred);
         }
     }
     decode_pending_step();  // the pending sampled token: one decode step, not a (canonical) prefill
@@ -662,33 +658,48 @@ llama_token llama_opt_session::take_inferred(llama_token token) {
     return token;
 }
 
+// The next token the grammar decides, taken without logits (schema_skip_enabled): -1 when the
+// model must choose, -2 when the grammar allows nothing. Runs are queued: the tokens forced one
+// after another (exact), or with jump-forward a forced string's own tokens.
+llama_token llama_opt_session::next_inferred() {
+    if (inferred_queue_.empty()) {
+        queue_jump_forward();
+    }
+    if (inferred_queue_.empty()) {
+        const llama_opt_skip_result next = llama_opt_schema_query_next(*grammar_);
+        if (!next.can_skip) {
+            return next.dead_end ? -2 : -1;
+        }
+        const std::vector<llama_token> run = llama_opt_schema_query_sequence(*grammar_, 64).tokens;
+        inferred_queue_.assign(run.rbegin(), run.rend());  // popped from the back
+    }
+    const llama_token token = inferred_queue_.back();
+    inferred_queue_.pop_back();
+    if (!grammar_->allows(token)) {  // a string's tokenization the grammar does not take
+        inferred_queue_.clear();
+        return -1;
+    }
+    return token;
+}
+
 // Jump-forward (schema_jump_forward, opt-in): when the grammar forces a whole string, it is
 // tokenized as text and taken token by token without forward passes, except its last token,
 // which a longer token could still absorb together with what follows. The tokens are the
 // string's own tokenization, which may differ from what the model would have produced.
-llama_token llama_opt_session::next_jump_forward() {
+void llama_opt_session::queue_jump_forward() {
     if (!ctx_->settings().config.schema_jump_forward) {
-        return -1;
+        return;
     }
-    if (jump_queue_.empty()) {
-        const std::string text = grammar_->forced_text(256);
-        if (text.empty()) {
-            return -1;
-        }
-        std::vector<llama_token> tokens = ctx_->model().tokenize(text, false, false);
-        if (tokens.size() < 2 || ctx_->model().detokenize(tokens, false, false) != text) {
-            return -1;
-        }
-        tokens.pop_back();
-        jump_queue_.assign(tokens.rbegin(), tokens.rend());  // popped from the back
+    const std::string text = grammar_->forced_text(256);
+    if (text.empty()) {
+        return;
     }
-    const llama_token token = jump_queue_.back();
-    jump_queue_.pop_back();
-    if (!grammar_->allows(token)) {
-        jump_queue_.clear();
-        return -1;
+    std::vector<llama_token> tokens = ctx_->model().tokenize(text, false, false);
+    if (tokens.size() < 2 || ctx_->model().detokenize(tokens, false, false) != text) {
+        return;
     }
-    return token;
+    tokens.pop_back();
+    inferred_queue_.assign(tokens.rbegin(), tokens.rend());  // popped from the back
 }
 
 // Sampling under a grammar: the allowed tokens (the top_k best of them, when top_k is on) go
@@ -706,7 +717,7 @@ llama_token llama_opt_session::sample_allowed() {
 void llama_opt_session::set_grammar(const std::string & gbnf) {
     lock_t lock(ctx_->mutex());
     grammar_ = gbnf.empty() ? nullptr : std::make_unique<llama_opt_grammar>(ctx_->model().grammar_vocab(), gbnf);
-    jump_queue_.clear();
+    inferred_queue_.clear();
 }
 
 void llama_opt_session::end_turn() {
@@ -714,7 +725,7 @@ void llama_opt_session::end_turn() {
     if (grammar_) {  // the generation it constrained is over
         ctx_->count(*this, &llama_opt_stats::schema_check_us, grammar_->check_ns() / 1000);
         grammar_.reset();
-        jump_queue_.clear();
+        inferred_queue_.clear();
     }
     if (ctx_->settings().config.stats_enabled) {
         (stats_ - turn_start_).print();

@@ -100,7 +100,8 @@ private:
     void decode_pending_step();            // pending generated tokens, as one-token decodes
     llama_token sample_allowed();          // seeded sampling under the grammar
     llama_token take_inferred(llama_token token);  // a token the grammar decided
-    llama_token next_jump_forward();       // the next token of a forced string, or -1
+    llama_token next_inferred();           // the next token decided without logits; -1: none, -2: dead end
+    void        queue_jump_forward();      // a forced string's own tokens, into inferred_queue_
     void forget(size_t pos);               // drops the KV of positions >= pos
     void adopt_shared_prefix();            // dedup: take a longer canonical prefix another sequence holds
     void register_blocks();                // dedup: put new complete blocks into the pool
@@ -134,7 +135,7 @@ private:
     bool                               greedy_      = true;  // argmax directly, no candidate array
     int32_t                            top_k_       = 40;
     std::unique_ptr<llama_opt_grammar> grammar_;
-    std::vector<llama_token>           jump_queue_;       // jump-forward tokens still to take, last first
+    std::vector<llama_token>           inferred_queue_;   // decided tokens still to take, last first
     std::vector<llama_token_data>      candidates_;       // sampling scratch, reused per step
     llama_opt_stats                    stats_;
     llama_opt_stats                    turn_start_;

@@ -108,6 +108,10 @@ llama_opt_grammar::llama_opt_grammar(std::shared_ptr<llama_opt_grammar_vocab> vo
     text_hash_ = llama_opt_checksum(gbnf.data(), gbnf.size(), llama_opt_checksum(root.data(), root.size()));
 }
 
+llama_opt_grammar::llama_opt_grammar(std::shared_ptr<llama_opt_grammar_vocab> vocab, llama_grammar * grammar,
+                                     uint64_t text_hash)
+    : vocab_(std::move(vocab)), grammar_(grammar), n_vocab_(vocab_->n_tokens()), text_hash_(text_hash) {}
+
 llama_opt_grammar::~llama_opt_grammar() {
     llama_grammar_free_impl(grammar_);
 }
@@ -344,6 +348,17 @@ llama_token llama_opt_grammar::forced() {
     return only;
 }
 
+std::vector<llama_token> llama_opt_grammar::forced_run(size_t max_tokens) {
+    llama_opt_grammar        probe(vocab_, llama_grammar_clone_impl(*grammar_), text_hash_);
+    std::vector<llama_token> run;
+    for (llama_token t; run.size() < max_tokens && (t = probe.forced()) >= 0;) {
+        probe.accept(t);
+        run.push_back(t);
+    }
+    check_ns_ += probe.check_ns_;
+    return run;
+}
+
 std::string llama_opt_grammar::forced_text(size_t max_chars) {
     stopwatch sw{ check_ns_ };
     llama_grammar * probe = llama_grammar_clone_impl(*grammar_);
@@ -367,4 +382,20 @@ bool llama_opt_grammar::allows(llama_token token) {
 
 void llama_opt_grammar::accept(llama_token token) {
     llama_grammar_accept_impl(*grammar_, token);
+}
+
+llama_opt_skip_result llama_opt_schema_query_next(llama_opt_grammar & grammar) {
+    const llama_token only = grammar.forced();
+    llama_opt_skip_result result;
+    result.can_skip     = only >= 0;
+    result.forced_token = only >= 0 ? only : -1;
+    result.dead_end     = only == -2;
+    return result;
+}
+
+llama_opt_skip_sequence llama_opt_schema_query_sequence(llama_opt_grammar & grammar, uint32_t max_lookahead) {
+    llama_opt_skip_sequence sequence;
+    sequence.tokens = grammar.forced_run(max_lookahead);
+    sequence.n_skip = (uint32_t) sequence.tokens.size();
+    return sequence;
 }

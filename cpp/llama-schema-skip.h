@@ -76,6 +76,9 @@ public:
     std::vector<llama_token_data> top_allowed(const float * logits, int32_t k);
     // The only token allowed here; -1 if several are, -2 if none is.
     llama_token forced();
+    // The tokens forced one after another from here (at most max_tokens), looked up on a copy:
+    // this grammar does not move.
+    std::vector<llama_token> forced_run(size_t max_tokens);
     // The text the grammar forces from here (at most max_chars characters), as UTF-8: every
     // continuation starts with it. Empty if the next character is not unique.
     std::string forced_text(size_t max_chars);
@@ -87,6 +90,8 @@ public:
     uint64_t check_ns() const { return check_ns_; }  // time spent in best/top_allowed/forced
 
 private:
+    llama_opt_grammar(std::shared_ptr<llama_opt_grammar_vocab> vocab, llama_grammar * grammar, uint64_t text_hash);
+
     std::shared_ptr<llama_opt_grammar_vocab> vocab_;
     llama_grammar *                          grammar_;
     int32_t                                  n_vocab_;
@@ -101,3 +106,19 @@ private:
     std::vector<llama_token> candidates() const;  // a superset of the allowed tokens, often small
     std::vector<llama_token> all_tokens() const;
 };
+
+// The specification's interface (000 §1.5), over a parsed grammar.
+struct llama_opt_skip_result {
+    bool        can_skip     = false;  // the grammar allows exactly one token here
+    llama_token forced_token = -1;     // that token
+    bool        dead_end     = false;  // the grammar allows no token here
+};
+
+struct llama_opt_skip_sequence {
+    std::vector<llama_token> tokens;      // forced one after another from here
+    uint32_t                 n_skip = 0;  // tokens.size()
+};
+
+llama_opt_skip_result   llama_opt_schema_query_next(llama_opt_grammar & grammar);
+// Looks ahead at most max_lookahead tokens; the grammar itself does not move.
+llama_opt_skip_sequence llama_opt_schema_query_sequence(llama_opt_grammar & grammar, uint32_t max_lookahead);
