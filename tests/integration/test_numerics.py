@@ -117,3 +117,13 @@ def test_upstream_decode_attention_depends_on_other_sessions_cells(gemma, prompt
     """Why patches/0003 exists: upstream splits the KV at n_kv / n_threads."""
     reference = logits_after(gemma, prompt, DECODE_SPLIT)
     assert not all(same(logits_after(gemma, prompt, DECODE_SPLIT, cells_before=n), reference) for n in OTHER_CELLS)
+
+
+@pytest.mark.parametrize("n_batched", [2, 5, 16])
+def test_tokens_decoded_one_by_one_differ_from_the_same_tokens_in_one_batch(gemma, prompt, n_batched):
+    """Why schema_skip_batch is opt-in: computing the KV of n skipped tokens in one batch with the
+    next step gives other bits than n one-token steps (what generation without skipping does)."""
+    head = len(prompt) - n_batched - 1
+    steps = logits_after(gemma, prompt, tuple(range(head, len(prompt))))
+    batch = logits_after(gemma, prompt, (head,))
+    assert not same(steps, batch)
