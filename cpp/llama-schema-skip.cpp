@@ -6,6 +6,7 @@
 #include "llama-opt-log.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <mutex>
@@ -48,11 +49,12 @@ std::string llama_opt_utf8(int64_t cpt) {
 }  // namespace
 
 llama_opt_grammar_vocab::llama_opt_grammar_vocab(const llama_vocab * vocab)
-    : vocab_(vocab), n_tokens_((size_t) llama_vocab_n_tokens(vocab)), by_first_byte_(256) {
+    : vocab_(vocab), n_tokens_((size_t) llama_vocab_n_tokens(vocab)), by_first_byte_(256), by_first_two_(256 * 257) {
     for (llama_token t = 0; t < (llama_token) n_tokens_; ++t) {
         const std::string & piece = vocab->token_to_piece(t);
         if (!piece.empty()) {
             by_first_byte_[(uint8_t) piece[0]].push_back(t);
+            by_first_two_[(uint8_t) piece[0] * 257 + (piece.size() > 1 ? (uint8_t) piece[1] + 1 : 0)].push_back(t);
         }
         if (llama_vocab_is_eog(vocab, t)) {
             eog_.push_back(t);
@@ -175,21 +177,20 @@ static int64_t only_next_char(const llama_grammar & g) {
     return only;
 }
 
-// The tokens that may be allowed: those whose text starts with a byte some continuation starts
-// with, and end-of-generation tokens where the text may end (all tokens when that is not known).
-std::vector<llama_token> llama_opt_grammar::candidates() const {
-    std::vector<bool> bytes(256, false);
-    bool may_end = false;
-    bool known   = grammar_->partial_utf8.n_remain == 0;
-    for (const llama_grammar_stack & stack : grammar_->stacks) {
+// The bytes some continuation of `g` starts with, and whether the text may end here; false when
+// that is not known (inside a multi-byte character, or a negated class, any character, a token).
+static bool next_bytes(const llama_grammar & g, std::array<bool, 256> & bytes, bool & may_end) {
+    if (g.partial_utf8.n_remain != 0) {
+        return false;
+    }
+    for (const llama_grammar_stack & stack : g.stacks) {
         if (stack.empty()) {
             may_end = true;
             continue;
         }
         const llama_grammar_element * e = stack.back();
         if (e->type != LLAMA_GRETYPE_CHAR) {
-            known = false;  // a negated class, any character, or a token
-            break;
+            return false;
         }
         for (; e->type == LLAMA_GRETYPE_CHAR || e->type == LLAMA_GRETYPE_CHAR_ALT; ++e) {
             const uint32_t lo = e->value;
@@ -209,18 +210,46 @@ std::vector<llama_token> llama_opt_grammar::candidates() const {
             }
         }
     }
-    if (!known) {
+    return true;
+}
+
+// The tokens that may be allowed: those whose first two bytes some continuation starts with
+// (the first byte alone after a multi-byte character or where what follows is not known), and
+// end-of-generation tokens where the text may end; all tokens when the first byte is not known.
+std::vector<llama_token> llama_opt_grammar::candidates() const {
+    std::array<bool, 256> first{};
+    bool may_end = false;
+    if (!next_bytes(*grammar_, first, may_end)) {
         return all_tokens();
     }
     std::vector<llama_token> ids;
+    auto take = [&](const std::vector<llama_token> & bucket) { ids.insert(ids.end(), bucket.begin(), bucket.end()); };
     for (int b = 0; b < 256; ++b) {
-        if (bytes[b]) {
-            const std::vector<llama_token> & bucket = vocab_->starting_with((uint8_t) b);
-            ids.insert(ids.end(), bucket.begin(), bucket.end());
+        if (!first[b]) {
+            continue;
+        }
+        std::array<bool, 256> second{};
+        bool ends_after = false;
+        bool known      = b < 0x80;
+        if (known) {
+            llama_grammar * after = llama_grammar_clone_impl(*grammar_);
+            llama_grammar_accept(after, (uint32_t) b);
+            known = next_bytes(*after, second, ends_after);
+            llama_grammar_free_impl(after);
+        }
+        if (!known) {
+            take(vocab_->starting_with((uint8_t) b));
+            continue;
+        }
+        take(vocab_->starting_with((uint8_t) b, -1));  // the one-byte tokens
+        for (int b2 = 0; b2 < 256; ++b2) {
+            if (second[b2] || b2 == 0) {  // llama.cpp's grammar reads a token's text up to a NUL byte
+                take(vocab_->starting_with((uint8_t) b, b2));
+            }
         }
     }
     if (may_end) {
-        ids.insert(ids.end(), vocab_->eog().begin(), vocab_->eog().end());
+        take(vocab_->eog());
     }
     return ids;
 }

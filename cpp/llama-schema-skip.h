@@ -37,6 +37,10 @@ public:
     const llama_vocab *              vocab() const { return vocab_; }
     int32_t                          n_tokens() const { return (int32_t) n_tokens_; }
     const std::vector<llama_token> & starting_with(uint8_t byte) const { return by_first_byte_[byte]; }
+    // tokens whose text starts with these two bytes; second = -1: the one-byte tokens `byte`
+    const std::vector<llama_token> & starting_with(uint8_t byte, int second) const {
+        return by_first_two_[byte * 257 + second + 1];
+    }
     const std::vector<llama_token> & eog() const { return eog_; }
 
     using token_list = std::shared_ptr<const std::vector<llama_token>>;
@@ -51,6 +55,7 @@ private:
     const llama_vocab *                   vocab_;
     size_t                                n_tokens_;
     std::vector<std::vector<llama_token>> by_first_byte_;  // by the first byte of the token's text
+    std::vector<std::vector<llama_token>> by_first_two_;   // by its first two bytes (see starting_with)
     std::vector<llama_token>              eog_;
 
     mutable std::mutex                         mutex_;
