@@ -341,11 +341,6 @@ void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, 
     const std::vector<llama_token> & tokens = s.tokens_;
 
     llama_batch batch = llama_batch_init((int32_t) llama_n_batch(ctx_), 0, 1);
-    auto fail = [&](llama_opt_errc code, const std::string & message) {
-        llama_batch_free(batch);
-        llama_memory_seq_rm(mem, s.seq_, (llama_pos) begin, -1);
-        throw llama_opt_error(code, message, code == llama_opt_errc::context_overflow ? "n_ctx" : "");
-    };
     for (size_t pos = begin; pos < end;) {
         size_t stop = std::min(end, pos + params_.n_batch);
         if (params_.canonical) {
@@ -363,18 +358,20 @@ void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, 
             batch.seq_id[i][0] = s.seq_;
             batch.logits[i]    = logits && pos + i + 1 == end;
         }
-        int32_t rc = llama_decode(ctx_, batch);
-        while (rc == 1 && evict_one(s.seq_, !evict_sessions)) {  // no room: free the least recently used KV, retry
-            rc = llama_decode(ctx_, batch);
-        }
-        if (rc == 1) {
-            fail(llama_opt_errc::context_overflow,
-                 "the KV cache is full (" + std::to_string(n_ctx_) + " cells shared by all sessions of this "
-                 "context); close other sessions or create the Context with a larger n_ctx");
+        int32_t rc;
+        try {
+            rc = decode_evicting(s, batch, evict_sessions);
+        } catch (...) {
+            llama_batch_free(batch);
+            llama_memory_seq_rm(mem, s.seq_, (llama_pos) begin, -1);
+            throw;
         }
         if (rc != 0) {
-            const std::string why = llama_opt_log_take_errors();
-            fail(llama_opt_errc::decode_failed, "llama_decode failed with code " + std::to_string(rc) + (why.empty() ? "" : ":\n" + why));
+            llama_batch_free(batch);
+            llama_memory_seq_rm(mem, s.seq_, (llama_pos) begin, -1);
+            throw llama_opt_error(llama_opt_errc::context_overflow,
+                "the KV cache is full (" + std::to_string(n_ctx_) + " cells shared by all sessions of this "
+                "context); close other sessions or create the Context with a larger n_ctx", "n_ctx");
         }
         count(s, counter, n);
         count(s, &llama_opt_stats::forward_passes, 1);
@@ -387,4 +384,54 @@ void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, 
     const float * out = llama_get_logits_ith(ctx_, -1);
     s.logits_.assign(out, out + model_->n_vocab());
     s.logits_for_ = end;
+}
+
+int32_t llama_opt_context::decode_evicting(llama_opt_session & s, const llama_batch & batch, bool evict_sessions) {
+    int32_t rc = llama_decode(ctx_, batch);
+    while (rc == 1 && evict_one(s.seq_, !evict_sessions)) {  // no room: free the least recently used KV, retry
+        rc = llama_decode(ctx_, batch);
+    }
+    if (rc != 0 && rc != 1) {
+        const std::string why = llama_opt_log_take_errors();
+        throw llama_opt_error(llama_opt_errc::decode_failed,
+            "llama_decode failed with code " + std::to_string(rc) + (why.empty() ? "" : ":\n" + why));
+    }
+    return rc;
+}
+
+bool llama_opt_context::decode_rows(llama_opt_session & s, size_t pos, const std::vector<llama_token> & rows,
+                                    std::vector<float> & logits) {
+    check_open();
+    touch(s.seq_);
+    const int32_t n = (int32_t) rows.size();
+    llama_batch batch = llama_batch_init(n, 0, 1);
+    batch.n_tokens = n;
+    for (int32_t i = 0; i < n; ++i) {
+        batch.token[i]     = rows[i];
+        batch.pos[i]       = (llama_pos) (pos + i);
+        batch.n_seq_id[i]  = 1;
+        batch.seq_id[i][0] = s.seq_;
+        batch.logits[i]    = true;
+    }
+    int32_t rc;
+    try {
+        rc = decode_evicting(s, batch, /* evict_sessions */ false);  // speculative: never at another session's cost
+    } catch (...) {
+        llama_batch_free(batch);
+        llama_memory_seq_rm(llama_get_memory(ctx_), s.seq_, (llama_pos) pos, -1);
+        throw;
+    }
+    llama_batch_free(batch);
+    if (rc != 0) {
+        return false;
+    }
+    count(s, &llama_opt_stats::tokens_decoded, (uint64_t) n);
+    count(s, &llama_opt_stats::forward_passes, 1);
+    const size_t n_vocab = model_->n_vocab();
+    logits.resize((size_t) n * n_vocab);
+    for (int32_t i = 0; i < n; ++i) {
+        const float * out = llama_get_logits_ith(ctx_, i);
+        std::copy(out, out + n_vocab, logits.begin() + (size_t) i * n_vocab);
+    }
+    return true;
 }

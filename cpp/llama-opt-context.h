@@ -20,11 +20,13 @@
 #include "llama-opt-model.h"
 #include "llama-opt.h"
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 struct llama_context;
+struct llama_batch;
 class llama_opt_session;
 
 struct llama_opt_context_params {
@@ -61,7 +63,9 @@ public:
     uint32_t n_sessions() const;   // open sessions
     uint32_t n_cached() const;     // closed sessions whose blocks are kept for reuse
     uint32_t block_size() const { return block_; }
-    uint32_t min_chunk() const { return align_; }  // fewest tokens per canonical chunk
+    // fewest tokens per canonical chunk: a smaller one computes its rows differently, and so
+    // does a batch small enough to compute rows like decode steps (patches/0006)
+    uint32_t min_chunk() const { return std::max(align_, LLAMA_OPT_ROW_INVARIANT_BATCH + row_align()); }
     uint32_t row_align() const { return 4; }       // canonical chunk boundaries are multiples of this
     bool     canonical() const { return params_.canonical; }
     // A sequence id no session uses: KV parked there while a session is rearranged.
@@ -106,6 +110,12 @@ private:
     // With logits=false nothing is output (KV only; the session's logits stay as they were).
     void decode(llama_opt_session & s, size_t begin, size_t end, uint64_t llama_opt_stats::* counter,
                 bool evict_sessions, bool logits = true);
+    // memo: computes `rows` at positions [pos, pos + rows.size()) of s's sequence in one batch
+    // (at most LLAMA_OPT_ROW_INVARIANT_BATCH rows: each computes like a one-token decode step,
+    // patches/0006), with the logits of every row, row after row, into `logits`. Returns false,
+    // with nothing computed, when the cache has no room without evicting a session.
+    bool decode_rows(llama_opt_session & s, size_t pos, const std::vector<llama_token> & rows,
+                     std::vector<float> & logits);
 
     void count(llama_opt_session & s, uint64_t llama_opt_stats::* counter, uint64_t n);
     void mark_shared(int32_t seq, size_t n_shared);  // another sequence now holds [0, n_shared) of seq's cells too
@@ -113,6 +123,9 @@ private:
     // Frees the least recently used cached sequence (or, unless cached_only, idle session)
     // other than `except`; false if there is none.
     bool evict_one(int32_t except, bool cached_only = false);
+    // llama_decode, evicting least recently used KV (cached sequences, then if evict_sessions
+    // idle sessions) while there is no room; throws decode_failed on other errors.
+    int32_t decode_evicting(llama_opt_session & s, const llama_batch & batch, bool evict_sessions);
     // Frees the least recently used cached sequence that alone holds a pooled block, so that
     // the pool gets room; false if there is none.
     bool evict_for_pool(int32_t except);

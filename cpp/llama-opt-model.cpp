@@ -18,6 +18,8 @@ static void backend_init() {
         llama_backend_init();
         // a decode step's attention must not depend on other sessions' cells (patches/0003)
         ggml_cpu_set_flash_attn_kv_tile(LLAMA_OPT_FA_KV_TILE);
+        // a small batch's rows compute like one-token steps: the memo checks drafts exactly (patches/0006)
+        ggml_cpu_set_row_invariant_batch(LLAMA_OPT_ROW_INVARIANT_BATCH);
     });
 }
 

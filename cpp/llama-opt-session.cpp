@@ -2,6 +2,7 @@
 
 #include "llama-context-hash.h"
 #include "llama-kv-cache-diff.h"
+#include "llama-memo.h"
 #include "llama-opt-context.h"
 #include "llama-opt-log.h"
 #include "llama-schema-skip.h"
@@ -41,6 +42,7 @@ void llama_opt_session::check_open() const {
 void llama_opt_session::close() {
     lock_t lock(ctx_->mutex());
     if (!closed_ && !evicted_ && !ctx_->closed()) {
+        drop_draft();
         if (ctx_->persist()) {
             save_quietly();
         }
@@ -67,6 +69,7 @@ void llama_opt_session::check_fits(size_t n_tokens) const {
 }
 
 void llama_opt_session::forget(size_t pos) {
+    drop_draft();
     if (pos >= n_evaluated_) {
         return;
     }
@@ -249,6 +252,9 @@ void llama_opt_session::decode_pending_step() {
     if (n_evaluated_ == 0 || n_evaluated_ >= tokens_.size() || logits_for_ != n_evaluated_) {
         return;
     }
+    if (n_evaluated_ + 1 == tokens_.size() && check_draft()) {
+        return;
+    }
     const llama_opt_config & cfg = ctx_->settings().config;
     if (!cfg.schema_skip_batch && !cfg.schema_jump_forward) {
         // one-token steps, as if nothing had been skipped (bitwise the same KV), without logits
@@ -258,6 +264,60 @@ void llama_opt_session::decode_pending_step() {
     }
     ctx_->decode(*this, n_evaluated_, tokens_.size(), &llama_opt_stats::tokens_decoded, true);
     n_evaluated_ = tokens_.size();
+}
+
+// memo (llama-memo.h): when the history repeats itself, the pending token and a draft of what
+// followed earlier go through one batch, whose rows compute bit for bit like one-token decode
+// steps (patches/0006): row i holds the logits after i drafted tokens. Sampling then confirms
+// drafted tokens one by one (take_checked) as long as it picks them, exactly as plain decoding
+// would have gone on.
+bool llama_opt_session::check_draft() {
+    const llama_opt_config & cfg = ctx_->settings().config;
+    if (!cfg.memo_enabled) {
+        return false;
+    }
+    ctx_->count(*this, &llama_opt_stats::memo_lookups, 1);
+    const llama_opt_memo_draft draft =
+        llama_opt_memo_find(tokens_.data(), tokens_.size(), (uint32_t) std::min<size_t>(cfg.memo_draft_max, room()));
+    if (draft.tokens.empty()) {
+        return false;
+    }
+    std::vector<llama_token> rows(1, tokens_.back());
+    rows.insert(rows.end(), draft.tokens.begin(), draft.tokens.end());
+    if (!ctx_->decode_rows(*this, n_evaluated_, rows, memo_logits_)) {
+        return false;  // no room for the draft: a plain step
+    }
+    ctx_->count(*this, &llama_opt_stats::memo_hits, 1);
+    n_evaluated_ = tokens_.size();
+    logits_.assign(memo_logits_.begin(), memo_logits_.begin() + ctx_->model().n_vocab());
+    logits_for_ = n_evaluated_;
+    memo_draft_ = draft.tokens;
+    memo_next_  = 0;
+    return true;
+}
+
+void llama_opt_session::take_checked(llama_token token) {
+    if (memo_next_ >= memo_draft_.size()) {
+        return;
+    }
+    if (token != memo_draft_[memo_next_]) {
+        drop_draft();
+        return;
+    }
+    ++memo_next_;  // its KV and the logits after it came with the check
+    const size_t n_vocab = ctx_->model().n_vocab();
+    n_evaluated_ = tokens_.size();
+    logits_.assign(memo_logits_.begin() + memo_next_ * n_vocab, memo_logits_.begin() + (memo_next_ + 1) * n_vocab);
+    logits_for_ = n_evaluated_;
+    ctx_->count(*this, &llama_opt_stats::memo_tokens_skipped, 1);
+}
+
+void llama_opt_session::drop_draft() {
+    if (memo_next_ < memo_draft_.size()) {
+        llama_memory_seq_rm(llama_get_memory(ctx_->ctx_), seq_, (llama_pos) n_evaluated_, -1);
+    }
+    memo_draft_.clear();
+    memo_next_ = 0;
 }
 
 void llama_opt_session::ensure_logits(uint64_t llama_opt_stats::* counter) {
@@ -299,6 +359,7 @@ void llama_opt_session::append(const std::vector<llama_token> & tokens) {
     check_open();
     ctx_->model().check_tokens(tokens.data(), tokens.size());
     check_fits(tokens_.size() + tokens.size());
+    drop_draft();
     const size_t old_size = tokens_.size();
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
     try {
@@ -641,6 +702,7 @@ llama_token llama_opt_session::next_token() {
     llama_sampler_accept(sampler_, token);
 
     tokens_.push_back(token);
+    take_checked(token);
     ctx_->count(*this, &llama_opt_stats::tokens_generated, 1);
     return token;
 }
@@ -651,6 +713,7 @@ llama_token llama_opt_session::take_inferred(llama_token token) {
     grammar_->accept(token);
     llama_sampler_accept(sampler_, token);
     tokens_.push_back(token);
+    take_checked(token);
     ctx_->count(*this, &llama_opt_stats::tokens_generated, 1);
     ctx_->count(*this, &llama_opt_stats::schema_tokens_total, 1);
     ctx_->count(*this, &llama_opt_stats::schema_tokens_inferred, 1);
@@ -722,6 +785,8 @@ void llama_opt_session::set_grammar(const std::string & gbnf) {
 
 void llama_opt_session::end_turn() {
     lock_t lock(ctx_->mutex());
+    drop_draft();  // the generation is over: its unconfirmed draft's cells are free again
+    std::vector<float>().swap(memo_logits_);
     if (grammar_) {  // the generation it constrained is over
         ctx_->count(*this, &llama_opt_stats::schema_check_us, grammar_->check_ns() / 1000);
         grammar_.reset();

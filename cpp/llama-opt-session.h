@@ -98,6 +98,9 @@ private:
     void prefill(uint64_t llama_opt_stats::* counter);  // computes tokens_[n_evaluated_, end)
     void ensure_logits(uint64_t llama_opt_stats::* counter);
     void decode_pending_step();            // pending generated tokens, as one-token decodes
+    bool check_draft();                    // memo: the pending step and a draft in one batch; false: no draft
+    void take_checked(llama_token token);  // memo: a token joined the history: confirm it as drafted, or drop the draft
+    void drop_draft();                     // memo: frees the KV of drafted tokens not confirmed
     llama_token sample_allowed();          // seeded sampling under the grammar
     llama_token take_inferred(llama_token token);  // a token the grammar decided
     llama_token next_inferred();           // the next token decided without logits; -1: none, -2: dead end
@@ -137,6 +140,10 @@ private:
     std::unique_ptr<llama_opt_grammar> grammar_;
     std::vector<llama_token>           inferred_queue_;   // decided tokens still to take, last first
     std::vector<llama_token_data>      candidates_;       // sampling scratch, reused per step
+    // memo: a checked draft; KV of memo_draft_[memo_next_, end) sits beyond n_evaluated_
+    std::vector<llama_token>           memo_draft_;
+    size_t                             memo_next_ = 0;    // the next drafted token to confirm
+    std::vector<float>                 memo_logits_;      // row i: logits after i drafted tokens
     llama_opt_stats                    stats_;
     llama_opt_stats                    turn_start_;
 };

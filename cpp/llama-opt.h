@@ -62,6 +62,10 @@ const std::vector<llama_opt_feature> & llama_opt_features();
 // every tile holds one block's cells and a step's result does not depend on other sequences.
 constexpr uint32_t LLAMA_OPT_FA_KV_TILE = 64;
 
+// Batches of up to this many tokens compute each row exactly as a one-token decode step would
+// (patches/0006): the memo checks a draft and the step before it in one such batch.
+constexpr uint32_t LLAMA_OPT_ROW_INVARIANT_BATCH = 16;
+
 struct llama_opt_config {
     uint32_t block_size = 64;  // tokens per hashed block
 
@@ -87,8 +91,8 @@ struct llama_opt_config {
     std::string persist_dir;                // "" = llama_opt_persist_default_dir()
     uint32_t    persist_max_mb  = 10240;    // size budget of the directory (0 = none)
 
-    bool     memo_enabled  = false;
-    uint32_t memo_trie_max = 65536;
+    bool     memo_enabled   = false;
+    uint32_t memo_draft_max = 8;  // drafted tokens checked per forward pass (llama-memo.h)
 
     bool     attn_prune_enabled   = false;
     uint32_t attn_prune_window    = 10;

@@ -7,7 +7,7 @@ from pyllamaopt import ConfigError, FeatureUnavailableError, OptConfig, features
 
 SPEC_DEFAULTS = {  # the specification's table (runtime defaults)
     "block_size": 64, "dedup_pool_max": 16384, "diff_min_unchanged": 8, "precompute_rope_max": 131072,
-    "persist_enabled": False, "persist_dir": "", "memo_trie_max": 65536, "attn_prune_enabled": False,
+    "persist_enabled": False, "persist_dir": "", "memo_draft_max": 8, "attn_prune_enabled": False,
     "attn_prune_window": 10, "sparse_attn_enabled": False, "act_dedup_enabled": False,
     "algebraic_enabled": False, "h2o_enabled": False, "stats_enabled": False,
     "diff_reuse_shifted": False,  # ours: Tier 2, off by default like every approximate feature

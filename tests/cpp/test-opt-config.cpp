@@ -15,7 +15,7 @@ static void test_defaults() {
     CHECK(c.dedup_pool_max == 16384);
     CHECK(c.diff_min_unchanged == 8);
     CHECK(c.precompute_rope_max == 131072);
-    CHECK(c.memo_trie_max == 65536);
+    CHECK(c.memo_draft_max == 8);
     CHECK(c.attn_prune_window == 10);
     CHECK(c.attn_prune_threshold == 0.001f);
     CHECK(c.sparse_relevance_threshold == 0.1f);

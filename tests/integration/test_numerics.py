@@ -54,12 +54,13 @@ def test_thread_count_never_changes_a_bit(gemma, prompt, flash_attn):
     # (the chunk sizes that prefill the 512 tokens)
     (True, [(64,) * 8, (128, 384), (256, 256), (448, 64), (412, 100), (64, 384, 64)],
      [(496, 16), (480, 32), (449, 63), (447, 65), (256, 248, 8)]),
-    (False, [(64,) * 8, (256, 256), (496, 16), (504, 8), (412, 100)],
-     [(508, 4), (447, 65), (449, 63)]),
+    (False, [(64,) * 8, (256, 256), (492, 20), (412, 100)],
+     [(508, 4), (504, 8), (496, 16), (447, 65), (449, 63)]),
 ])
 def test_which_chunkings_change_the_logits(gemma, prompt, flash_attn, equal, different):
     """With flash attention, a chunk of fewer than 64 tokens computes its rows differently;
-    without, fewer than 8. Chunk boundaries must be multiples of 4 either way."""
+    without, a chunk of up to 16 (computed like decode steps, patches/0006; upstream: fewer
+    than 8). Chunk boundaries must be multiples of 4 either way."""
     reference = logits_after(gemma, prompt, flash_attn=flash_attn)
     for sizes in equal + different:
         splits = tuple(np.cumsum(sizes)[:-1])
@@ -88,18 +89,29 @@ def test_the_canonical_schedule_is_independent_of_history_and_placement(gemma, p
                                      schedule="canonical", config=config), reference), (splits, cells_before, config)
 
 
-@pytest.fixture()
-def upstream_decode_attention():
-    """ggml's own split of a decode step's KV (patches/0003 off) for the duration of a test."""
+def ggml_setting(name: str, value: int):
+    """One of our ggml-cpu settings (patches/0003, 0006) set to `value` for a test."""
     import ctypes
 
     from pyllamaopt import _core
 
     lib = ctypes.CDLL(_core.__file__)
-    tile = lib.ggml_cpu_get_flash_attn_kv_tile()
-    lib.ggml_cpu_set_flash_attn_kv_tile(0)
+    saved = getattr(lib, f"ggml_cpu_get_{name}")()
+    getattr(lib, f"ggml_cpu_set_{name}")(value)
     yield
-    lib.ggml_cpu_set_flash_attn_kv_tile(tile)
+    getattr(lib, f"ggml_cpu_set_{name}")(saved)
+
+
+@pytest.fixture()
+def upstream_decode_attention():
+    """ggml's own split of a decode step's KV (patches/0003 off) for the duration of a test."""
+    yield from ggml_setting("flash_attn_kv_tile", 0)
+
+
+@pytest.fixture()
+def upstream_small_batches():
+    """ggml's own kernels for batches of 2-16 rows (patches/0006 off) for the duration of a test."""
+    yield from ggml_setting("row_invariant_batch", 0)
 
 
 DECODE_SPLIT = (511,)  # the last token alone: one query over 512+ cells, the decode path
@@ -119,11 +131,33 @@ def test_upstream_decode_attention_depends_on_other_sessions_cells(gemma, prompt
     assert not all(same(logits_after(gemma, prompt, DECODE_SPLIT, cells_before=n), reference) for n in OTHER_CELLS)
 
 
-@pytest.mark.parametrize("n_batched", [2, 5, 16])
-def test_tokens_decoded_one_by_one_differ_from_the_same_tokens_in_one_batch(gemma, prompt, n_batched):
-    """Why schema_skip_batch is opt-in: computing the KV of n skipped tokens in one batch with the
-    next step gives other bits than n one-token steps (what generation without skipping does)."""
-    head = len(prompt) - n_batched - 1
-    steps = logits_after(gemma, prompt, tuple(range(head, len(prompt))))
-    batch = logits_after(gemma, prompt, (head,))
+ROW_INVARIANT_BATCH = 16  # LLAMA_OPT_ROW_INVARIANT_BATCH
+
+
+def steps_and_batch(gemma, prompt, n_rows, flash_attn=True):
+    """The logits after the prompt's last n_rows tokens decoded one by one, and in one batch."""
+    head = len(prompt) - n_rows
+    return (logits_after(gemma, prompt, tuple(range(head, len(prompt))), flash_attn=flash_attn),
+            logits_after(gemma, prompt, (head,), flash_attn=flash_attn))
+
+
+@pytest.mark.parametrize("flash_attn", [True, False])
+@pytest.mark.parametrize("n_rows", [2, 3, 7, 8, 9, 16])
+def test_a_small_batch_computes_each_row_like_a_decode_step(gemma, prompt, n_rows, flash_attn):
+    """patches/0006: what lets the memo check a draft in one batch exactly (and what makes a
+    grammar's forced tokens computable in one batch with the next step)."""
+    steps, batch = steps_and_batch(gemma, prompt, n_rows, flash_attn)
+    assert same(steps, batch)
+
+
+@pytest.mark.parametrize("n_rows", [2, 8, ROW_INVARIANT_BATCH + 1])
+def test_larger_batches_and_upstream_small_batches_differ_from_decode_steps(gemma, prompt, n_rows, upstream_small_batches):
+    """Why patches/0006 exists: upstream's batched kernels (tinyBLAS, the tiled K-quant kernel
+    from 8 rows, repacked gemm from 4, multi-query attention) give other bits than one row."""
+    steps, batch = steps_and_batch(gemma, prompt, n_rows)
+    assert not same(steps, batch)
+
+
+def test_batches_over_the_invariant_size_differ_from_decode_steps(gemma, prompt):
+    steps, batch = steps_and_batch(gemma, prompt, ROW_INVARIANT_BATCH + 1)
     assert not same(steps, batch)
