@@ -2,7 +2,9 @@
 """Replays a scripted coding-agent conversation on Gemma 3 270M and compares, in one run:
 
   off               pyllamaopt with every reuse optimization off: full prefill every turn
-  exact             pyllamaopt defaults: exact prefix reuse (diff) and shared blocks (dedup)
+  exact             pyllamaopt defaults: exact prefix reuse (diff), shared blocks (dedup) and
+                    drafts of repeated output checked in one pass (memo)
+  exact-no-memo     exact without memo
   tier2[@SHARE]     exact + Tier-2 post-edit reuse (diff_reuse_shifted; diff_recompute_share=SHARE,
                     default 0.25): approximate, its quality is reported against the reference
   keep-generated    exact + Tier-2 reuse of generated tokens' KV (diff_reuse_generated): the
@@ -10,7 +12,8 @@
   llama-cpp-python  0.3.36 (same llama.cpp) with its automatic prefix reuse
 
     python benchmarks/agent_trace.py [--shapes append,reasoning,workspace,shared,fresh] [--turns 22]
-                                     [--engines off,exact,tier2,tier2@0.1,keep-generated,llama-cpp-python]
+                                     [--engines off,exact,exact-no-memo,tier2,tier2@0.1,keep-generated,
+                                                 llama-cpp-python]
 
 Shapes (benchmarks/agent_trace_data.py): append-only history; re-rendered history whose earlier
 answers lose their reasoning block; a workspace file after the system prompt, edited every
@@ -196,8 +199,9 @@ def main() -> int:
     model = Model(path, progress=False)
     cell_bytes = model.kv_bytes_per_token
     factories = {
-        "off": lambda: Pyllamaopt(model, "off", dedup_enabled=False, diff_enabled=False),
+        "off": lambda: Pyllamaopt(model, "off", dedup_enabled=False, diff_enabled=False, memo_enabled=False),
         "exact": lambda: Pyllamaopt(model, "exact"),
+        "exact-no-memo": lambda: Pyllamaopt(model, "exact-no-memo", memo_enabled=False),
         "keep-generated": lambda: Pyllamaopt(model, "keep-generated", diff_reuse_generated=True),
         "llama-cpp-python": lambda: LlamaCppPython(path),
     }

@@ -257,9 +257,12 @@ void llama_opt_session::decode_pending_step() {
     }
     const llama_opt_config & cfg = ctx_->settings().config;
     if (!cfg.schema_skip_batch && !cfg.schema_jump_forward) {
-        // one-token steps, as if nothing had been skipped (bitwise the same KV), without logits
-        for (; n_evaluated_ + 1 < tokens_.size(); ++n_evaluated_) {
-            ctx_->decode(*this, n_evaluated_, n_evaluated_ + 1, &llama_opt_stats::tokens_decoded, true, false);
+        // as if nothing had been skipped (bitwise the same KV): batches small enough that each
+        // row computes like a one-token step (patches/0006), without logits but for the last
+        while (tokens_.size() - n_evaluated_ > LLAMA_OPT_ROW_INVARIANT_BATCH) {
+            ctx_->decode(*this, n_evaluated_, n_evaluated_ + LLAMA_OPT_ROW_INVARIANT_BATCH,
+                         &llama_opt_stats::tokens_decoded, true, false);
+            n_evaluated_ += LLAMA_OPT_ROW_INVARIANT_BATCH;
         }
     }
     ctx_->decode(*this, n_evaluated_, tokens_.size(), &llama_opt_stats::tokens_decoded, true);

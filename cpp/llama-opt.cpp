@@ -84,7 +84,7 @@ const std::vector<llama_opt_field> & llama_opt_fields() {
         OPT_REAL(diff_recompute_share,       "LLAMA_OPT_DIFF_RECOMPUTE_SHARE", 0, 1,          "share of each shifted span computed again (Tier 2)"),
         OPT_BOOL(diff_reuse_generated,       "LLAMA_OPT_DIFF_REUSE_GENERATED",                 "keep generated tokens' KV instead of computing it again (Tier 2)"),
         OPT_BOOL(schema_skip_enabled,        "LLAMA_OPT_SCHEMA_SKIP_ENABLED",                  "schema-aware token skipping"),
-        OPT_BOOL(schema_skip_batch,          "LLAMA_OPT_SCHEMA_SKIP_BATCH",                    "forced tokens' KV in one batch (fewer passes, not bitwise)"),
+        OPT_BOOL(schema_skip_batch,          "LLAMA_OPT_SCHEMA_SKIP_BATCH",                    "forced tokens' KV in one batch however many (over 16 not bitwise)"),
         OPT_BOOL(schema_jump_forward,        "LLAMA_OPT_SCHEMA_JUMP_FORWARD",                  "take strings the grammar forces whole (changes tokenization)"),
         OPT_BOOL(schema_full_mask,           "LLAMA_OPT_SCHEMA_FULL_MASK",                     "check every token every step, as llama.cpp does (baseline)"),
         OPT_BOOL(canon_enabled,              "LLAMA_OPT_CANON_ENABLED",                        "KV cache canonicalization"),
