@@ -71,6 +71,7 @@ class Turn:
     wall: float
     generated: list[int]
     first_logits: np.ndarray | None = None  # the next-token logits after the prompt
+    drafted: int = 0  # generated tokens confirmed from a checked draft (memo): no pass of their own
 
 
 @dataclass
@@ -99,8 +100,10 @@ class Pyllamaopt:
         generation = session.generate(n_gen)
         first = next(generation, None)
         ttft = time.perf_counter() - start
+        drafted_before = session.stats.memo_tokens_skipped
         generated = ([first.id] if first else []) + [t.id for t in generation]
-        return Turn(session.stats.tokens_prefilled - before, ttft, time.perf_counter() - start, generated, logits)
+        return Turn(session.stats.tokens_prefilled - before, ttft, time.perf_counter() - start, generated, logits,
+                    session.stats.memo_tokens_skipped - drafted_before)
 
     def kv_cells(self) -> int:
         return self.ctx.kv_cells_used
@@ -245,6 +248,13 @@ def main() -> int:
             if name.startswith("tier2") and "exact" in results:
                 print(f"  tokens computed exact / {name}: "
                       f"{results['exact'].total('computed') / max(1, results[name].total('computed')):.2f}")
+        for name, r in results.items():
+            if r.total("drafted"):
+                print(f"  {name}: {int(r.total('drafted'))} of {sum(len(t.generated) for t in r.turns)} generated "
+                      f"tokens confirmed from drafts (memo)")
+        if "exact" in results and "exact-no-memo" in results:
+            print(f"  decode time exact-no-memo / exact: "
+                  f"{(results['exact-no-memo'].total('wall') - results['exact-no-memo'].total('ttft')) / (results['exact'].total('wall') - results['exact'].total('ttft')):.3f}")
         for name in ("exact", "keep-generated"):
             if name in results and "llama-cpp-python" in results:
                 print(f"  wall time {name} / llama-cpp-python: "

@@ -360,7 +360,7 @@ void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, 
         }
         int32_t rc;
         try {
-            rc = decode_evicting(s, batch, evict_sessions);
+            rc = decode_evicting(s, batch, true, evict_sessions);
         } catch (...) {
             llama_batch_free(batch);
             llama_memory_seq_rm(mem, s.seq_, (llama_pos) begin, -1);
@@ -386,9 +386,9 @@ void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, 
     s.logits_for_ = end;
 }
 
-int32_t llama_opt_context::decode_evicting(llama_opt_session & s, const llama_batch & batch, bool evict_sessions) {
+int32_t llama_opt_context::decode_evicting(llama_opt_session & s, const llama_batch & batch, bool evict, bool evict_sessions) {
     int32_t rc = llama_decode(ctx_, batch);
-    while (rc == 1 && evict_one(s.seq_, !evict_sessions)) {  // no room: free the least recently used KV, retry
+    while (rc == 1 && evict && evict_one(s.seq_, !evict_sessions)) {  // no room: free the least recently used KV, retry
         rc = llama_decode(ctx_, batch);
     }
     if (rc != 0 && rc != 1) {
@@ -415,7 +415,7 @@ bool llama_opt_context::decode_rows(llama_opt_session & s, size_t pos, const std
     }
     int32_t rc;
     try {
-        rc = decode_evicting(s, batch, /* evict_sessions */ false);  // speculative: never at another session's cost
+        rc = decode_evicting(s, batch, /* evict */ false, false);  // a draft never costs other sequences their KV
     } catch (...) {
         llama_batch_free(batch);
         llama_memory_seq_rm(llama_get_memory(ctx_), s.seq_, (llama_pos) pos, -1);

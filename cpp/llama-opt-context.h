@@ -113,7 +113,7 @@ private:
     // memo: computes `rows` at positions [pos, pos + rows.size()) of s's sequence in one batch
     // (at most LLAMA_OPT_ROW_INVARIANT_BATCH rows: each computes like a one-token decode step,
     // patches/0006), with the logits of every row, row after row, into `logits`. Returns false,
-    // with nothing computed, when the cache has no room without evicting a session.
+    // with nothing computed, when the cache has no room for them as it is (nothing is evicted).
     bool decode_rows(llama_opt_session & s, size_t pos, const std::vector<llama_token> & rows,
                      std::vector<float> & logits);
 
@@ -123,9 +123,10 @@ private:
     // Frees the least recently used cached sequence (or, unless cached_only, idle session)
     // other than `except`; false if there is none.
     bool evict_one(int32_t except, bool cached_only = false);
-    // llama_decode, evicting least recently used KV (cached sequences, then if evict_sessions
-    // idle sessions) while there is no room; throws decode_failed on other errors.
-    int32_t decode_evicting(llama_opt_session & s, const llama_batch & batch, bool evict_sessions);
+    // llama_decode; while there is no room (1) and `evict`, frees least recently used KV
+    // (cached sequences, then if evict_sessions idle sessions) and retries. Throws
+    // decode_failed on other errors.
+    int32_t decode_evicting(llama_opt_session & s, const llama_batch & batch, bool evict, bool evict_sessions);
     // Frees the least recently used cached sequence that alone holds a pooled block, so that
     // the pool gets room; false if there is none.
     bool evict_for_pool(int32_t except);

@@ -13,9 +13,13 @@ pytestmark = pytest.mark.integration
 SOURCE = "\n".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(12))
 
 
+def copy_prompt(gemma):
+    return gemma.tokenize("<start_of_turn>user\nRepeat this file exactly:\n" + SOURCE +
+                          "<end_of_turn>\n<start_of_turn>model\n", special=True)
+
+
 def generate(gemma, memo, **sampling):
-    prompt = gemma.tokenize("<start_of_turn>user\nRepeat this file exactly:\n" + SOURCE +
-                            "<end_of_turn>\n<start_of_turn>model\n", special=True)
+    prompt = copy_prompt(gemma)
     with Context(gemma, n_ctx=2048, n_threads=2, config=OptConfig(env={}, memo_enabled=memo)) as ctx:
         s = ctx.session()
         s.append(prompt)
@@ -31,3 +35,44 @@ def test_memo_is_exact_on_gemma(gemma, sampling):
     np.testing.assert_array_equal(logits_on, logits_off)
     assert stats_on.memo_tokens_skipped > len(tokens_on) // 4  # it copies: most drafts hold
     assert stats_on.forward_passes < stats_off.forward_passes
+
+
+def generate_beside_a_cached_sequence(gemma, n_ctx, memo):
+    """A closed session's 448 tokens stay cached (7 blocks at cells 0-447); the copying session's
+    prompt and 95 generated tokens then fill the 768 cells of a 768-token context."""
+    prompt = copy_prompt(gemma)
+    with Context(gemma, n_ctx=n_ctx, n_threads=2, config=OptConfig(env={}, memo_enabled=memo)) as ctx:
+        cached = ctx.session()
+        cached.append(gemma.tokenize("word " * 500)[:448])
+        cached.close()
+        s = ctx.session()
+        s.append(prompt)
+        tokens = [t.id for t in s.generate(95)]
+        return tokens, s.stats, ctx.stats.dedup_sequences_evicted
+
+
+def test_a_draft_never_evicts_other_sequences(gemma):
+    """A draft's rows need cells beyond the next token's; with none free the step goes on as a
+    plain decode step instead of evicting the cached sequence a plain step would not need."""
+    tokens_off, _, evicted_off = generate_beside_a_cached_sequence(gemma, 768, memo=False)
+    tokens_on, stats_on, evicted_on = generate_beside_a_cached_sequence(gemma, 768, memo=True)
+    _, stats_roomy, _ = generate_beside_a_cached_sequence(gemma, 1024, memo=True)
+    assert tokens_on == tokens_off
+    assert evicted_on == evicted_off == 0
+    assert stats_roomy.memo_hits == stats_roomy.memo_lookups  # with room every draft is checked
+    assert stats_on.memo_hits < stats_on.memo_lookups  # near the full end some could not be
+
+
+def test_drafts_stop_at_the_end_of_the_context(gemma):
+    """Drafts are cut to the positions left: generation fills a 256-token context and stops
+    there, as without the memo."""
+    prompt = copy_prompt(gemma)
+    runs = []
+    for memo in (False, True):
+        with Context(gemma, n_ctx=256, n_threads=2, config=OptConfig(env={}, memo_enabled=memo)) as ctx:
+            s = ctx.session()
+            s.append(prompt)
+            runs.append(([t.id for t in s.generate(60)], len(s.tokens), s.stats.memo_tokens_skipped))
+    (tokens_off, n_off, _), (tokens_on, n_on, skipped_on) = runs
+    assert tokens_on == tokens_off and n_on == n_off == 256
+    assert skipped_on > 0
