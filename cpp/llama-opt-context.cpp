@@ -67,7 +67,7 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx           = params.n_ctx;
     // One ubatch per llama_decode call: we choose every chunk boundary ourselves.
-    cp.n_batch         = params.canonical ? chunk_ + align_ : params.n_batch;  // room for a merged remainder
+    cp.n_batch         = params.canonical ? chunk_ + min_chunk() : params.n_batch;  // room for a merged remainder
     cp.n_ubatch        = cp.n_batch;
     cp.n_seq_max       = params.n_seq_max + 1;  // + scratch_seq()
     cp.n_threads       = params.n_threads > 0 ? params.n_threads : hw;
@@ -345,7 +345,7 @@ void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, 
         size_t stop = std::min(end, pos + params_.n_batch);
         if (params_.canonical) {
             stop = std::min(end, pos + chunk_);  // chunk_ is a multiple of row_align()
-            if (end - stop < align_) {
+            if (end - stop < min_chunk()) {
                 stop = end;  // a remainder smaller than min_chunk() joins this chunk
             }
         }
@@ -402,8 +402,11 @@ int32_t llama_opt_context::decode_evicting(llama_opt_session & s, const llama_ba
 bool llama_opt_context::decode_rows(llama_opt_session & s, size_t pos, const std::vector<llama_token> & rows,
                                     std::vector<float> & logits) {
     check_open();
-    touch(s.seq_);
     const int32_t n = (int32_t) rows.size();
+    if (n > (int32_t) llama_n_batch(ctx_)) {
+        return false;  // llama.cpp takes at most n_batch tokens per call (the llama schedule's n_batch may be small)
+    }
+    touch(s.seq_);
     llama_batch batch = llama_batch_init(n, 0, 1);
     batch.n_tokens = n;
     for (int32_t i = 0; i < n; ++i) {
@@ -423,6 +426,7 @@ bool llama_opt_context::decode_rows(llama_opt_session & s, size_t pos, const std
     }
     llama_batch_free(batch);
     if (rc != 0) {
+        llama_opt_log_take_errors();  // llama.cpp's "failed to find a memory slot": expected here, not an error
         return false;
     }
     count(s, &llama_opt_stats::tokens_decoded, (uint64_t) n);

@@ -252,7 +252,7 @@ void llama_opt_session::decode_pending_step() {
     if (n_evaluated_ == 0 || n_evaluated_ >= tokens_.size() || logits_for_ != n_evaluated_) {
         return;
     }
-    if (n_evaluated_ + 1 == tokens_.size() && check_draft()) {
+    if (generating_ && n_evaluated_ + 1 == tokens_.size() && check_draft()) {
         return;
     }
     const llama_opt_config & cfg = ctx_->settings().config;
@@ -670,6 +670,7 @@ llama_token llama_opt_session::next_token() {
         throw llama_opt_error(llama_opt_errc::invalid_argument,
             "the session is empty: append a prompt before generating");
     }
+    generating_ = true;
     if (grammar_ && ctx_->settings().config.schema_skip_enabled && n_evaluated_ > 0) {
         const llama_token inferred = next_inferred();
         if (inferred == -2) {
@@ -790,6 +791,7 @@ void llama_opt_session::end_turn() {
     lock_t lock(ctx_->mutex());
     drop_draft();  // the generation is over: its unconfirmed draft's cells are free again
     std::vector<float>().swap(memo_logits_);
+    generating_ = false;  // logits() after the turn computes the pending token alone
     if (grammar_) {  // the generation it constrained is over
         ctx_->count(*this, &llama_opt_stats::schema_check_us, grammar_->check_ns() / 1000);
         grammar_.reset();

@@ -144,6 +144,7 @@ private:
     std::vector<llama_token>           memo_draft_;
     size_t                             memo_next_ = 0;    // the next drafted token to confirm
     std::vector<float>                 memo_logits_;      // row i: logits after i drafted tokens
+    bool                               generating_ = false;  // a turn's generation is on: drafts pay off only then
     llama_opt_stats                    stats_;
     llama_opt_stats                    turn_start_;
 };

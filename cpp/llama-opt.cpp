@@ -1,5 +1,7 @@
 #include "llama-opt.h"
 
+#include "llama-memo.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -94,7 +96,7 @@ const std::vector<llama_opt_field> & llama_opt_fields() {
         OPT_TEXT(persist_dir,                "LLAMA_OPT_PERSIST_DIR",                          "directory of the persistent KV cache"),
         OPT_UINT(persist_max_mb,             "LLAMA_OPT_PERSIST_MAX_MB",       0, 1u << 30,   "size budget of that directory in MiB (0: none)"),
         OPT_BOOL(memo_enabled,               "LLAMA_OPT_MEMO_ENABLED",                         "token-level output memoization"),
-        OPT_UINT(memo_draft_max,             "LLAMA_OPT_MEMO_DRAFT_MAX",       1, LLAMA_OPT_ROW_INVARIANT_BATCH - 1,
+        OPT_UINT(memo_draft_max,             "LLAMA_OPT_MEMO_DRAFT_MAX",       1, LLAMA_OPT_MEMO_MATCH_MAX,
                  "most tokens of earlier output checked in one forward pass"),
         OPT_BOOL(attn_prune_enabled,         "LLAMA_OPT_ATTN_PRUNE_ENABLED",                   "attention sink pruning (Tier 2)"),
         OPT_UINT(attn_prune_window,          "LLAMA_OPT_ATTN_PRUNE_WINDOW",    1, 1u << 20,   "turns of inactivity before eviction"),

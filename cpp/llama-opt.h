@@ -92,7 +92,7 @@ struct llama_opt_config {
     uint32_t    persist_max_mb  = 10240;    // size budget of the directory (0 = none)
 
     bool     memo_enabled   = false;
-    uint32_t memo_draft_max = 8;  // drafted tokens checked per forward pass (llama-memo.h)
+    uint32_t memo_draft_max = 8;  // most drafted tokens checked per forward pass, 1-8 (llama-memo.h)
 
     bool     attn_prune_enabled   = false;
     uint32_t attn_prune_window    = 10;

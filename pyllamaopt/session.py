@@ -43,6 +43,11 @@ class Generation(Iterator[Token]):
     def __next__(self) -> Token:
         return next(self._steps)
 
+    def close(self) -> None:
+        """Stops the generation where it is (``finish_reason`` 'interrupted' unless it was over)
+        and ends the turn, as exhausting it would."""
+        self._steps.close()
+
     def _run(self, max_tokens: int | None, stop: list[str], sampling: tuple) -> Iterator[Token]:
         core, model = self.session._core, self.session.context.model
         core.set_sampling(*sampling)  # here, not in generate(): generations may be interleaved

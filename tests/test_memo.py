@@ -64,31 +64,43 @@ def test_memo_off_by_config_does_nothing(tiny_model):
     assert (stats.memo_lookups, stats.memo_hits, stats.memo_tokens_skipped) == (0, 0, 0)
 
 
-def test_history_goes_on_exactly_after_a_checked_draft(tiny_model):
-    """Appending, forking and syncing right after a generation (its draft's cells partly
-    unconfirmed) continue as without memo."""
+@pytest.mark.parametrize("live_draft", [False, True])
+def test_history_goes_on_exactly_after_a_checked_draft(tiny_model, live_draft):
+    """Forking, appending and syncing right after generating continue as without memo: after the
+    turn, and in the middle of one (a checked draft's cells still beyond the history)."""
     prompt = repetitive_prompt(tiny_model)
     more = text_tokens(tiny_model, 30, seed=9)
     results = []
-    for memo in (False, True):
+    n_taken = None  # the memo run stops right after a drafted token was confirmed; off takes as many
+    for memo in (True, False):
         with context(tiny_model, memo_enabled=memo) as ctx:
             s = ctx.session()
             s.append(prompt)
-            answer = ids(s.generate(20))
+            generation = s.generate(N_GEN)
+            answer = []
+            while len(answer) < (n_taken or N_GEN) and not (memo and s.stats.memo_tokens_skipped):
+                answer.append(next(generation).id)
+            n_taken = len(answer)
+            if not live_draft:
+                generation.close()  # ends the turn
+            peek = s.logits()
             fork = s.fork()
             s.append(more)
             after_append = s.logits()
             fork.sync(prompt + answer + more[:10])
-            results.append((answer, after_append, fork.logits(), ids(s.generate(10))))
-    (a0, l0, f0, g0), (a1, l1, f1, g1) = results
-    assert a0 == a1 and g0 == g1
-    np.testing.assert_array_equal(l0, l1)
-    np.testing.assert_array_equal(f0, f1)
+            results.append((answer, peek, after_append, fork.logits(), ids(s.generate(10)), s.stats, ctx.kv_cells_used))
+            generation.close()
+    on, off = results
+    assert on[0] == off[0] and on[4] == off[4]
+    for a, b in zip(on[1:4], off[1:4]):
+        np.testing.assert_array_equal(a, b)
+    assert on[5].memo_tokens_skipped > 0
+    assert on[6] == off[6]
 
 
 def test_draft_length_is_validated():
     from pyllamaopt import OptConfig, ConfigError
 
-    assert OptConfig(env={}, memo_draft_max=15).memo_draft_max == 15
+    assert OptConfig(env={}, memo_draft_max=8).memo_draft_max == 8
     with pytest.raises(ConfigError, match="memo_draft_max"):
-        OptConfig(env={}, memo_draft_max=16)  # a check is one batch of at most 16 rows
+        OptConfig(env={}, memo_draft_max=9)  # drafts are at most as long as the 8-token match
