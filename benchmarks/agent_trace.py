@@ -259,8 +259,8 @@ def main() -> int:
             if name in results and "llama-cpp-python" in results:
                 print(f"  wall time {name} / llama-cpp-python: "
                       f"{results[name].total('wall') / results['llama-cpp-python'].total('wall'):.3f}")
-        if "exact" in results and baseline:
-            print(f"  wall time exact / off: {results['exact'].total('wall') / baseline.total('wall'):.3f}")
+        if "exact" in results and "off" in results:
+            print(f"  wall time exact / off: {results['exact'].total('wall') / results['off'].total('wall'):.3f}")
         if shape == "shared" and "exact" in results:
             last = {s: len(p) for s, p in work}
             ideal = shared + sum(n - shared for n in last.values())
