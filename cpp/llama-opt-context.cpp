@@ -341,6 +341,10 @@ void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, 
     const std::vector<llama_token> & tokens = s.tokens_;
 
     llama_batch batch = llama_batch_init((int32_t) llama_n_batch(ctx_), 0, 1);
+    auto undo = [&] {  // on failure: no half-computed span stays
+        llama_batch_free(batch);
+        llama_memory_seq_rm(mem, s.seq_, (llama_pos) begin, -1);
+    };
     for (size_t pos = begin; pos < end;) {
         size_t stop = std::min(end, pos + params_.n_batch);
         if (params_.canonical) {
@@ -362,13 +366,11 @@ void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, 
         try {
             rc = decode_evicting(s, batch, true, evict_sessions);
         } catch (...) {
-            llama_batch_free(batch);
-            llama_memory_seq_rm(mem, s.seq_, (llama_pos) begin, -1);
+            undo();
             throw;
         }
         if (rc != 0) {
-            llama_batch_free(batch);
-            llama_memory_seq_rm(mem, s.seq_, (llama_pos) begin, -1);
+            undo();
             throw llama_opt_error(llama_opt_errc::context_overflow,
                 "the KV cache is full (" + std::to_string(n_ctx_) + " cells shared by all sessions of this "
                 "context); close other sessions or create the Context with a larger n_ctx", "n_ctx");
