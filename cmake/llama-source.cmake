@@ -1,13 +1,7 @@
 # Obtain the pinned, patched llama.cpp tree (tools/fetch_llama.py) and add its libraries.
 # Nothing of upstream is committed; see vendor/llama.cpp/PIN and patches/README.md.
-execute_process(
-    COMMAND ${Python_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/fetch_llama.py
-    RESULT_VARIABLE fetch_result
-    OUTPUT_VARIABLE LLAMA_CPP_TREE
-    OUTPUT_STRIP_TRAILING_WHITESPACE)
-if(NOT fetch_result EQUAL 0)
-    message(FATAL_ERROR "Could not prepare the pinned llama.cpp source (see the error above).")
-endif()
+include(${CMAKE_CURRENT_LIST_DIR}/llama-fetch.cmake)
+llama_opt_fetch_llama_tree(LLAMA_CPP_TREE ${PROJECT_SOURCE_DIR}/tools/fetch_llama.py)
 message(STATUS "pyllamaopt: llama.cpp tree ${LLAMA_CPP_TREE}")
 
 # Reconfigure when the pin or a patch changes.

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Obtain the pinned llama.cpp tree, verify it, and apply our patches.
 
-Run by CMake at configure time (cmake/llama-source.cmake); also usable by hand:
+Run by CMake at configure time (cmake/llama-fetch.cmake); also usable by hand:
 
     python tools/fetch_llama.py            # -> vendor/llama.cpp/tree (git-ignored)
+
+Its standard output is exactly one line, the tree's absolute path: CMake builds from whatever
+it prints. Progress and errors, its own and those of the programs it runs, go to stderr.
 
 Where the tree comes from, in order:
   1. LLAMA_CPP_SOURCE_DIR=/path: an existing pristine llama.cpp tree (offline builds). It is
@@ -75,7 +78,7 @@ def obtain_archive(pin: dict[str, str], downloads: Path) -> Path:
         # Only this package from source: ":all:" would also build its build tools from source.
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps",
                "--no-binary", pin["package"], "-d", tmp, f"{pin['package']}=={pin['version']}"]
-        print("fetch_llama: " + " ".join(cmd), flush=True)
+        print("fetch_llama: " + " ".join(cmd), file=sys.stderr, flush=True)
         result = subprocess.run(cmd, capture_output=True, text=True)
         got = Path(tmp) / pin["filename"]
         if result.returncode != 0 or not got.exists():
@@ -170,6 +173,21 @@ def prepare(dest: Path = DEFAULT_DEST, source_dir: str | None = None,
     return dest
 
 
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """Send everything written to stdout, by Python or by a child process, to stderr."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dest", type=Path, default=DEFAULT_DEST)
@@ -179,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_pin:
             print(read_pin()[args.print_pin])
             return 0
-        print(prepare(args.dest, os.environ.get("LLAMA_CPP_SOURCE_DIR") or None))
+        # stdout carries the tree's path and nothing else, however the tree was obtained
+        with stdout_to_stderr():
+            tree = prepare(args.dest.resolve(), os.environ.get("LLAMA_CPP_SOURCE_DIR") or None)
+        print(tree)
     except (FetchError, KeyError, OSError, tarfile.TarError) as exc:
         print(f"fetch_llama: error: {exc}", file=sys.stderr)
         return 1
