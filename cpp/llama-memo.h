@@ -15,12 +15,10 @@
 
 // A checked token costs about half a decode step (its row of a batch: the 262k-entry output
 // layer dominates), so drafts are kept short unless the repetition is long: a draft needs a
-// match of at least LLAMA_OPT_MEMO_MATCH_MIN tokens and is as long as the match. On the agent
-// trace this policy beat fixed lengths 2/4/8 and thresholds 1-4 (docs/memo.md).
+// match of at least LLAMA_OPT_MEMO_MATCH_MIN tokens and is as long as the match, up to
+// LLAMA_OPT_MEMO_MATCH_MAX (llama-opt.h). On the agent trace this policy beat fixed lengths
+// 2/4/8 and thresholds 1-4 (docs/memo.md).
 constexpr uint32_t LLAMA_OPT_MEMO_MATCH_MIN = 2;
-constexpr uint32_t LLAMA_OPT_MEMO_MATCH_MAX = 8;  // longest suffix matched, and so longest draft
-static_assert(LLAMA_OPT_MEMO_MATCH_MAX + 1 <= LLAMA_OPT_ROW_INVARIANT_BATCH,
-              "a draft and the step before it must fit one row-invariant batch");
 
 struct llama_opt_memo_draft {
     uint32_t                 match = 0;  // tokens of the history's suffix matched earlier (0: none)

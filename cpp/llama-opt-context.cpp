@@ -2,7 +2,6 @@
 
 #include "llama-context-hash.h"
 #include "llama-opt-log.h"
-#include "llama-opt-session.h"
 #include "llama.h"
 
 #include <algorithm>
@@ -96,7 +95,6 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
         open_persist_store();
     }
     slots_.resize(params.n_seq_max);
-    cached_blocks_.resize(params.n_seq_max);
 }
 
 void llama_opt_context::open_persist_store() {
@@ -145,7 +143,7 @@ void llama_opt_context::check_open() const {
     }
 }
 
-std::shared_ptr<llama_opt_session> llama_opt_context::open_session() {
+int32_t llama_opt_context::acquire_seq(std::weak_ptr<llama_opt_seq_owner> owner) {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     check_open();
     auto pick = [&]() -> int32_t {
@@ -173,25 +171,38 @@ std::shared_ptr<llama_opt_session> llama_opt_context::open_session() {
             "all " + std::to_string(slots_.size()) + " session slots of this context are in use; close a session "
             "or create the Context with a larger n_seq_max", "n_seq_max");
     }
-    auto session        = std::make_shared<llama_opt_session>(shared_from_this(), seq);
-    slots_[seq].state   = slot_state::session;
-    slots_[seq].session = session;
-    slots_[seq].owner   = session.get();
+    slots_[seq].state    = slot_state::session;
+    slots_[seq].owner_id = owner.lock().get();
+    slots_[seq].owner    = std::move(owner);
     touch(seq);
-    return session;
+    return seq;
+}
+
+void llama_opt_context::release_seq(int32_t seq, const llama_opt_seq_owner * owner) {
+    slot & sl = slots_[seq];
+    if (ctx_ == nullptr || sl.owner_id != owner) {
+        return;  // evicted while it was closing: the slot is someone else's now
+    }
+    if (pool_ && !sl.blocks.empty()) {
+        kv_truncate(seq, sl.blocks.size() * block_);  // keep the pooled complete blocks only
+        sl.state = slot_state::cached;
+        sl.owner.reset();
+        sl.owner_id = nullptr;
+        return;
+    }
+    drop_sequence(seq);
 }
 
 void llama_opt_context::close() {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
-    for (auto & s : slots_) {
-        if (auto session = s.session.lock()) {
-            if (persist_ && ctx_ && !session->closed()) {
-                session->save_quietly();
+    if (ctx_ && persist_) {
+        for (auto & s : slots_) {
+            if (auto owner = s.owner.lock()) {
+                owner->on_context_closing();
             }
-            session->closed_ = true;
         }
-        s = slot();
     }
+    slots_.assign(slots_.size(), slot());
     pool_.reset();
     llama_free(ctx_);
     ctx_ = nullptr;
@@ -226,17 +237,6 @@ uint64_t llama_opt_context::block_hash(uint64_t parent, const llama_token * bloc
     return llama_opt_hash_chain(parent, block, block_) & hash_mask_;
 }
 
-void llama_opt_context::count(llama_opt_session & s, uint64_t llama_opt_stats::* counter, uint64_t n) {
-    s.stats_.*counter += n;
-    stats_.*counter += n;
-}
-
-void llama_opt_context::mark_shared(int32_t seq, size_t n_shared) {
-    if (auto holder = slots_[seq].session.lock()) {  // cached sequences never write again
-        holder->n_shared_ = std::max(holder->n_shared_, n_shared);
-    }
-}
-
 void llama_opt_context::touch(int32_t seq) {
     slots_[seq].last_use = ++clock_;
     if (pool_) {
@@ -244,36 +244,24 @@ void llama_opt_context::touch(int32_t seq) {
     }
 }
 
-void llama_opt_context::drop_sequence(int32_t seq) {
-    if (ctx_) {
-        llama_memory_seq_rm(llama_get_memory(ctx_), seq, -1, -1);
-    }
+void llama_opt_context::release_blocks(int32_t seq, size_t keep) {
+    std::vector<uint64_t> & blocks = slots_[seq].blocks;
     if (pool_) {
-        for (uint64_t id : cached_blocks_[seq]) {
-            if (const auto * b = pool_->find(id)) {
+        for (size_t k = keep; k < blocks.size(); ++k) {
+            if (const auto * b = pool_->find(blocks[k])) {
                 pool_->unref(b, seq);
             }
         }
     }
-    cached_blocks_[seq].clear();
-    slots_[seq] = slot();
+    blocks.resize(std::min(blocks.size(), keep));
 }
 
-void llama_opt_context::retire(llama_opt_session & s) {
-    slot & sl = slots_[s.seq_];
-    if (sl.owner != &s) {
-        return;  // evicted while it was closing: the slot is someone else's now
+void llama_opt_context::drop_sequence(int32_t seq) {
+    if (ctx_) {
+        llama_memory_seq_rm(llama_get_memory(ctx_), seq, -1, -1);
     }
-    if (pool_ && ctx_ && !s.blocks_.empty()) {
-        s.forget(s.blocks_.size() * block_);  // keep the pooled complete blocks only
-        cached_blocks_[s.seq_] = s.blocks_;
-        sl.state = slot_state::cached;
-        sl.session.reset();
-        sl.owner = nullptr;
-        return;
-    }
-    s.forget(0);
-    slots_[s.seq_] = slot();
+    release_blocks(seq, 0);
+    slots_[seq] = slot();
 }
 
 bool llama_opt_context::evict_one(int32_t except, bool cached_only) {
@@ -285,7 +273,7 @@ bool llama_opt_context::evict_one(int32_t except, bool cached_only) {
         }
         for (size_t seq = 0; seq < slots_.size(); ++seq) {
             const slot & s = slots_[seq];
-            const bool alive = state == slot_state::cached || !s.session.expired();
+            const bool alive = state == slot_state::cached || !s.owner.expired();
             if ((int32_t) seq != except && s.state == state && alive && (victim < 0 || s.last_use < slots_[victim].last_use)) {
                 victim = (int32_t) seq;
             }
@@ -301,10 +289,11 @@ bool llama_opt_context::evict_one(int32_t except, bool cached_only) {
         drop_sequence(victim);
         stats_.dedup_sequences_evicted += 1;
     } else {
-        // the slot's session object is alive: a session being destroyed waits for our lock in
-        // close() and is never chosen (lock() fails), see below
-        slots_[victim].session.lock()->evict();
+        // the slot's owner is alive: an owner being destroyed waits for our lock in its close()
+        // and is never chosen (lock() fails)
+        std::shared_ptr<llama_opt_seq_owner> owner = slots_[victim].owner.lock();
         drop_sequence(victim);
+        owner->on_evicted();
         stats_.sessions_evicted += 1;
     }
     return true;
@@ -317,7 +306,7 @@ bool llama_opt_context::evict_for_pool(int32_t except) {
         if ((int32_t) seq == except || s.state != slot_state::cached || (victim >= 0 && s.last_use >= slots_[victim].last_use)) {
             continue;
         }
-        const bool frees = std::any_of(cached_blocks_[seq].begin(), cached_blocks_[seq].end(), [&](uint64_t id) {
+        const bool frees = std::any_of(s.blocks.begin(), s.blocks.end(), [&](uint64_t id) {
             const llama_opt_kv_block * b = pool_->find(id);
             return b && b->holders.size() == 1;
         });
@@ -333,64 +322,65 @@ bool llama_opt_context::evict_for_pool(int32_t except) {
     return true;
 }
 
-void llama_opt_context::decode(llama_opt_session & s, size_t begin, size_t end, uint64_t llama_opt_stats::* counter,
-                               bool evict_sessions, bool logits) {
-    check_open();
-    touch(s.seq_);
-    llama_memory_t mem = llama_get_memory(ctx_);
-    const std::vector<llama_token> & tokens = s.tokens_;
+// A llama_batch of one sequence id per row, freed when it goes out of scope.
+struct llama_opt_batch {
+    llama_batch batch;
+    explicit llama_opt_batch(int32_t capacity) : batch(llama_batch_init(capacity, 0, 1)) {}
+    ~llama_opt_batch() { llama_batch_free(batch); }
+    llama_opt_batch(const llama_opt_batch &)             = delete;
+    llama_opt_batch & operator=(const llama_opt_batch &) = delete;
 
-    llama_batch batch = llama_batch_init((int32_t) llama_n_batch(ctx_), 0, 1);
-    auto undo = [&] {  // on failure: no half-computed span stays
-        llama_batch_free(batch);
-        llama_memory_seq_rm(mem, s.seq_, (llama_pos) begin, -1);
-    };
-    for (size_t pos = begin; pos < end;) {
-        size_t stop = std::min(end, pos + params_.n_batch);
-        if (params_.canonical) {
-            stop = std::min(end, pos + chunk_);  // chunk_ is a multiple of row_align()
-            if (end - stop < min_chunk()) {
-                stop = end;  // a remainder smaller than min_chunk() joins this chunk
+    void set(int32_t i, int32_t seq, size_t pos, llama_token token, bool logits) {
+        batch.token[i]     = token;
+        batch.pos[i]       = (llama_pos) pos;
+        batch.n_seq_id[i]  = 1;
+        batch.seq_id[i][0] = seq;
+        batch.logits[i]    = logits;
+    }
+};
+
+llama_opt_work llama_opt_context::compute_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end,
+                                               std::vector<float> * logits, bool evict_sessions) {
+    check_open();
+    touch(seq);
+    llama_opt_work  work;
+    llama_opt_batch b((int32_t) llama_n_batch(ctx_));
+    try {
+        for (size_t pos = begin; pos < end;) {
+            size_t stop = std::min(end, pos + params_.n_batch);
+            if (params_.canonical) {
+                stop = std::min(end, pos + chunk_);  // chunk_ is a multiple of row_align()
+                if (end - stop < min_chunk()) {
+                    stop = end;  // a remainder smaller than min_chunk() joins this chunk
+                }
             }
+            b.batch.n_tokens = (int32_t) (stop - pos);
+            for (size_t p = pos; p < stop; ++p) {
+                b.set((int32_t) (p - pos), seq, p, tokens[p], logits && p + 1 == end);
+            }
+            if (decode_evicting(seq, b.batch, true, evict_sessions) != 0) {
+                throw llama_opt_error(llama_opt_errc::context_overflow,
+                    "the KV cache is full (" + std::to_string(n_ctx_) + " cells shared by all sessions of this "
+                    "context); close other sessions or create the Context with a larger n_ctx", "n_ctx");
+            }
+            work.tokens += stop - pos;
+            work.passes += 1;
+            pos = stop;
         }
-        const size_t n    = stop - pos;
-        batch.n_tokens    = (int32_t) n;
-        for (size_t i = 0; i < n; ++i) {
-            batch.token[i]     = tokens[pos + i];
-            batch.pos[i]       = (llama_pos) (pos + i);
-            batch.n_seq_id[i]  = 1;
-            batch.seq_id[i][0] = s.seq_;
-            batch.logits[i]    = logits && pos + i + 1 == end;
-        }
-        int32_t rc;
-        try {
-            rc = decode_evicting(s, batch, true, evict_sessions);
-        } catch (...) {
-            undo();
-            throw;
-        }
-        if (rc != 0) {
-            undo();
-            throw llama_opt_error(llama_opt_errc::context_overflow,
-                "the KV cache is full (" + std::to_string(n_ctx_) + " cells shared by all sessions of this "
-                "context); close other sessions or create the Context with a larger n_ctx", "n_ctx");
-        }
-        count(s, counter, n);
-        count(s, &llama_opt_stats::forward_passes, 1);
-        pos = stop;
+    } catch (...) {
+        llama_memory_seq_rm(llama_get_memory(ctx_), seq, (llama_pos) begin, -1);  // no half-computed span stays
+        throw;
     }
-    llama_batch_free(batch);
-    if (!logits) {
-        return;
+    if (logits) {
+        const float * out = llama_get_logits_ith(ctx_, -1);
+        logits->assign(out, out + model_->n_vocab());
     }
-    const float * out = llama_get_logits_ith(ctx_, -1);
-    s.logits_.assign(out, out + model_->n_vocab());
-    s.logits_for_ = end;
+    return work;
 }
 
-int32_t llama_opt_context::decode_evicting(llama_opt_session & s, const llama_batch & batch, bool evict, bool evict_sessions) {
+int32_t llama_opt_context::decode_evicting(int32_t seq, const llama_batch & batch, bool evict, bool evict_sessions) {
     int32_t rc = llama_decode(ctx_, batch);
-    while (rc == 1 && evict && evict_one(s.seq_, !evict_sessions)) {  // no room: free the least recently used KV, retry
+    while (rc == 1 && evict && evict_one(seq, !evict_sessions)) {  // no room: free the least recently used KV, retry
         rc = llama_decode(ctx_, batch);
     }
     if (rc != 0 && rc != 1) {
@@ -401,38 +391,31 @@ int32_t llama_opt_context::decode_evicting(llama_opt_session & s, const llama_ba
     return rc;
 }
 
-bool llama_opt_context::decode_rows(llama_opt_session & s, size_t pos, const std::vector<llama_token> & rows,
-                                    std::vector<float> & logits) {
+bool llama_opt_context::compute_rows(const std::vector<llama_opt_row> & rows, std::vector<float> & logits) {
     check_open();
     const int32_t n = (int32_t) rows.size();
-    if (n > (int32_t) llama_n_batch(ctx_)) {
+    if (n == 0 || n > (int32_t) llama_n_batch(ctx_)) {
         return false;  // llama.cpp takes at most n_batch tokens per call (the llama schedule's n_batch may be small)
     }
-    touch(s.seq_);
-    llama_batch batch = llama_batch_init(n, 0, 1);
-    batch.n_tokens = n;
+    llama_opt_batch b(n);
+    b.batch.n_tokens = n;
     for (int32_t i = 0; i < n; ++i) {
-        batch.token[i]     = rows[i];
-        batch.pos[i]       = (llama_pos) (pos + i);
-        batch.n_seq_id[i]  = 1;
-        batch.seq_id[i][0] = s.seq_;
-        batch.logits[i]    = true;
+        touch(rows[i].seq);
+        b.set(i, rows[i].seq, rows[i].pos, rows[i].token, true);
     }
     int32_t rc;
     try {
-        rc = decode_evicting(s, batch, /* evict */ false, false);  // a draft never costs other sequences their KV
+        rc = decode_evicting(rows[0].seq, b.batch, /* evict */ false, false);  // rows never cost other sequences their KV
     } catch (...) {
-        llama_batch_free(batch);
-        llama_memory_seq_rm(llama_get_memory(ctx_), s.seq_, (llama_pos) pos, -1);
+        for (const llama_opt_row & r : rows) {
+            llama_memory_seq_rm(llama_get_memory(ctx_), r.seq, (llama_pos) r.pos, -1);
+        }
         throw;
     }
-    llama_batch_free(batch);
     if (rc != 0) {
         llama_opt_log_take_errors();  // llama.cpp's "failed to find a memory slot": expected here, not an error
         return false;
     }
-    count(s, &llama_opt_stats::tokens_decoded, (uint64_t) n);
-    count(s, &llama_opt_stats::forward_passes, 1);
     const size_t n_vocab = model_->n_vocab();
     logits.resize((size_t) n * n_vocab);
     for (int32_t i = 0; i < n; ++i) {
@@ -440,4 +423,71 @@ bool llama_opt_context::decode_rows(llama_opt_session & s, size_t pos, const std
         std::copy(out, out + n_vocab, logits.begin() + (size_t) i * n_vocab);
     }
     return true;
+}
+
+size_t llama_opt_context::kv_truncate(int32_t seq, size_t pos) {
+    slot & sl = slots_[seq];
+    if (pos < sl.n_shared) {
+        pos         = pos / block_ * block_;
+        sl.n_shared = pos;
+    }
+    llama_memory_seq_rm(llama_get_memory(ctx_), seq, (llama_pos) pos, -1);
+    release_blocks(seq, canonical() ? pos / block_ : 0);  // complete blocks below pos stay
+    return pos;
+}
+
+void llama_opt_context::kv_remove(int32_t seq, llama_pos p0, llama_pos p1) {
+    llama_memory_seq_rm(llama_get_memory(ctx_), seq, p0, p1);
+}
+
+void llama_opt_context::kv_share(int32_t src, int32_t dst, size_t p0, size_t p1) {
+    llama_memory_seq_cp(llama_get_memory(ctx_), src, dst, (llama_pos) p0, (llama_pos) p1);
+    slots_[dst].n_shared = std::max(slots_[dst].n_shared, p1);
+    if (slots_[src].state == slot_state::session) {  // cached sequences never write again
+        slots_[src].n_shared = std::max(slots_[src].n_shared, p1);
+    }
+}
+
+void llama_opt_context::kv_park(int32_t seq, size_t p0, size_t p1) {
+    llama_memory_seq_cp(llama_get_memory(ctx_), seq, scratch_seq(), (llama_pos) p0, (llama_pos) p1);
+}
+
+bool llama_opt_context::kv_unpark(int32_t seq, size_t p0, size_t p1, long delta) {
+    return llama_memory_seq_move(llama_get_memory(ctx_), scratch_seq(), seq, (llama_pos) p0, (llama_pos) p1,
+                                 (llama_pos) delta);
+}
+
+void llama_opt_context::kv_clear_parked() {
+    llama_memory_seq_rm(llama_get_memory(ctx_), scratch_seq(), -1, -1);
+}
+
+int32_t llama_opt_context::kv_cell(int32_t seq, size_t pos) const {
+    return llama_memory_seq_cell(llama_get_memory(ctx_), seq, (llama_pos) pos);
+}
+
+bool llama_opt_context::kv_read(int32_t seq, size_t p0, size_t p1, uint8_t * rows) const {
+    return llama_memory_seq_kv_read(llama_get_memory(ctx_), seq, (llama_pos) p0, (llama_pos) p1, rows);
+}
+
+bool llama_opt_context::kv_write(int32_t seq, size_t p0, size_t p1, const uint8_t * rows) {
+    llama_memory_t mem = llama_get_memory(ctx_);
+    bool written = llama_memory_seq_kv_write(mem, seq, (llama_pos) p0, (llama_pos) p1, rows);
+    while (!written && evict_one(seq, /* cached_only */ true)) {
+        written = llama_memory_seq_kv_write(mem, seq, (llama_pos) p0, (llama_pos) p1, rows);
+    }
+    return written;
+}
+
+void llama_opt_context::hold_block(int32_t seq, const llama_opt_kv_block * block) {
+    pool_->ref(block, seq);
+    slots_[seq].blocks.push_back(block->id);
+}
+
+const llama_opt_kv_block * llama_opt_context::pool_insert(int32_t seq, uint64_t hash, uint64_t parent, uint32_t index,
+                                                          const llama_token * tokens) {
+    const llama_opt_kv_block * b = pool_->insert(hash, parent, index, tokens, block_);
+    while (!b && evict_for_pool(seq)) {
+        b = pool_->insert(hash, parent, index, tokens, block_);
+    }
+    return b;
 }

@@ -19,6 +19,7 @@
 #include "llama-kv-cache-persist.h"
 #include "llama-opt-model.h"
 #include "llama-opt.h"
+#include "llama.h"
 
 #include <algorithm>
 #include <memory>
@@ -26,8 +27,32 @@
 #include <vector>
 
 struct llama_context;
-struct llama_batch;
-class llama_opt_session;
+
+// What the context asks of whoever owns a sequence (a session), without knowing its type: the
+// context holds the KV memory and may take a sequence's KV away.
+class llama_opt_seq_owner {
+public:
+    virtual ~llama_opt_seq_owner() = default;
+    // The sequence's KV and pooled blocks are gone (the cache needed the room); the owner must
+    // not use the sequence again.
+    virtual void on_evicted() = 0;
+    // The context is about to free its KV memory: the last moment to save it (never throws).
+    virtual void on_context_closing() = 0;
+};
+
+// One row of a decode call: a token of some sequence at some position. Rows of several
+// sequences can share one call.
+struct llama_opt_row {
+    int32_t     seq;
+    size_t      pos;
+    llama_token token;
+};
+
+// Work a compute call did, for the caller's statistics.
+struct llama_opt_work {
+    uint64_t tokens = 0;
+    uint64_t passes = 0;  // forward passes (llama_decode calls)
+};
 
 struct llama_opt_context_params {
     uint32_t n_ctx           = 4096;  // KV cells shared by all sessions
@@ -40,7 +65,9 @@ struct llama_opt_context_params {
     bool     canonical       = true;  // canonical block schedule; false: llama.cpp's own, no reuse
 };
 
-class llama_opt_context : public std::enable_shared_from_this<llama_opt_context> {
+// The context owns the KV memory, the block pool and the compute. Sessions (llama-opt-session)
+// use it through the operations below, each on a sequence id; callers hold mutex().
+class llama_opt_context {
 public:
     llama_opt_context(std::shared_ptr<llama_opt_model> model, const llama_opt_context_params & params,
                       const llama_opt_settings & settings);
@@ -49,10 +76,14 @@ public:
     llama_opt_context(const llama_opt_context &)             = delete;
     llama_opt_context & operator=(const llama_opt_context &) = delete;
 
-    // Throws llama_opt_error(context_overflow) when every sequence is taken by an open session.
-    std::shared_ptr<llama_opt_session> open_session();
+    // A free sequence id for `owner` (a cached sequence is given up if none is free). Throws
+    // llama_opt_error(context_overflow) when every sequence is taken by an open session.
+    int32_t acquire_seq(std::weak_ptr<llama_opt_seq_owner> owner);
+    // The owner is done with `seq`: its complete pooled blocks stay cached for reuse (dedup on),
+    // the rest of its KV is freed. Nothing happens if `seq` was evicted and is someone else's now.
+    void release_seq(int32_t seq, const llama_opt_seq_owner * owner);
 
-    // Frees the llama context; open sessions become closed.
+    // Frees the llama context; owners are told first (on_context_closing).
     void close();
     bool closed() const { return ctx_ == nullptr; }
 
@@ -78,6 +109,7 @@ public:
 
     llama_opt_stats stats() const;
     void            reset_stats();
+    void            count(uint64_t llama_opt_stats::* counter, uint64_t n) { stats_.*counter += n; }
 
     // Chained hash of one block (llama-context-hash), masked by the test hook below.
     uint64_t block_hash(uint64_t parent, const llama_token * block) const;
@@ -89,36 +121,66 @@ public:
     // The lock every session operation holds: a llama_context is not thread-safe.
     std::recursive_mutex & mutex() const { return mutex_; }
 
-private:
-    friend class llama_opt_session;
+    // --- compute ---
 
+    // Computes KV for tokens[begin, end) of `seq` at positions begin..end-1; with `logits`,
+    // copies the logits of the last token there. Chunks of n_batch tokens (canonical: begin is
+    // a multiple of row_align(), chunk_ tokens each, and a remainder smaller than min_chunk()
+    // joins the chunk before it). When the cache is full, cached sequences and then (if
+    // evict_sessions) idle sequences are evicted, least recently used first. On failure the KV
+    // of [begin, end) is removed and llama_opt_error is thrown.
+    llama_opt_work compute_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end,
+                                std::vector<float> * logits, bool evict_sessions);
+    // Computes `rows` in one batch (at most LLAMA_OPT_ROW_INVARIANT_BATCH rows: each computes
+    // like a one-token decode step, patches/0006) with the logits of every row, row after row,
+    // into `logits`. Rows may belong to several sequences. Returns false, with nothing computed,
+    // when the cache has no room for them as it is (nothing is evicted for them).
+    bool compute_rows(const std::vector<llama_opt_row> & rows, std::vector<float> & logits);
+
+    // --- the KV memory of a sequence ---
+
+    // Removes the KV of positions >= pos. Inside the prefix whose cells other sequences may
+    // hold too, the cut moves down to a block boundary (a shared tile is never written), and
+    // pooled blocks from there on are let go. Returns where the sequence's KV now ends.
+    size_t kv_truncate(int32_t seq, size_t pos);
+    // Removes the KV of [p0, p1) (p1 < 0: to the end) without any bookkeeping: cells no block
+    // or shared prefix covers (unconfirmed drafts, the scratch sequence).
+    void   kv_remove(int32_t seq, llama_pos p0, llama_pos p1);
+    // `dst` takes `src`'s cells of [p0, p1): stored once, held by both.
+    void   kv_share(int32_t src, int32_t dst, size_t p0, size_t p1);
+    // Tier-2 sync rebuilds a history in position order: spans of it are parked on the scratch
+    // sequence, then moved back to [p0 + delta, p1 + delta) (patches/0005; false: no room).
+    void   kv_park(int32_t seq, size_t p0, size_t p1);
+    bool   kv_unpark(int32_t seq, size_t p0, size_t p1, long delta);
+    void   kv_clear_parked();
+    int32_t kv_cell(int32_t seq, size_t pos) const;  // the cell holding a position, -1 if none (patches/0004)
+    size_t kv_shared(int32_t seq) const { return slots_[seq].n_shared; }
+    // The KV rows of [p0, p1) as the disk tier stores them; false if some are not in the cache.
+    bool   kv_read(int32_t seq, size_t p0, size_t p1, uint8_t * rows) const;
+    // Writes KV rows read by kv_read into [p0, p1), evicting cached sequences for room; false: no room.
+    bool   kv_write(int32_t seq, size_t p0, size_t p1, const uint8_t * rows);
+
+    // --- the pooled blocks a sequence holds (dedup) ---
+
+    llama_opt_block_pool *        pool() { return pool_.get(); }
+    const std::vector<uint64_t> & held_blocks(int32_t seq) const { return slots_[seq].blocks; }
+    // `seq` holds `block` as its next block (its cells hold the block's KV).
+    void hold_block(int32_t seq, const llama_opt_kv_block * block);
+    // pool()->insert, freeing cached sequences for room if the pool is full; nullptr if none can go.
+    const llama_opt_kv_block * pool_insert(int32_t seq, uint64_t hash, uint64_t parent, uint32_t index,
+                                           const llama_token * tokens);
+
+private:
     enum class slot_state { free, session, cached };
     struct slot {
-        slot_state                       state = slot_state::free;
-        std::weak_ptr<llama_opt_session> session;
-        const llama_opt_session *        owner = nullptr;  // identity, also while it is being destroyed
-        uint64_t                         last_use = 0;
+        slot_state                         state = slot_state::free;
+        std::weak_ptr<llama_opt_seq_owner> owner;
+        const llama_opt_seq_owner *        owner_id = nullptr;  // identity, also while it is being destroyed
+        uint64_t                           last_use = 0;
+        size_t                             n_shared = 0;  // [0, n_shared) may be cells other sequences hold too
+        std::vector<uint64_t>              blocks;        // pool ids of the blocks its cells hold, in order
     };
 
-    // Computes KV for tokens[begin, end) of `seq` at positions begin..end-1 and copies the
-    // logits of the last token into `logits`. Chunks of n_batch tokens (canonical: begin is a
-    // multiple of row_align(), chunk_ tokens each, and a remainder smaller than min_chunk()
-    // joins the chunk before it).
-    // When the cache is full, cached sequences and then (if evict_sessions) idle sessions are
-    // evicted, least recently used first. On failure the KV of [begin, end) is removed and
-    // llama_opt_error is thrown.
-    // With logits=false nothing is output (KV only; the session's logits stay as they were).
-    void decode(llama_opt_session & s, size_t begin, size_t end, uint64_t llama_opt_stats::* counter,
-                bool evict_sessions, bool logits = true);
-    // memo: computes `rows` at positions [pos, pos + rows.size()) of s's sequence in one batch
-    // (at most LLAMA_OPT_ROW_INVARIANT_BATCH rows: each computes like a one-token decode step,
-    // patches/0006), with the logits of every row, row after row, into `logits`. Returns false,
-    // with nothing computed, when the cache has no room for them as it is (nothing is evicted).
-    bool decode_rows(llama_opt_session & s, size_t pos, const std::vector<llama_token> & rows,
-                     std::vector<float> & logits);
-
-    void count(llama_opt_session & s, uint64_t llama_opt_stats::* counter, uint64_t n);
-    void mark_shared(int32_t seq, size_t n_shared);  // another sequence now holds [0, n_shared) of seq's cells too
     void touch(int32_t seq);
     // Frees the least recently used cached sequence (or, unless cached_only, idle session)
     // other than `except`; false if there is none.
@@ -126,16 +188,14 @@ private:
     // llama_decode; while there is no room (1) and `evict`, frees least recently used KV
     // (cached sequences, then if evict_sessions idle sessions) and retries. Throws
     // decode_failed on other errors.
-    int32_t decode_evicting(llama_opt_session & s, const llama_batch & batch, bool evict, bool evict_sessions);
+    int32_t decode_evicting(int32_t seq, const llama_batch & batch, bool evict, bool evict_sessions);
     // Frees the least recently used cached sequence that alone holds a pooled block, so that
     // the pool gets room; false if there is none.
     bool evict_for_pool(int32_t except);
+    void release_blocks(int32_t seq, size_t keep);  // lets go of the pooled blocks from `keep` on
     void drop_sequence(int32_t seq);       // frees a sequence's KV, pool references and id
-    void retire(llama_opt_session & s);    // a closing session's blocks stay cached
     void check_open() const;
     void open_persist_store();
-
-    llama_opt_block_pool * pool() { return pool_.get(); }
 
     std::shared_ptr<llama_opt_model>      model_;
     llama_opt_context_params              params_;
@@ -149,7 +209,6 @@ private:
     std::unique_ptr<llama_opt_persist_store> persist_;
     llama_opt_persist_layout              persist_layout_;
     std::vector<slot>                     slots_;           // by sequence id
-    std::vector<std::vector<uint64_t>>    cached_blocks_;   // pool ids held by cached sequences
     uint64_t                              clock_ = 0;       // for LRU
     uint64_t                              hash_mask_ = ~0ULL;
     llama_opt_stats                       stats_;

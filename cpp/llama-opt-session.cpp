@@ -13,8 +13,14 @@
 
 using lock_t = std::lock_guard<std::recursive_mutex>;
 
-llama_opt_session::llama_opt_session(std::shared_ptr<llama_opt_context> ctx, int32_t seq)
-    : ctx_(std::move(ctx)), seq_(seq) {
+std::shared_ptr<llama_opt_session> llama_opt_session::open(std::shared_ptr<llama_opt_context> ctx) {
+    lock_t lock(ctx->mutex());
+    auto session  = std::make_shared<llama_opt_session>(ctx);
+    session->seq_ = ctx->acquire_seq(session);
+    return session;
+}
+
+llama_opt_session::llama_opt_session(std::shared_ptr<llama_opt_context> ctx) : ctx_(std::move(ctx)) {
     set_sampling(llama_opt_sampling());
 }
 
@@ -41,19 +47,47 @@ void llama_opt_session::check_open() const {
 
 void llama_opt_session::close() {
     lock_t lock(ctx_->mutex());
-    if (!closed_ && !evicted_ && !ctx_->closed()) {
+    if (seq_ >= 0 && !closed()) {  // seq_ < 0: open() found no sequence for it
         drop_draft();
         if (ctx_->persist()) {
             save_quietly();
         }
-        ctx_->retire(*this);
+        ctx_->release_seq(seq_, this);
     }
     closed_ = true;
 }
 
-void llama_opt_session::evict() {
-    forget(0);
-    evicted_ = true;
+void llama_opt_session::on_evicted() {
+    memo_draft_.clear();  // its cells went with the rest of the sequence's KV
+    memo_next_   = 0;
+    chain_.clear();
+    n_evaluated_ = n_canonical_ = 0;
+    approx_from_ = npos;
+    evicted_     = true;
+}
+
+void llama_opt_session::on_context_closing() {
+    if (!closed()) {
+        save_quietly();
+    }
+}
+
+void llama_opt_session::count(uint64_t llama_opt_stats::* counter, uint64_t n) {
+    stats_.*counter += n;
+    ctx_->count(counter, n);
+}
+
+void llama_opt_session::count_work(uint64_t llama_opt_stats::* counter, const llama_opt_work & work) {
+    count(counter, work.tokens);
+    count(&llama_opt_stats::forward_passes, work.passes);
+}
+
+void llama_opt_session::compute(size_t begin, size_t end, uint64_t llama_opt_stats::* counter, bool evict_sessions,
+                                bool logits) {
+    count_work(counter, ctx_->compute_span(seq_, tokens_.data(), begin, end, logits ? &logits_ : nullptr, evict_sessions));
+    if (logits) {
+        logits_for_ = end;
+    }
 }
 
 size_t llama_opt_session::room() const {
@@ -73,20 +107,8 @@ void llama_opt_session::forget(size_t pos) {
     if (pos >= n_evaluated_) {
         return;
     }
-    if (pos < n_shared_) {
-        pos      = pos / ctx_->block_size() * ctx_->block_size();
-        n_shared_ = pos;
-    }
-    llama_memory_seq_rm(llama_get_memory(ctx_->ctx_), seq_, (llama_pos) pos, -1);
+    pos = ctx_->kv_truncate(seq_, pos);  // may cut lower: never inside a shared block
     const size_t keep_blocks = ctx_->canonical() ? pos / ctx_->block_size() : 0;  // complete blocks below pos
-    if (llama_opt_block_pool * pool = ctx_->pool()) {
-        for (size_t k = keep_blocks; k < blocks_.size(); ++k) {
-            if (const auto * b = pool->find(blocks_[k])) {
-                pool->unref(b, seq_);
-            }
-        }
-    }
-    blocks_.resize(std::min(blocks_.size(), keep_blocks));
     chain_.resize(std::min(chain_.size(), keep_blocks));
     n_canonical_ = std::min(n_canonical_, pos / ctx_->row_align() * ctx_->row_align());
     n_evaluated_ = pos;
@@ -110,7 +132,7 @@ void llama_opt_session::adopt_shared_prefix() {
     if (shareable * B <= n_canonical_) {
         return;
     }
-    ctx_->count(*this, &llama_opt_stats::dedup_blocks_total, shareable - own);
+    count(&llama_opt_stats::dedup_blocks_total, shareable - own);
 
     // walk the pool along this history; a holder of block k holds every block before it
     std::vector<const llama_opt_kv_block *> path;
@@ -139,16 +161,13 @@ void llama_opt_session::adopt_shared_prefix() {
     const size_t n_shared = path.size() * B;
     const size_t saved    = n_shared - std::min(n_shared, n_canonical_);
     forget(0);
-    llama_memory_seq_cp(llama_get_memory(ctx_->ctx_), holder, seq_, 0, (llama_pos) n_shared);
-    n_shared_ = n_shared;
-    ctx_->mark_shared(holder, n_shared);
+    ctx_->kv_share(holder, seq_, 0, n_shared);
     for (const llama_opt_kv_block * b : path) {
-        pool->ref(b, seq_);
-        blocks_.push_back(b->id);
+        ctx_->hold_block(seq_, b);
         chain_.push_back(b->hash);
     }
-    ctx_->count(*this, &llama_opt_stats::dedup_blocks_hit, path.size() - std::min(path.size(), own));
-    ctx_->count(*this, &llama_opt_stats::dedup_tokens_saved, saved);
+    count(&llama_opt_stats::dedup_blocks_hit, path.size() - std::min(path.size(), own));
+    count(&llama_opt_stats::dedup_tokens_saved, saved);
     n_canonical_ = n_evaluated_ = n_shared;
 }
 
@@ -158,15 +177,12 @@ void llama_opt_session::register_blocks() {
     for (size_t k = chain_.size(); (k + 1) * B <= n_canonical_; ++k) {
         const llama_token * t = tokens_.data() + k * B;
         chain_.push_back(ctx_->block_hash(k == 0 ? LLAMA_OPT_CHAIN_ROOT : chain_[k - 1], t));
-        if (pool && blocks_.size() == k) {  // a block can be pooled only after its parent
-            const llama_opt_kv_block * b = pool->insert(chain_[k], k == 0 ? 0 : blocks_[k - 1], (uint32_t) k, t, B);
-            while (!b && ctx_->evict_for_pool(seq_)) {
-                b = pool->insert(chain_[k], k == 0 ? 0 : blocks_[k - 1], (uint32_t) k, t, B);
-            }
+        const std::vector<uint64_t> & held = ctx_->held_blocks(seq_);
+        if (pool && held.size() == k) {  // a block can be pooled only after its parent
+            const llama_opt_kv_block * b = ctx_->pool_insert(seq_, chain_[k], k == 0 ? 0 : held[k - 1], (uint32_t) k, t);
             if (b) {
                 const bool duplicate = !b->holders.empty();  // another sequence computed it too
-                pool->ref(b, seq_);
-                blocks_.push_back(b->id);
+                ctx_->hold_block(seq_, b);
                 if (duplicate && ctx_->settings().config.canon_enabled) {
                     share_duplicate(k, b);
                 }
@@ -180,25 +196,22 @@ void llama_opt_session::register_blocks() {
 // prefix again). Its values are bitwise those of the other copy (canonical schedule), so we
 // drop ours and share theirs, if their cells keep ours in position order (patches/0004).
 void llama_opt_session::share_duplicate(size_t k, const llama_opt_kv_block * b) {
-    llama_memory_t mem = llama_get_memory(ctx_->ctx_);
-    const llama_pos B     = (llama_pos) ctx_->block_size();
-    const llama_pos start = (llama_pos) k * B;
-    const int32_t   below = k == 0 ? -1 : llama_memory_seq_cell(mem, seq_, start - 1);
-    const int32_t   above = llama_memory_seq_cell(mem, seq_, start + B);
-    ctx_->count(*this, &llama_opt_stats::canon_entries_total, 1);
+    const size_t  B     = ctx_->block_size();
+    const size_t  start = k * B;
+    const int32_t below = k == 0 ? -1 : ctx_->kv_cell(seq_, start - 1);
+    const int32_t above = ctx_->kv_cell(seq_, start + B);
+    count(&llama_opt_stats::canon_entries_total, 1);
     for (int32_t holder : b->holders) {
         if (holder == seq_) {
             continue;
         }
-        const int32_t first = llama_memory_seq_cell(mem, holder, start);
-        const int32_t last  = llama_memory_seq_cell(mem, holder, start + B - 1);
+        const int32_t first = ctx_->kv_cell(holder, start);
+        const int32_t last  = ctx_->kv_cell(holder, start + B - 1);
         if (first > below && last >= first && (above < 0 || last < above)) {
-            llama_memory_seq_rm(mem, seq_, start, start + B);
-            llama_memory_seq_cp(mem, holder, seq_, start, start + B);
-            n_shared_ = std::max(n_shared_, (size_t) (start + B));
-            ctx_->mark_shared(holder, (size_t) (start + B));
-            ctx_->count(*this, &llama_opt_stats::canon_entries_deduped, 1);
-            ctx_->count(*this, &llama_opt_stats::canon_bytes_saved, (uint64_t) B * ctx_->model().kv_bytes_per_token());
+            ctx_->kv_remove(seq_, (llama_pos) start, (llama_pos) (start + B));
+            ctx_->kv_share(holder, seq_, start, start + B);
+            count(&llama_opt_stats::canon_entries_deduped, 1);
+            count(&llama_opt_stats::canon_bytes_saved, (uint64_t) B * ctx_->model().kv_bytes_per_token());
             return;
         }
     }
@@ -225,7 +238,7 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
     if (n_evaluated_ < end) {
         try {
             // canonical: before evicting idle sessions, try moving down (below)
-            ctx_->decode(*this, n_evaluated_, end, counter, /* evict_sessions */ !ctx_->canonical());
+            compute(n_evaluated_, end, counter, /* evict_sessions */ !ctx_->canonical());
         } catch (const llama_opt_error & e) {
             if (e.code != llama_opt_errc::context_overflow || !ctx_->canonical()) {
                 throw;
@@ -235,7 +248,7 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
             // lie above them, has no room although there is room below: compute everything again
             // from the bottom (without taking shared cells), letting idle sessions go if needed.
             forget(0);
-            ctx_->decode(*this, 0, end, counter, /* evict_sessions */ true);
+            compute(0, end, counter, /* evict_sessions */ true);
         }
         n_evaluated_ = end;
     }
@@ -260,12 +273,12 @@ void llama_opt_session::decode_pending_step() {
         // as if nothing had been skipped (bitwise the same KV): batches small enough that each
         // row computes like a one-token step (patches/0006), without logits but for the last
         while (tokens_.size() - n_evaluated_ > LLAMA_OPT_ROW_INVARIANT_BATCH) {
-            ctx_->decode(*this, n_evaluated_, n_evaluated_ + LLAMA_OPT_ROW_INVARIANT_BATCH,
-                         &llama_opt_stats::tokens_decoded, true, false);
+            compute(n_evaluated_, n_evaluated_ + LLAMA_OPT_ROW_INVARIANT_BATCH, &llama_opt_stats::tokens_decoded,
+                    true, /* logits */ false);
             n_evaluated_ += LLAMA_OPT_ROW_INVARIANT_BATCH;
         }
     }
-    ctx_->decode(*this, n_evaluated_, tokens_.size(), &llama_opt_stats::tokens_decoded, true);
+    compute(n_evaluated_, tokens_.size(), &llama_opt_stats::tokens_decoded, true);
     n_evaluated_ = tokens_.size();
 }
 
@@ -279,18 +292,21 @@ bool llama_opt_session::check_draft() {
     if (!cfg.memo_enabled) {
         return false;
     }
-    ctx_->count(*this, &llama_opt_stats::memo_lookups, 1);
+    count(&llama_opt_stats::memo_lookups, 1);
     const llama_opt_memo_draft draft =
         llama_opt_memo_find(tokens_.data(), tokens_.size(), (uint32_t) std::min<size_t>(cfg.memo_draft_max, room()));
     if (draft.tokens.empty()) {
         return false;
     }
-    std::vector<llama_token> rows(1, tokens_.back());
-    rows.insert(rows.end(), draft.tokens.begin(), draft.tokens.end());
-    if (!ctx_->decode_rows(*this, n_evaluated_, rows, memo_logits_)) {
+    std::vector<llama_opt_row> rows = { { seq_, n_evaluated_, tokens_.back() } };
+    for (size_t i = 0; i < draft.tokens.size(); ++i) {
+        rows.push_back({ seq_, n_evaluated_ + 1 + i, draft.tokens[i] });
+    }
+    if (!ctx_->compute_rows(rows, memo_logits_)) {
         return false;  // no room for the draft: a plain step
     }
-    ctx_->count(*this, &llama_opt_stats::memo_hits, 1);
+    count_work(&llama_opt_stats::tokens_decoded, { rows.size(), 1 });
+    count(&llama_opt_stats::memo_hits, 1);
     n_evaluated_ = tokens_.size();
     logits_.assign(memo_logits_.begin(), memo_logits_.begin() + ctx_->model().n_vocab());
     logits_for_ = n_evaluated_;
@@ -312,12 +328,12 @@ void llama_opt_session::take_checked(llama_token token) {
     n_evaluated_ = tokens_.size();
     logits_.assign(memo_logits_.begin() + memo_next_ * n_vocab, memo_logits_.begin() + (memo_next_ + 1) * n_vocab);
     logits_for_ = n_evaluated_;
-    ctx_->count(*this, &llama_opt_stats::memo_tokens_skipped, 1);
+    count(&llama_opt_stats::memo_tokens_skipped, 1);
 }
 
 void llama_opt_session::drop_draft() {
     if (memo_next_ < memo_draft_.size()) {
-        llama_memory_seq_rm(llama_get_memory(ctx_->ctx_), seq_, (llama_pos) n_evaluated_, -1);
+        ctx_->kv_remove(seq_, (llama_pos) n_evaluated_, -1);
     }
     memo_draft_.clear();
     memo_next_ = 0;
@@ -333,7 +349,7 @@ void llama_opt_session::ensure_logits(uint64_t llama_opt_stats::* counter) {
         if (ctx_->canonical()) {
             prefill(counter);
         } else {
-            ctx_->decode(*this, n_evaluated_, tokens_.size(), counter, true);
+            compute(n_evaluated_, tokens_.size(), counter, true);
             n_evaluated_ = tokens_.size();
         }
     }
@@ -365,12 +381,18 @@ void llama_opt_session::append(const std::vector<llama_token> & tokens) {
     drop_draft();
     const size_t old_size = tokens_.size();
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+    prefill_or_cut_back(old_size);  // on failure: the old history
+}
+
+void llama_opt_session::prefill_or_cut_back(size_t keep) {
     try {
         prefill(&llama_opt_stats::tokens_prefilled);
     } catch (...) {
-        // back to the old history; KV beyond it (e.g. a prefix taken from another sequence) goes
-        forget(std::min(n_evaluated_, old_size));
-        tokens_.resize(old_size);
+        if (keep == npos) {
+            keep = n_evaluated_;
+        }
+        forget(std::min(n_evaluated_, keep));  // KV beyond it (e.g. a prefix taken from another sequence) goes
+        tokens_.resize(keep);
         throw;
     }
 }
@@ -397,20 +419,15 @@ void llama_opt_session::sync(const std::vector<llama_token> & tokens) {
     } else {
         forget(keep);
         tokens_ = tokens;
-        try {
-            prefill(&llama_opt_stats::tokens_prefilled);
-        } catch (...) {
-            tokens_.resize(n_evaluated_);
-            throw;
-        }
+        prefill_or_cut_back(npos);  // on failure: the tokens whose KV exists
     }
     if (!cfg.diff_enabled) {
         return;
     }
     const uint64_t recomputed = stats_.tokens_prefilled - computed_before;
-    ctx_->count(*this, &llama_opt_stats::diff_tokens_total, tokens.size());
-    ctx_->count(*this, &llama_opt_stats::diff_tokens_recomputed, recomputed);
-    ctx_->count(*this, &llama_opt_stats::diff_tokens_unchanged, tokens.size() - std::min<uint64_t>(recomputed, tokens.size()));
+    count(&llama_opt_stats::diff_tokens_total, tokens.size());
+    count(&llama_opt_stats::diff_tokens_recomputed, recomputed);
+    count(&llama_opt_stats::diff_tokens_unchanged, tokens.size() - std::min<uint64_t>(recomputed, tokens.size()));
 }
 
 // Tier 2 (approximate, opt-in): after an edit, the KV of the unchanged spans that follow it is
@@ -449,11 +466,8 @@ std::vector<llama_opt_session::span_move> llama_opt_session::plan_shifted(const 
 
 void llama_opt_session::sync_shifted(const std::vector<llama_token> & tokens, size_t keep,
                                      const std::vector<span_move> & moves) {
-
-    llama_memory_t mem     = llama_get_memory(ctx_->ctx_);
-    const int32_t  scratch = ctx_->scratch_seq();
     for (const span_move & m : moves) {  // parked, so that the history can be rebuilt in order
-        llama_memory_seq_cp(mem, seq_, scratch, (llama_pos) m.from, (llama_pos) (m.from + m.n));
+        ctx_->kv_park(seq_, m.from, m.from + m.n);
     }
     forget(keep);
     tokens_      = tokens;
@@ -462,35 +476,29 @@ void llama_opt_session::sync_shifted(const std::vector<llama_token> & tokens, si
     try {
         for (const span_move & m : moves) {
             if (pos < m.to) {
-                ctx_->decode(*this, pos, m.to, &llama_opt_stats::tokens_prefilled, true);
+                compute(pos, m.to, &llama_opt_stats::tokens_prefilled, true);
                 n_evaluated_ = m.to;
             }
-            if (llama_memory_seq_move(mem, scratch, seq_, (llama_pos) m.from, (llama_pos) (m.from + m.n),
-                                      (llama_pos) m.to - (llama_pos) m.from)) {
+            if (ctx_->kv_unpark(seq_, m.from, m.from + m.n, (long) m.to - (long) m.from)) {
                 n_evaluated_ = m.to + m.n;
-                ctx_->count(*this, &llama_opt_stats::diff_tokens_shifted, m.n);
+                count(&llama_opt_stats::diff_tokens_shifted, m.n);
             }  // else: no room for the moved cells, the span is computed instead
             pos = n_evaluated_;
         }
-        ctx_->decode(*this, pos, tokens_.size(), &llama_opt_stats::tokens_prefilled, true);
+        compute(pos, tokens_.size(), &llama_opt_stats::tokens_prefilled, true);
         n_evaluated_ = tokens_.size();
     } catch (const llama_opt_error & e) {
-        llama_memory_seq_rm(mem, scratch, -1, -1);
+        ctx_->kv_clear_parked();
         if (e.code != llama_opt_errc::context_overflow) {
             tokens_.resize(n_evaluated_);  // the history whose KV exists
             throw;
         }
         // no room to rebuild the history this way: compute it exactly (prefill can relocate)
         forget(std::min(n_evaluated_, keep));
-        try {
-            prefill(&llama_opt_stats::tokens_prefilled);
-        } catch (...) {
-            tokens_.resize(n_evaluated_);
-            throw;
-        }
+        prefill_or_cut_back(npos);
         return;
     }
-    llama_memory_seq_rm(mem, scratch, -1, -1);
+    ctx_->kv_clear_parked();
 }
 
 std::vector<uint64_t> llama_opt_session::persist_chain(size_t n_blocks) const {
@@ -517,7 +525,7 @@ void llama_opt_session::save_quietly() {
     try {
         save_blocks();
     } catch (const std::exception &) {
-        ctx_->count(*this, &llama_opt_stats::persist_errors, 1);
+        count(&llama_opt_stats::persist_errors, 1);
     }
 }
 
@@ -536,14 +544,14 @@ size_t llama_opt_session::save_blocks() {
     }
     std::vector<uint8_t> rows(n * layout.bytes_per_token);
     std::string why;
-    if (!llama_memory_seq_kv_read(llama_get_memory(ctx_->ctx_), seq_, 0, (llama_pos) n, rows.data())) {
+    if (!ctx_->kv_read(seq_, 0, n, rows.data())) {
         why = "the KV of the history is not all in the cache";
     } else if (store->save(layout, std::vector<llama_token>(tokens_.begin(), tokens_.begin() + n), chain, rows.data(), why,
                            (uint64_t) ctx_->settings().config.persist_max_mb << 20)) {
-        ctx_->count(*this, &llama_opt_stats::persist_saves, 1);
+        count(&llama_opt_stats::persist_saves, 1);
         return n;
     }
-    ctx_->count(*this, &llama_opt_stats::persist_errors, 1);
+    count(&llama_opt_stats::persist_errors, 1);
     llama_opt_log_warn("pyllamaopt: could not save the KV of a session: " + why);
     return 0;
 }
@@ -566,14 +574,13 @@ void llama_opt_session::restore_from_disk(size_t end) {
     const llama_opt_persist_store::match m = store->find(layout, persist_chain(want), tokens_.data(), want);
     if (m.n_blocks <= own) {
         if (m.miss == llama_opt_persist_miss::incompatible) {
-            ctx_->count(*this, &llama_opt_stats::persist_misses_incompatible, 1);
+            count(&llama_opt_stats::persist_misses_incompatible, 1);
         } else if (m.n_blocks == 0) {
-            ctx_->count(*this, &llama_opt_stats::persist_misses, 1);
+            count(&llama_opt_stats::persist_misses, 1);
         }
         return;
     }
     forget(own * B);
-    llama_memory_t mem = llama_get_memory(ctx_->ctx_);
     const size_t piece = 16;  // blocks read and written at a time: bounded memory
     std::vector<uint8_t> rows(piece * B * layout.bytes_per_token);
     size_t k = own;
@@ -582,17 +589,13 @@ void llama_opt_session::restore_from_disk(size_t end) {
         std::string why;
         llama_opt_persist_miss miss;
         const uint32_t got = store->load(m.entry, (uint32_t) k, last, rows.data(), why, miss);
-        bool written = llama_memory_seq_kv_write(mem, seq_, (llama_pos) (k * B), (llama_pos) ((k + got) * B), rows.data());
-        while (!written && ctx_->evict_one(seq_, /* cached_only */ true)) {
-            written = llama_memory_seq_kv_write(mem, seq_, (llama_pos) (k * B), (llama_pos) ((k + got) * B), rows.data());
-        }
-        if (!written) {
+        if (!ctx_->kv_write(seq_, k * B, (k + got) * B, rows.data())) {
             break;  // no room: the rest is computed (and may relocate)
         }
         k += got;
         if (k < last) {
             if (miss == llama_opt_persist_miss::corrupt) {
-                ctx_->count(*this, &llama_opt_stats::persist_misses_corrupt, 1);
+                count(&llama_opt_stats::persist_misses_corrupt, 1);
                 llama_opt_log_warn("pyllamaopt: removed a corrupt KV cache entry: " + why);
             }
             break;
@@ -601,32 +604,29 @@ void llama_opt_session::restore_from_disk(size_t end) {
     if (k > own) {
         n_evaluated_ = n_canonical_ = k * B;
         register_blocks();
-        ctx_->count(*this, &llama_opt_stats::persist_loads, 1);
-        ctx_->count(*this, &llama_opt_stats::persist_tokens_restored, (k - own) * B);
+        count(&llama_opt_stats::persist_loads, 1);
+        count(&llama_opt_stats::persist_tokens_restored, (k - own) * B);
     }
 }
 
 std::shared_ptr<llama_opt_session> llama_opt_session::fork() {
     lock_t lock(ctx_->mutex());
     check_open();
-    auto other = ctx_->open_session();
+    auto other = open(ctx_);
     other->tokens_ = tokens_;
     // canonical: share the complete blocks (a tile is never shared half-filled), the rest is
     // the fork's own to compute; otherwise share everything computed so far
     const size_t shared = ctx_->canonical() ? n_canonical_ / ctx_->block_size() * ctx_->block_size() : n_evaluated_;
     if (shared > 0) {
-        llama_memory_seq_cp(llama_get_memory(ctx_->ctx_), seq_, other->seq_, 0, (llama_pos) shared);
+        ctx_->kv_share(seq_, other->seq_, 0, shared);
     }
     other->n_evaluated_ = shared;
     other->n_canonical_ = ctx_->canonical() ? shared : 0;
-    other->n_shared_    = shared;
-    n_shared_           = std::max(n_shared_, shared);
     other->chain_.assign(chain_.begin(), chain_.begin() + std::min(chain_.size(), shared / ctx_->block_size()));
     if (llama_opt_block_pool * pool = ctx_->pool()) {
-        for (uint64_t id : blocks_) {
-            pool->ref(pool->find(id), other->seq_);
+        for (uint64_t id : ctx_->held_blocks(seq_)) {
+            ctx_->hold_block(other->seq_, pool->find(id));
         }
-        other->blocks_ = blocks_;
     }
     if (!ctx_->canonical() && logits_for_ == n_evaluated_) {
         other->logits_     = logits_;
@@ -690,7 +690,7 @@ llama_token llama_opt_session::next_token() {
             return -1;  // the grammar allows nothing more
         }
         grammar_->accept(token);
-        ctx_->count(*this, &llama_opt_stats::schema_tokens_total, 1);
+        count(&llama_opt_stats::schema_tokens_total, 1);
     } else if (greedy_) {
         // what llama_sampler_init_greedy picks (the first maximum), without a 262k-entry array
         token = (llama_token) (std::max_element(logits_.begin(), logits_.end()) - logits_.begin());
@@ -707,7 +707,7 @@ llama_token llama_opt_session::next_token() {
 
     tokens_.push_back(token);
     take_checked(token);
-    ctx_->count(*this, &llama_opt_stats::tokens_generated, 1);
+    count(&llama_opt_stats::tokens_generated, 1);
     return token;
 }
 
@@ -718,10 +718,10 @@ llama_token llama_opt_session::take_inferred(llama_token token) {
     llama_sampler_accept(sampler_, token);
     tokens_.push_back(token);
     take_checked(token);
-    ctx_->count(*this, &llama_opt_stats::tokens_generated, 1);
-    ctx_->count(*this, &llama_opt_stats::schema_tokens_total, 1);
-    ctx_->count(*this, &llama_opt_stats::schema_tokens_inferred, 1);
-    ctx_->count(*this, &llama_opt_stats::schema_tokens_skipped, 1);
+    count(&llama_opt_stats::tokens_generated, 1);
+    count(&llama_opt_stats::schema_tokens_total, 1);
+    count(&llama_opt_stats::schema_tokens_inferred, 1);
+    count(&llama_opt_stats::schema_tokens_skipped, 1);
     return token;
 }
 
@@ -793,7 +793,7 @@ void llama_opt_session::end_turn() {
     std::vector<float>().swap(memo_logits_);
     generating_ = false;  // logits() after the turn computes the pending token alone
     if (grammar_) {  // the generation it constrained is over
-        ctx_->count(*this, &llama_opt_stats::schema_check_us, grammar_->check_ns() / 1000);
+        count(&llama_opt_stats::schema_check_us, grammar_->check_ns() / 1000);
         grammar_.reset();
         inferred_queue_.clear();
     }

@@ -8,14 +8,13 @@
 // from a sequence that computed them so). The partial last block and generated tokens (decoded
 // one at a time, a different kernel path) are recomputed before the history grows past them.
 
+#include "llama-opt-context.h"
 #include "llama-opt.h"
 #include "llama.h"
 
 #include <memory>
 #include <vector>
 
-class llama_opt_context;
-struct llama_opt_kv_block;
 class llama_opt_grammar;
 
 struct llama_opt_sampling {
@@ -26,11 +25,15 @@ struct llama_opt_sampling {
     uint32_t seed        = LLAMA_DEFAULT_SEED;  // random
 };
 
-class llama_opt_session {
+class llama_opt_session : public llama_opt_seq_owner {
 public:
     static constexpr size_t npos = (size_t) -1;
 
-    llama_opt_session(std::shared_ptr<llama_opt_context> ctx, int32_t seq);
+    // A new, empty session on a sequence of `ctx`. Throws llama_opt_error(context_overflow)
+    // when every sequence is taken by an open session.
+    static std::shared_ptr<llama_opt_session> open(std::shared_ptr<llama_opt_context> ctx);
+
+    explicit llama_opt_session(std::shared_ptr<llama_opt_context> ctx);  // use open()
     ~llama_opt_session();
 
     llama_opt_session(const llama_opt_session &)             = delete;
@@ -90,9 +93,18 @@ public:
     const llama_opt_stats &          stats() const { return stats_; }
 
 private:
-    friend class llama_opt_context;
+    void on_evicted() override;          // the context took our KV
+    void on_context_closing() override;  // saves to the disk tier, never throws
 
     void check_open() const;
+    void count(uint64_t llama_opt_stats::* counter, uint64_t n);  // ours and the context's statistics
+    void count_work(uint64_t llama_opt_stats::* counter, const llama_opt_work & work);
+    // Computes tokens_[begin, end) (llama_opt_context::compute_span) with the logits of the last
+    // token if `logits`, and counts the work.
+    void compute(size_t begin, size_t end, uint64_t llama_opt_stats::* counter, bool evict_sessions, bool logits = true);
+    // prefill(), and on failure cuts the history back to `keep` tokens (at most the tokens
+    // whose KV exists) before rethrowing.
+    void prefill_or_cut_back(size_t keep);
     void check_fits(size_t n_tokens) const;
 
     void prefill(uint64_t llama_opt_stats::* counter);  // computes tokens_[n_evaluated_, end)
@@ -113,7 +125,6 @@ private:
     struct span_move { size_t from, to, n; };
     std::vector<span_move> plan_shifted(const std::vector<llama_token> & tokens, size_t keep) const;
     void sync_shifted(const std::vector<llama_token> & tokens, size_t keep, const std::vector<span_move> & moves);
-    void evict();                          // called by the context: the KV is gone
     size_t save_blocks();                  // save() without the checks
     void   save_quietly();                 // on close: never throws, failures are counted
     void   restore_from_disk(size_t end);  // persist: take a longer canonical prefix from disk
@@ -121,17 +132,15 @@ private:
     bool approximate() const { return approx_from_ != npos; }
 
     std::shared_ptr<llama_opt_context> ctx_;
-    int32_t                            seq_;
+    int32_t                            seq_ = -1;
     bool                               closed_      = false;
     bool                               evicted_     = false;
     std::vector<llama_token>           tokens_;           // history
     size_t                             n_evaluated_ = 0;  // tokens_[0, n_evaluated_) have KV
     size_t                             n_canonical_ = 0;  // tokens with canonical (reusable) KV
     size_t                             approx_from_ = npos;  // see approx_from()
-    size_t                             n_shared_    = 0;  // [0, n_shared_) may be cells other sequences hold too:
-                                                          // never cut inside them (a shared tile is never written)
-    std::vector<uint64_t>              blocks_;           // pool ids of the canonical blocks (may stop early: pool full)
     std::vector<uint64_t>              chain_;            // chained hashes of the canonical blocks
+                                                          // (the context holds their pool ids: held_blocks)
     std::vector<float>                 logits_;
     size_t                             logits_for_  = 0;  // logits_ follow token logits_for_ - 1
     llama_sampler *                    sampler_     = nullptr;

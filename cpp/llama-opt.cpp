@@ -1,7 +1,5 @@
 #include "llama-opt.h"
 
-#include "llama-memo.h"
-
 #include <algorithm>
 #include <cerrno>
 #include <cmath>

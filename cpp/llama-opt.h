@@ -66,6 +66,12 @@ constexpr uint32_t LLAMA_OPT_FA_KV_TILE = 64;
 // (patches/0006): the memo checks a draft and the step before it in one such batch.
 constexpr uint32_t LLAMA_OPT_ROW_INVARIANT_BATCH = 16;
 
+// memo: the longest suffix of the history matched earlier, and so the longest draft
+// (memo_draft_max's bound; llama-memo.h explains the policy)
+constexpr uint32_t LLAMA_OPT_MEMO_MATCH_MAX = 8;
+static_assert(LLAMA_OPT_MEMO_MATCH_MAX + 1 <= LLAMA_OPT_ROW_INVARIANT_BATCH,
+              "a draft and the step before it must fit one row-invariant batch");
+
 struct llama_opt_config {
     uint32_t block_size = 64;  // tokens per hashed block
 
@@ -92,7 +98,7 @@ struct llama_opt_config {
     uint32_t    persist_max_mb  = 10240;    // size budget of the directory (0 = none)
 
     bool     memo_enabled   = false;
-    uint32_t memo_draft_max = 8;  // most drafted tokens checked per forward pass, 1-8 (llama-memo.h)
+    uint32_t memo_draft_max = LLAMA_OPT_MEMO_MATCH_MAX;  // most drafted tokens checked per forward pass (llama-memo.h)
 
     bool     attn_prune_enabled   = false;
     uint32_t attn_prune_window    = 10;

@@ -23,7 +23,7 @@ void register_context(py::module_ & m) {
                  return std::make_shared<llama_opt_context>(std::move(model), p, settings);
              }), py::arg("model"), py::arg("settings"), py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_seq_max"),
              py::arg("n_threads"), py::arg("n_threads_batch"), py::arg("flash_attn"), py::arg("swa_full"), py::arg("canonical"))
-        .def("open_session", &llama_opt_context::open_session)
+        .def("open_session", [](std::shared_ptr<llama_opt_context> self) { return llama_opt_session::open(std::move(self)); })
         .def("close", &llama_opt_context::close, py::call_guard<py::gil_scoped_release>())
         .def("stats", &llama_opt_context::stats)
         .def("reset_stats", &llama_opt_context::reset_stats)
