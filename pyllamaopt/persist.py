@@ -16,13 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import _core
+from .config import OptConfig
+from .errors import InvalidArgumentError
 
 __all__ = ["PersistEntry", "PersistStore", "default_persist_dir"]
 
 
-def default_persist_dir() -> Path:
-    """``LLAMA_OPT_PERSIST_DIR`` if set, else ``$XDG_CACHE_HOME/pyllamaopt/kv`` (``~/.cache/...``)."""
-    return Path(os.environ.get("LLAMA_OPT_PERSIST_DIR") or _core.default_persist_dir())
+def default_persist_dir(config: OptConfig | None = None) -> Path:
+    """The directory a Context with `config` (default: ``OptConfig()``, so ``LLAMA_OPT_PERSIST_DIR``)
+    persists to: its ``persist_dir`` if set, else ``$XDG_CACHE_HOME/pyllamaopt/kv`` (``~/.cache/...``),
+    the engine's default."""
+    return Path((config or OptConfig()).persist_dir or _core.default_persist_dir())
 
 
 @dataclass(frozen=True)
@@ -77,9 +81,11 @@ class PersistStore:
         recently used ones until at most ``max_mb`` MiB remain, and leftovers of interrupted
         saves. Returns the number of files removed."""
         if max_age is not None and max_age <= 0:
-            raise ValueError("max_age must be positive (seconds)")
+            raise InvalidArgumentError(f"max_age={max_age!r}: give a positive number of seconds, "
+                                       "or None to keep entries of any age")
         if max_mb is not None and max_mb < 0:
-            raise ValueError("max_mb must be >= 0")
+            raise InvalidArgumentError(f"max_mb={max_mb!r}: give a size in MiB >= 0 (0 removes every entry), "
+                                       "or None for no size limit")
         max_bytes = 0 if max_mb is None else max(1, int(max_mb * 2**20))
         return self._core.cleanup(int(max_age or 0), max_bytes)
 

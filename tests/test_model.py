@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -128,3 +130,15 @@ def test_build_info():
     assert info["llama_cpp_build"] == 11312
     assert "AMX_INT8 = 1" not in info["system_info"]  # AMX dies with SIGILL on these machines
     assert "AVX512 = 1" in info["system_info"] or "AVX2 = 1" in info["system_info"]
+
+
+def test_the_model_layer_does_not_import_the_delta_tool(tmp_path, tiny_model_path):
+    """Model() rebuilds delta files (test_delta.py), but importing pyllamaopt.model imports no
+    delta module, and loading a plain GGUF does not import the reconstruction (nor gguf)."""
+    code = ("import sys, pyllamaopt.model\n"
+            "delta = [m for m in sys.modules if 'delta' in m]\n"
+            "assert not delta, delta\n"
+            f"pyllamaopt.model.Model({str(tiny_model_path)!r})\n"
+            "assert 'pyllamaopt.delta.reconstruction' not in sys.modules and 'gguf' not in sys.modules\n")
+    # outside the checkout, whose pyllamaopt/ (without the built _core) would shadow the installed one
+    assert subprocess.run([sys.executable, "-c", code], cwd=tmp_path).returncode == 0

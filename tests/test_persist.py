@@ -944,3 +944,27 @@ def test_clean_by_age_and_size(tiny_model, tmp_path):
         store.clean(max_mb=-1)
     assert restores(tiny_model, tmp_path, histories[3]).persist_tokens_restored == 576
     assert restores(tiny_model, tmp_path, histories[0]).persist_tokens_restored == 0
+
+
+def test_clean_rejects_bad_limits_with_typed_errors(tmp_path):
+    """Limits out of range are InvalidArgumentError (a ValueError) saying what to give instead."""
+    store = PersistStore(tmp_path)
+    with pytest.raises(InvalidArgumentError, match="positive number of seconds"):
+        store.clean(max_age=0)
+    with pytest.raises(InvalidArgumentError, match="MiB >= 0"):
+        store.clean(max_mb=-1)
+
+
+def test_default_directory_comes_from_the_configuration(tmp_path, monkeypatch):
+    """The directory a Context persists to, as OptConfig resolves persist_dir (LLAMA_OPT_PERSIST_DIR,
+    validated with the other LLAMA_OPT_* variables), else the engine's default."""
+    from pyllamaopt.persist import default_persist_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert default_persist_dir() == tmp_path / "cache" / "pyllamaopt" / "kv"
+    monkeypatch.setenv("LLAMA_OPT_PERSIST_DIR", str(tmp_path / "kv"))
+    assert default_persist_dir() == PersistStore().directory == tmp_path / "kv"
+    assert default_persist_dir(OptConfig(env={}, persist_dir=str(tmp_path / "other"))) == tmp_path / "other"
+    monkeypatch.setenv("LLAMA_OPT_PERSIST_DIRR", str(tmp_path / "typo"))
+    with pytest.raises(ConfigError, match="LLAMA_OPT_PERSIST_DIRR"):
+        PersistStore()

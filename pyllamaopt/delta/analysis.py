@@ -7,11 +7,10 @@ after rounding, which is at most a little higher.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ from ..errors import DeltaError
 from .decomposition import FACTOR_ITEM_BYTES, DecomposeOptions, TypeBases, check_inputs
 from .names import DEFAULT_MATRICES, matrix_name
 from .progress import progress_bar
-from .report import megabytes, peak_rss_bytes
+from .report import JsonReport, megabytes, peak_rss_bytes
 from .source import GGUFModel
 from .svd import EXACT_SVD_MAX_DIM, truncated_svd
 from .writer import atomic_output
@@ -57,7 +56,7 @@ class LayerCurve:
 
 
 @dataclass
-class ErrorCurves:
+class ErrorCurves(JsonReport):
     input: str
     options: dict[str, object]
     ranks: list[int]
@@ -103,13 +102,6 @@ class ErrorCurves:
             if with_base >= as_is:
                 whole = [w or i in cluster for i, w in enumerate(whole)]
         return stored / source, sum(whole)
-
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)
-
-    def save_json(self, path: Path) -> None:
-        with atomic_output(path) as tmp:
-            tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
 
     def table(self) -> str:
         """Per matrix type: the error at each rank, then the rank each target error needs; each

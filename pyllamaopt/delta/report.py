@@ -13,6 +13,17 @@ from .format import WHOLE
 from .writer import atomic_output
 
 
+class JsonReport:
+    """For a report dataclass: itself as JSON (``asdict``), and saved to a file atomically."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def save_json(self, path: Path) -> None:
+        with atomic_output(path) as tmp:
+            tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+
 @dataclass(frozen=True)
 class MatrixResult:
     """One layer's matrix in the output."""
@@ -46,7 +57,7 @@ class LayerBytes:
 
 
 @dataclass
-class DecompositionReport:
+class DecompositionReport(JsonReport):
     input: str
     output: str
     options: dict[str, Any]
@@ -73,13 +84,6 @@ class DecompositionReport:
             "source_bytes_per_layer": sum(layer.source_bytes for layer in self.layers) / max(len(self.layers), 1),
             "max_rel_error": max((m.rel_error for m in self.matrices), default=0.0),
         }
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def save_json(self, path: Path) -> None:
-        with atomic_output(path) as tmp:
-            tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
 
     def table(self) -> str:
         """Per layer: rank and error of each matrix, and the bytes streaming it reads; then per
