@@ -1,0 +1,213 @@
+"""allOf and oneOf reasoned about on the schemas themselves: the members of an allOf merged
+into one schema, and whether two schemas are disjoint (oneOf alternatives must be)."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import GrammarError
+from .json_values import _ALL_KINDS, _json_key, _json_kind
+from .schema import (_ANNOTATIONS, _TYPES, _Unsat, _check_keywords, _err, _kinds_of_type, _resolve,
+                     _schema_types)
+
+
+def _flatten_all_of(root: Any, schema: Any, path: str, out: list, refs: tuple, top: bool) -> None:
+    if schema is True:
+        return
+    if schema is False:
+        raise _Unsat(path, "an 'allOf' member is 'false'")
+    if not isinstance(schema, dict):
+        raise _err(path, f"a schema must be an object or a boolean, got {type(schema).__name__}")
+    _check_keywords(schema, path)
+    if not top:
+        for key in ("unevaluatedProperties", "unevaluatedItems"):
+            if key in schema and schema[key] is not True:
+                raise _err(path, f"'{key}' inside 'allOf' (or beside '$ref') is not supported: it "
+                                 "would forbid what the other members allow; move it to the "
+                                 "schema that holds the 'allOf'")
+    rest = {k: v for k, v in schema.items() if k not in ("allOf", "$ref") and k not in _ANNOTATIONS}
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        if ref in refs:
+            raise _err(path, f"'$ref' {ref!r} includes itself through 'allOf'/'$ref' without "
+                             "an enclosing object or array: the schema has no finite instance")
+        _flatten_all_of(root, _resolve(root, ref, path), ref, out, refs + (ref,), False)
+    for i, sub in enumerate(schema.get("allOf", ())):
+        _flatten_all_of(root, sub, f"{path}/allOf/{i}", out, refs, False)
+    if rest:
+        out.append(rest)
+
+
+def _merge_all_of(root: Any, schema: dict, path: str) -> dict:
+    parts: list[dict] = []
+    _flatten_all_of(root, schema, path, parts, (), True)
+    merged: dict[str, Any] = {}
+    deferred: list[dict] = []
+    obj_parts = []  # (properties, additionalProperties or True) of each member
+    arr_parts = []  # (prefixItems, items or True, whether items is given) of each member
+    for part in parts:
+        if any(k in part for k in ("properties", "additionalProperties")):
+            obj_parts.append((part.get("properties", {}), part.get("additionalProperties", True)))
+        if any(k in part for k in ("prefixItems", "items", "additionalItems")):
+            items = part.get("items")
+            if isinstance(items, list):
+                arr_parts.append((items, part.get("additionalItems", True), "additionalItems" in part))
+            else:
+                prefix = part.get("prefixItems", [])
+                if not isinstance(prefix, list):
+                    raise _err(path, "'prefixItems' must be a list of schemas")
+                arr_parts.append((prefix, True if items is None else items, items is not None))
+        for key, value in part.items():
+            if key in ("properties", "additionalProperties", "prefixItems", "items", "additionalItems"):
+                continue
+            if key not in merged:
+                merged[key] = value
+                continue
+            old = merged[key]
+            if key in ("anyOf", "oneOf"):
+                deferred.append({key: value})
+            elif key == "type":
+                a = _schema_types({"type": old}, path) or []
+                b = _schema_types({"type": value}, path) or []
+                both = []
+                for t in a:
+                    if t in b:
+                        u: str | None = t
+                    elif (t == "integer" and "number" in b) or (t == "number" and "integer" in b):
+                        u = "integer"  # the integers are numbers
+                    else:
+                        u = None
+                    if u is not None and u not in both:
+                        both.append(u)
+                if not both:
+                    raise _Unsat(path, f"'allOf' members require types {a} and {b}")
+                merged[key] = both
+            elif key == "enum":
+                keys = {_json_key(v) for v in value}
+                merged[key] = [v for v in old if _json_key(v) in keys]
+            elif key == "const":
+                if _json_key(old) != _json_key(value):
+                    raise _Unsat(path, f"'allOf' members require const {old!r} and {value!r}")
+            elif key == "required":
+                merged[key] = old + [x for x in value if x not in old]
+            elif key in ("minLength", "minItems", "minProperties", "minimum"):
+                merged[key] = max(old, value)
+            elif key in ("maxLength", "maxItems", "maxProperties", "maximum"):
+                merged[key] = min(old, value)
+            elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(old, bool) \
+                    and not isinstance(value, bool):
+                merged[key] = max(old, value) if key == "exclusiveMinimum" else min(old, value)
+            elif key in ("unevaluatedProperties", "unevaluatedItems"):
+                merged[key] = {"allOf": [old, value]}
+            elif key == "uniqueItems":
+                merged[key] = old or value
+            elif _json_key(old) != _json_key(value):
+                raise _err(path, f"'allOf' members give '{key}' different values ({old!r} and {value!r}); "
+                                 "they cannot be merged: write one schema with the combined constraint")
+    if obj_parts:
+        # a key of one member is checked by the other members' properties, or else by
+        # their additionalProperties (absent: anything)
+        names: list[str] = []
+        for props, _ in obj_parts:
+            if not isinstance(props, dict):
+                raise _err(path, "'properties' must be an object mapping names to schemas")
+            names += [n for n in props if n not in names]
+        merged["properties"] = {n: _all_of([props[n] if n in props else addl for props, addl in obj_parts])
+                                for n in names}
+        if any("additionalProperties" in p for p in parts):
+            merged["additionalProperties"] = _all_of([addl for _, addl in obj_parts])
+    if arr_parts:
+        # the same for arrays: item i is checked by each member's prefixItems[i], or else its items
+        n = max(len(prefix) for prefix, _, _ in arr_parts)
+        if n:
+            merged["prefixItems"] = [_all_of([prefix[i] if i < len(prefix) else rest
+                                              for prefix, rest, _ in arr_parts]) for i in range(n)]
+        if any(given for _, _, given in arr_parts):
+            merged["items"] = _all_of([rest for _, rest, _ in arr_parts])
+    if deferred:
+        merged["allOf"] = deferred
+    return merged
+
+
+def _all_of(schemas: list) -> Any:
+    """The conjunction of schemas, as a schema."""
+    if any(s is False for s in schemas):
+        return False
+    schemas = [s for s in schemas if s is not True]
+    return True if not schemas else schemas[0] if len(schemas) == 1 else {"allOf": schemas}
+
+
+def _check_exclusive(root: Any, alts: list, path: str) -> None:
+    views = []
+    for alt in alts:
+        try:
+            if isinstance(alt, dict) and ("allOf" in alt or "$ref" in alt):
+                alt = _merge_all_of(root, alt, path)
+        except _Unsat:
+            alt = False
+        views.append(alt)
+    for i in range(len(views)):
+        for j in range(i + 1, len(views)):
+            if not _disjoint(root, views[i], views[j], 0):
+                raise _err(path, f"'oneOf' alternatives {i} and {j} may both match the same value, and a "
+                                 "grammar cannot enforce 'exactly one'. Use 'anyOf' if that is acceptable, "
+                                 "or make them exclusive: different types, or a required property "
+                                 "with a different 'const'/'enum' in each")
+
+
+def _view(root: Any, schema: Any, depth: int) -> Any:
+    """A schema with its top-level $ref / allOf resolved, for the disjointness test."""
+    if isinstance(schema, dict) and ("$ref" in schema or "allOf" in schema) and depth < 16:
+        try:
+            return _merge_all_of(root, schema, "#")
+        except (_Unsat, GrammarError):
+            return schema if not isinstance(schema, dict) else {}
+    return schema
+
+
+def _kinds(schema: Any) -> set[str]:
+    """JSON kinds a schema admits (a superset: exact semantics, not our narrowing)."""
+    if schema is False:
+        return set()
+    if not isinstance(schema, dict):
+        return set(_ALL_KINDS)
+    kinds = set(_ALL_KINDS)
+    t = schema.get("type")
+    if isinstance(t, str):
+        t = [t]
+    if isinstance(t, list) and all(x in _TYPES for x in t):
+        kinds = set().union(*(_kinds_of_type(x) for x in t))
+    values = _values(schema)
+    if values is not None:
+        kinds &= {_json_kind(v) for v in values}
+    return kinds
+
+
+def _values(schema: dict) -> list | None:
+    if "const" in schema:
+        return [schema["const"]]
+    if isinstance(schema.get("enum"), list):
+        return schema["enum"]
+    return None
+
+
+def _disjoint(root: Any, a: Any, b: Any, depth: int) -> bool:
+    """True only if no value matches both schemas (exact JSON Schema semantics)."""
+    a, b = _view(root, a, depth), _view(root, b, depth)
+    if a is False or b is False:
+        return True
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return False
+    va, vb = _values(a), _values(b)
+    if va is not None and vb is not None and not ({_json_key(v) for v in va} & {_json_key(v) for v in vb}):
+        return True
+    common = _kinds(a) & _kinds(b)
+    if not common:
+        return True
+    if common != {"object"} or depth > 8:
+        return False
+    pa, pb = a.get("properties"), b.get("properties")
+    ra, rb = a.get("required"), b.get("required")
+    if not all(isinstance(x, (dict, list)) for x in (pa, pb, ra, rb)):
+        return False
+    return any(name in pb and name in ra and name in rb and _disjoint(root, pa[name], pb[name], depth + 1)
+               for name in pa)

@@ -1,0 +1,532 @@
+"""The converter: a JSON Schema, keyword by keyword and type by type, to the rules of its
+grammar; and json_schema_to_gbnf, the entry point."""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any, Union
+from urllib.parse import unquote
+
+from ..errors import GrammarError
+from .composition import _check_exclusive, _merge_all_of
+from .gbnf import EMPTY, Node, _alt, _gbnf_char, _is_atom, _lit, _opt, _r, _seq
+from .json_values import _json_key, _json_kind, _json_text
+from .numbers import MAX_EXP_DIGITS, MAX_INT_DIGITS, _INT_MAX, _frac_opt, _int_range, _magnitudes, _uint
+from .rules import _Rules
+from .schema import (_ANNOTATIONS, _ARRAY_KEYWORDS, _NUMBER_KEYWORDS, _OBJECT_KEYWORDS, _STRING_KEYWORDS,
+                     _VALUE_CHECKS, _Unsat, _as_count, _as_number, _bounds, _check_keywords, _err,
+                     _kinds_of_type, _pointer_escape, _resolve, _schema_types, _value_ok)
+
+#: compact=False: at most this many whitespace characters between two tokens
+MAX_WS = 24
+#: string formats with a precise grammar
+SUPPORTED_FORMATS = ("date", "time", "date-time", "uuid")
+_HEX = "[0-9a-fA-F]"
+
+
+class _Converter(_Rules):
+    def __init__(self, root: Any, compact: bool) -> None:
+        super().__init__()
+        self.root = root
+        self.compact = compact
+        self.ref_rules: dict[str, str] = {}
+        self.unsat_refs: dict[str, str] = {}
+
+    # ---- whitespace and punctuation
+
+    def ws(self) -> Node:
+        return self.shared_rule("ws", lambda: _r(("cls", "[ \\t\\n\\r]"), 0, MAX_WS))
+
+    def punct(self, c: str, before: bool, after: bool) -> Node:
+        if self.compact:
+            return _lit(c)
+        return _seq(self.ws() if before else EMPTY, _lit(c), self.ws() if after else EMPTY)
+
+    def bracket(self, open_: str, content: Node, nullable: bool, close: str) -> Node:
+        """``open_ content close``; content may be empty if ``nullable``. compact=False: one
+        stretch of whitespace where the content would be, else around it."""
+        if self.compact:
+            return _seq(_lit(open_), _opt(content) if nullable else content, _lit(close))
+        ws = self.ws()
+        if content == EMPTY:
+            return _seq(_lit(open_), ws, _lit(close))
+        body = _seq(content, ws)
+        return _seq(_lit(open_), ws, _opt(body) if nullable else body, _lit(close))
+
+    def comma(self) -> Node:
+        return self.punct(",", True, True)
+
+    def colon(self) -> Node:
+        return self.punct(":", True, True)
+
+    # ---- primitives
+
+    def char(self) -> Node:
+        def build() -> Node:
+            # \uXXXX of one code point: not a surrogate, or a high and a low surrogate together
+            hex2 = _r(("cls", _HEX), 2, 2)
+            hex4 = _alt(_seq(("cls", "[0-9a-ce-fA-CE-F]"), _r(("cls", _HEX), 3, 3)),
+                        _seq(("cls", "[dD]"), ("cls", "[0-7]"), hex2),
+                        _seq(("cls", "[dD]"), ("cls", "[89abAB]"), hex2, _lit("\\u"), ("cls", "[dD]"),
+                             ("cls", "[c-fC-F]"), hex2))
+            return _alt(("cls", '[^"\\\\\\x00-\\x1F]'),
+                        _seq(_lit("\\"), _alt(("cls", '["\\\\/bfnrt]'), _seq(_lit("u"), hex4))))
+        return self.shared_rule("char", build)
+
+    def string(self) -> Node:
+        return self.shared_rule("string", lambda: _seq(_lit('"'), _r(self.char(), 0, None), _lit('"')))
+
+    def boolean(self) -> Node:
+        return self.shared_rule("boolean", lambda: _alt(_lit("true"), _lit("false")))
+
+    def integer(self) -> Node:
+        return self.shared_rule("integer", lambda: _alt(
+            _lit("0"), _seq(_opt(_lit("-")), ("cls", "[1-9]"), _r(("cls", "[0-9]"), 0, MAX_INT_DIGITS - 1))))
+
+    def number(self) -> Node:
+        return self.shared_rule("number", lambda: _seq(
+            _opt(_lit("-")), _uint(), _frac_opt(),
+            _opt(_seq(_lit("e"), _opt(("cls", "[-+]")), _r(("cls", "[0-9]"), 1, MAX_EXP_DIGITS)))))
+
+    def any_value(self) -> Node:
+        if "value" in self.shared:
+            return self.shared["value"]
+        name = self.alloc("value")
+        value = ("ref", name)
+        self.shared["value"] = value
+        obj = self.shared_rule("object", lambda: self.object_body([], self.any_kv(value, None), "object"))
+        arr = self.shared_rule("array", lambda: self.array_body([], value, 0, None, "array"))
+        self.define("value", _alt(obj, arr, self.string(), self.number(), self.boolean(), _lit("null")), name)
+        return value
+
+    def any_kv(self, value: Node, key: Node | None) -> Node:
+        return _seq(key or self.string(), self.colon(), value)
+
+    # ---- schemas
+
+    def gen(self, schema: Any, hint: str, path: str) -> Node:
+        if schema is True:
+            return self.any_value()
+        if schema is False:
+            raise _Unsat(path, "the schema is 'false'")
+        if not isinstance(schema, dict):
+            raise _err(path, f"a schema must be an object or a boolean, got {type(schema).__name__}")
+        _check_keywords(schema, path)
+        if "$ref" in schema:
+            ref = schema["$ref"]
+            rest = {k: v for k, v in schema.items() if k != "$ref" and k not in _ANNOTATIONS}
+            if rest:  # constraints beside $ref apply as well
+                # (they stay the containing schema: unevaluatedProperties sees through the allOf)
+                return self.gen({**rest, "allOf": [{"$ref": ref}, *rest.get("allOf", ())]}, hint, path)
+            return self.ref(ref, path)
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                return self.gen_alternatives(schema, key, hint, path)
+        if "allOf" in schema:
+            return self.gen(_merge_all_of(self.root, schema, path), hint, path)
+        if "enum" in schema or "const" in schema:
+            return self.gen_enum(schema, hint, path)
+        types = self.types(schema, path)
+        if types is None:
+            return self.any_value()
+        branches = []
+        last: _Unsat | None = None
+        for t in types:
+            try:
+                branches.append(self.gen_type(t, schema, hint if len(types) == 1 else f"{hint}-{t}", path))
+            except _Unsat as e:
+                last = e
+        if not branches:
+            raise last or _Unsat(path, "no type admits a value")
+        if len(branches) == 1:
+            return branches[0]
+        return self.define(hint, _alt(*branches))
+
+    def types(self, schema: dict, path: str) -> list[str] | None:
+        types = _schema_types(schema, path)
+        if types is None:
+            # no 'type': the keywords tell which types are meant (a narrowing: others are not produced)
+            types = [t for t, keys in (("object", _OBJECT_KEYWORDS), ("array", _ARRAY_KEYWORDS),
+                                       ("string", _STRING_KEYWORDS), ("number", _NUMBER_KEYWORDS))
+                     if any(k in schema for k in keys)]
+            if not types:
+                return None
+        if "number" in types and "integer" in types:
+            types.remove("integer")  # number includes the integers
+        return types
+
+    # ---- $ref
+
+    def ref(self, ref: str, path: str) -> Node:
+        target = _resolve(self.root, ref, path)
+        if ref in self.unsat_refs:
+            raise _Unsat(path, self.unsat_refs[ref])
+        if ref in self.ref_rules:
+            return ("ref", self.ref_rules[ref])
+        last = unquote(ref[1:]).rsplit("/", 1)[-1]
+        name = self.alloc("root" if ref == "#" else last or "ref")
+        self.ref_rules[ref] = name
+        try:
+            body = self.gen(target, name, ref)
+        except _Unsat as e:
+            self.unsat_refs[ref] = str(e)
+            del self.ref_rules[ref]
+            raise
+        self.define(name, body, name)
+        return ("ref", name)
+
+    # ---- anyOf / oneOf
+
+    def gen_alternatives(self, schema: dict, key: str, hint: str, path: str) -> Node:
+        alts = schema[key]
+        rest = {k: v for k, v in schema.items() if k != key}
+        constrained = any(k not in _ANNOTATIONS for k in rest)
+        if constrained:  # S and (A or B) = (S and A) or (S and B)
+            alts = [{**rest, "allOf": [a, *rest.get("allOf", ())]} for a in alts]
+        if key == "oneOf":
+            _check_exclusive(self.root, alts, path)
+        branches = []
+        last: _Unsat | None = None
+        for i, alt in enumerate(alts):
+            try:
+                branches.append(self.gen(alt, f"{hint}-{i}", f"{path}/{key}/{i}"))
+            except _Unsat as e:
+                last = e
+        if not branches:
+            raise last or _Unsat(path, f"no '{key}' alternative admits a value")
+        node = _alt(*branches)
+        return node if _is_atom(node) else self.define(hint, node)
+
+    # ---- enum / const
+
+    def gen_enum(self, schema: dict, hint: str, path: str) -> Node:
+        others = [k for k in schema if k not in ("enum", "const", "type") and k not in _ANNOTATIONS
+                  and k not in _VALUE_CHECKS]
+        if others:
+            raise _err(path, f"'enum'/'const' cannot be combined with {others}: list only the values that "
+                             "satisfy the other keywords")
+        if "const" in schema:
+            values = [schema["const"]]
+            if "enum" in schema:
+                keys = {_json_key(v) for v in schema["enum"]}
+                values = [v for v in values if _json_key(v) in keys]
+        else:
+            values = list(schema["enum"])
+        values = [v for v in values if _value_ok(v, schema, path)]
+        types = _schema_types(schema, path)
+        if types is not None:
+            kinds = set().union(*(_kinds_of_type(t) for t in types))
+            values = [v for v in values if _json_kind(v) in kinds]
+            if "integer" in types and "number" not in types:
+                values = [int(v) if isinstance(v, float) else v for v in values]
+        seen, texts = set(), []
+        for v in values:
+            if _json_kind(v) is None:
+                raise _err(path, f"enum/const value {v!r} is not a JSON value")
+            if _json_key(v) not in seen:
+                seen.add(_json_key(v))
+                texts.append(_json_text(v))
+        if not texts:
+            raise _Unsat(path, "no 'enum'/'const' value is allowed (by 'type')")
+        node = _alt(*(_lit(t) for t in texts))
+        return node if _is_atom(node) else self.define(hint, node)
+
+    # ---- per type
+
+    def gen_type(self, t: str, schema: dict, hint: str, path: str) -> Node:
+        if t == "null":
+            return _lit("null")
+        if t == "boolean":
+            return self.boolean()
+        if t == "string":
+            return self.gen_string(schema, hint, path)
+        if t in ("integer", "number"):
+            return self.gen_number(t, schema, hint, path)
+        if t == "object":
+            return self.gen_object(schema, hint, path)
+        return self.gen_array(schema, hint, path)
+
+    def gen_string(self, schema: dict, hint: str, path: str) -> Node:
+        lo = _as_count(schema.get("minLength", 0), path, "minLength")
+        hi = schema.get("maxLength")
+        hi = None if hi is None else _as_count(hi, path, "maxLength")
+        if hi is not None and hi < lo:
+            raise _Unsat(path, f"maxLength {hi} < minLength {lo}")
+        fmt = schema.get("format")
+        if fmt is not None:
+            if fmt not in SUPPORTED_FORMATS:
+                raise _err(path, f"format {fmt!r} is not supported (supported: {', '.join(SUPPORTED_FORMATS)}); "
+                                 "drop 'format' and check the value after generation")
+            fmin, fmax = {"date": (10, 10), "uuid": (36, 36), "time": (9, 24), "date-time": (20, 35)}[fmt]
+            if lo > fmin or (hi is not None and hi < fmax):
+                raise _err(path, f"minLength/maxLength cannot be combined with format {fmt!r} (its values have "
+                                 f"{fmin} to {fmax} characters); drop minLength/maxLength")
+            return self.format_rule(fmt)
+        if lo == 0 and hi is None:
+            return self.string()
+        return self.define(hint, _seq(_lit('"'), self.rep(self.char(), lo, hi, "char"), _lit('"')))
+
+    def format_rule(self, fmt: str) -> Node:
+        d, d9 = ("cls", "[0-9]"), ("cls", "[1-9]")
+
+        def date() -> Node:
+            year = _alt(_seq(d9, _r(d, 3, 3)),
+                        _seq(_lit("0"), _alt(_seq(d9, _r(d, 2, 2)),
+                                             _seq(_lit("0"), _alt(_seq(d9, d), _seq(_lit("0"), d9))))))
+            leap_yy = _alt(_seq(_lit("0"), ("cls", "[48]")), _seq(("cls", "[2468]"), ("cls", "[048]")),
+                           _seq(("cls", "[13579]"), ("cls", "[26]")))
+            leap = _alt(_seq(_r(d, 2, 2), leap_yy), _seq(leap_yy, _lit("00")))
+            d28 = _alt(_seq(_lit("0"), d9), _seq(_lit("1"), d), _seq(_lit("2"), ("cls", "[0-8]")))
+            d30 = _alt(_seq(_lit("0"), d9), _seq(("cls", "[12]"), d), _lit("30"))
+            d31 = _alt(_seq(_lit("0"), d9), _seq(("cls", "[12]"), d), _seq(_lit("3"), ("cls", "[01]")))
+            m31 = _alt(_seq(_lit("0"), ("cls", "[13578]")), _seq(_lit("1"), ("cls", "[02]")))
+            m30 = _alt(_seq(_lit("0"), ("cls", "[469]")), _lit("11"))
+            y = self.define("year", year)
+            ly = self.define("leap-year", leap)
+            return _alt(_seq(y, _lit("-"), _alt(_seq(m31, _lit("-"), d31), _seq(m30, _lit("-"), d30),
+                                                 _seq(_lit("02-"), d28))),
+                        _seq(ly, _lit("-02-29")))
+
+        def time() -> Node:
+            hour = _alt(_seq(("cls", "[01]"), d), _seq(_lit("2"), ("cls", "[0-3]")))
+            minute = _seq(("cls", "[0-5]"), d)
+            offset = _alt(_lit("Z"), _seq(("cls", "[-+]"), hour, _lit(":"), minute))
+            return _seq(hour, _lit(":"), minute, _lit(":"), minute, _opt(_seq(_lit("."), _r(d, 1, 9))), offset)
+
+        if fmt == "date":
+            return self.shared_rule("date", lambda: _seq(_lit('"'), self.shared_rule("date-value", date), _lit('"')))
+        if fmt == "time":
+            return self.shared_rule("time", lambda: _seq(_lit('"'), self.shared_rule("time-value", time), _lit('"')))
+        if fmt == "date-time":
+            return self.shared_rule("date-time", lambda: _seq(
+                _lit('"'), self.shared_rule("date-value", date), _lit("T"), self.shared_rule("time-value", time),
+                _lit('"')))
+        h = ("cls", "[0-9a-f]")
+        return self.shared_rule("uuid", lambda: _seq(
+            _lit('"'), _r(h, 8, 8), _lit("-"), _r(h, 4, 4), _lit("-"), _r(h, 4, 4), _lit("-"), _r(h, 4, 4),
+            _lit("-"), _r(h, 12, 12), _lit('"')))
+
+    def gen_number(self, t: str, schema: dict, hint: str, path: str) -> Node:
+        lo, hi = _bounds(schema, path)
+        if "multipleOf" in schema:
+            m = _as_number(schema["multipleOf"], path, "multipleOf")
+            if m <= 0:
+                raise _err(path, "'multipleOf' must be > 0")
+            if not (t == "integer" and (1 / m).denominator == 1):
+                raise _err(path, f"'multipleOf' {schema['multipleOf']!r} is not supported (only when every "
+                                 "integer is a multiple, e.g. 1 with type integer); drop it and check the "
+                                 "value after generation")
+        if t == "integer":
+            if lo is None and hi is None:
+                return self.integer()
+            a = -math.inf if lo is None else (math.floor(lo[0]) + 1 if lo[1] else math.ceil(lo[0]))
+            b = math.inf if hi is None else (math.ceil(hi[0]) - 1 if hi[1] else math.floor(hi[0]))
+            if a > b:
+                raise _Unsat(path, "no integer lies between minimum and maximum")
+            a, b = max(a, -_INT_MAX), min(b, _INT_MAX)
+            if a > b:
+                raise _err(path, f"the bounds leave no integer of at most {MAX_INT_DIGITS} digits (the limit "
+                                 "of the canonical form)")
+            return self.define(hint, _alt(*_int_range(a, b)))
+        if lo is None and hi is None:
+            return self.number()
+        for b in (lo, hi):
+            if b is not None and b[0].denominator != 1:
+                raise _err(path, f"a non-integer bound ({float(b[0])!r}) on a number is not supported; use "
+                                 "integer bounds (such as 0 and 1) or scale the quantity")
+        limit = Fraction(_INT_MAX + 1)
+        if lo is None or lo[0] < -limit:
+            lo = (-limit, True)
+        if hi is None or hi[0] > limit:
+            hi = (limit, True)
+        a, ea, b, eb = int(lo[0]), lo[1], int(hi[0]), hi[1]
+        alts = []
+        if b > 0 or (b == 0 and not eb):  # values written without '-'
+            alts += _magnitudes(max(a, 0), ea if a >= 0 else False, b, eb)
+        if a < 0:  # values written with '-': magnitudes w with -w in range ('-0.0' if 0 is)
+            wl, wl_excl = (-b, eb) if b < 0 else (0, b == 0 and eb)
+            for x in _magnitudes(wl, wl_excl, -a, ea):
+                alts.append(_seq(_lit("-"), x))
+        if not alts:
+            raise _Unsat(path, "no number lies between minimum and maximum")
+        return self.define(hint, _alt(*alts))
+
+    # ---- objects
+
+    def gen_object(self, schema: dict, hint: str, path: str) -> Node:
+        props = schema.get("properties", {})
+        required = schema.get("required", [])
+        addl = schema.get("additionalProperties")
+        if addl is None:
+            addl = schema.get("unevaluatedProperties")
+        if addl is None:  # absent: none when properties are listed (canonical form), else anything
+            addl = False if "properties" in schema else True
+        names = list(props) + [r for r in required if r not in props]
+        fields: list[tuple[Node, bool]] = []
+        for name in names:
+            sub = props[name] if name in props else addl
+            is_req = name in required
+            sub_path = f"{path}/properties/{_pointer_escape(name)}"
+            try:
+                value = self.gen(sub, f"{hint}-{name}", sub_path)
+            except _Unsat as e:
+                if is_req:
+                    raise _Unsat(sub_path, f"required property {name!r} admits no value ({e})") from None
+                continue
+            fields.append((_seq(_lit(_json_text(name)), self.colon(), value), is_req))
+        extra: Node | None = None
+        if addl is not False:
+            try:
+                value = self.gen(addl, f"{hint}-value", f"{path}/additionalProperties")
+            except _Unsat:
+                value = None
+            if value is not None:
+                key = self.key_excluding(names, f"{hint}-key") if names else self.string()
+                extra = self.simple(_seq(key, self.colon(), value), f"{hint}-extra")
+        n_req = sum(1 for _, r in fields if r)
+        if "minProperties" in schema:
+            m = _as_count(schema["minProperties"], path, "minProperties")
+            if m > n_req:
+                raise _err(path, f"'minProperties' {m} is more than the {n_req} required properties; the "
+                                 "grammar cannot count optional ones: list enough properties in 'required'")
+        if "maxProperties" in schema:
+            m = _as_count(schema["maxProperties"], path, "maxProperties")
+            if extra is not None or m < len(fields):
+                if m < n_req:
+                    raise _Unsat(path, f"'maxProperties' {m} is less than the required properties")
+                raise _err(path, f"'maxProperties' {m} cannot be expressed (the object may have more "
+                                 "properties); drop it, or set 'additionalProperties': false and list at "
+                                 f"most {m} properties")
+        return self.define(hint, self.object_body(fields, extra, hint))
+
+    def object_body(self, fields: list[tuple[Node, bool]], extra: Node | None, hint: str) -> Node:
+        comma = self.comma()
+        more = self.rep(_seq(comma, extra), 0, None, f"{hint}-more") if extra is not None else EMPTY
+        if any(r for _, r in fields):
+            first = next(i for i, (_, r) in enumerate(fields) if r)
+            parts = [_opt(_seq(kv, comma)) for kv, _ in fields[:first]] + [fields[first][0]]
+            parts += [_seq(comma, kv) if r else _opt(_seq(comma, kv)) for kv, r in fields[first + 1:]]
+            return self.bracket("{", _seq(*parts, more), False, "}")
+        kvs = [kv for kv, _ in fields]
+        alts = [_seq(kv, *(_opt(_seq(comma, k)) for k in kvs[i + 1:]), more) for i, kv in enumerate(kvs)]
+        if extra is not None:
+            alts.append(_seq(extra, more))
+        return self.bracket("{", _alt(*alts) if alts else EMPTY, True, "}")
+
+    def key_excluding(self, names: list[str], hint: str) -> Node:
+        """A JSON string key (without escapes) that is none of ``names``."""
+        kc = '"\\\\\\x00-\\x1F'
+        kchar = self.shared_rule("key-char", lambda: ("cls", f"[^{kc}]"))
+        trie: dict = {}
+        for name in names:
+            if any(c in '"\\' or ord(c) < 0x20 or 0xD800 <= ord(c) <= 0xDFFF for c in name):
+                continue  # cannot be written without escapes: never produced anyway
+            node = trie
+            for c in name:
+                node = node.setdefault(c, {})
+            node[""] = {}
+
+        def build(node: dict, label: str) -> Node:
+            children = sorted(c for c in node if c)
+            if not children:  # a listed name: any continuation makes it another key
+                return _r(kchar, 1, None)
+            excluded = "".join(_gbnf_char(c, True) for c in children)
+            alts = [EMPTY] if "" not in node else []
+            alts.append(_seq(("cls", f"[^{kc}{excluded}]"), _r(kchar, 0, None)))
+            for i, c in enumerate(children):
+                alts.append(_seq(_lit(c), build(node[c], f"{label}-{i}")))
+            return self.define(label, _alt(*alts))
+
+        return _seq(_lit('"'), build(trie, hint), _lit('"'))
+
+    # ---- arrays
+
+    def gen_array(self, schema: dict, hint: str, path: str) -> Node:
+        prefix = schema.get("prefixItems")
+        items = schema.get("items")
+        if isinstance(items, list):  # draft 4-2019: items as a list, additionalItems for the rest
+            if prefix is not None:
+                raise _err(path, "'items' is a list and 'prefixItems' is given; use 'prefixItems' only")
+            prefix, items = items, schema.get("additionalItems")
+        if prefix is not None and not isinstance(prefix, list):
+            raise _err(path, "'prefixItems' must be a list of schemas")
+        prefix = prefix or []
+        if items is None:
+            items = schema.get("unevaluatedItems")
+        if items is None:  # absent: none after prefixItems (canonical form), else anything
+            items = False if prefix else True
+        lo = _as_count(schema.get("minItems", 0), path, "minItems")
+        hi = schema.get("maxItems")
+        hi = None if hi is None else _as_count(hi, path, "maxItems")
+        if hi is not None and hi < lo:
+            raise _Unsat(path, f"maxItems {hi} < minItems {lo}")
+        if schema.get("uniqueItems") is True and (hi is None or hi > 1):
+            raise _err(path, "'uniqueItems': true is not supported (a grammar cannot compare items); drop it "
+                             "and check after generation, or use 'prefixItems' with distinct 'const's")
+        heads: list[Node] = []
+        for i, sub in enumerate(prefix):
+            if hi is not None and i >= hi:
+                break
+            try:
+                heads.append(self.gen(sub, f"{hint}-{i}", f"{path}/prefixItems/{i}"))
+            except _Unsat:
+                hi = i if hi is None else min(hi, i)  # the array must end before this item
+                break
+        rest = None
+        if len(heads) == len(prefix):
+            try:
+                rest = self.gen(items, f"{hint}-item", f"{path}/items")
+            except _Unsat:
+                pass
+        n = len(heads)
+        if rest is None:
+            hi = n if hi is None else min(hi, n)
+        if hi is not None and lo > hi:
+            raise _Unsat(path, f"minItems {lo} but at most {hi} items can be valid (set 'items' for the items "
+                               "after 'prefixItems')")
+        return self.define(hint, self.array_body(heads, rest, lo, hi, hint))
+
+    def array_body(self, heads: list[Node], rest: Node | None, lo: int, hi: int | None, hint: str) -> Node:
+        comma = self.comma()
+        # canonical form: all prefix items are present (callers cut them at maxItems), then the others
+        n = len(heads)
+        if n == 0:
+            if rest is None or hi == 0:
+                return self.bracket("[", EMPTY, True, "]")
+            tail = self.rep(_seq(comma, rest), max(lo - 1, 0), None if hi is None else hi - 1, f"{hint}-more")
+            return self.bracket("[", _seq(rest, tail), lo == 0, "]")
+        parts = [heads[0]] + [_seq(comma, h) for h in heads[1:n]]
+        if rest is not None and (hi is None or hi > n):
+            parts.append(self.rep(_seq(comma, rest), max(lo - n, 0), None if hi is None else hi - n, f"{hint}-more"))
+        return self.bracket("[", _seq(*parts), False, "]")
+
+
+def json_schema_to_gbnf(schema: Union[dict, bool], *, compact: bool = True) -> str:
+    """The GBNF grammar (llama.cpp's format, rule ``root``) of the canonical JSON texts of the
+    instances of ``schema``.
+
+    compact  True: no whitespace at all (``{"a":1,"b":[1,2]}``), which forces the most tokens;
+             False: up to 24 whitespace characters (space, tab, newline, CR) around each
+             ``{ } [ ] : ,`` (never before or after the whole value), so pretty-printed output
+             (``json.dumps(x, indent=2)``) is accepted too.
+
+    Raises GrammarError for an invalid schema, an unsatisfiable one, or one that uses a keyword
+    the converter cannot express exactly (docs/structured-output.md lists them).
+    """
+    if not isinstance(schema, (dict, bool)):
+        raise GrammarError(f"a JSON Schema must be a dict or a bool, got {type(schema).__name__}")
+    conv = _Converter(schema, bool(compact))
+    try:
+        name = conv.alloc("root")
+        conv.ref_rules["#"] = name
+        conv.define("root", conv.gen(schema, "root", "#"), "root")
+        return conv.finish()
+    except _Unsat as e:
+        raise GrammarError(f"the JSON Schema admits no value: {e}. Fix the schema (a required property "
+                           "or type that cannot be satisfied)") from None
+    except RecursionError:
+        raise GrammarError("the JSON Schema is nested too deeply to convert") from None
+
+
+#: any JSON value, compact canonical form (what ``json_schema=True`` uses)
+JSON_GBNF: str = json_schema_to_gbnf(True)

@@ -1,0 +1,166 @@
+"""The named rules of a grammar under construction: allocation, sharing of equal bodies,
+repetitions within llama.cpp's limits, and the output (only what ``root`` reaches, checked for
+what llama.cpp refuses)."""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from ..errors import GrammarError
+from .gbnf import (EMPTY, Node, _alt, _is_atom, _left_refs, _nullable, _productive, _r, _render, _seq,
+                   _walk_refs)
+
+
+# llama.cpp turns S{m,n} with n > 2000 into S{m,} (and refuses m > 2000); longer repetitions
+
+
+# are written as chunks of _CHUNK
+
+
+_LLAMA_REP_LIMIT = 2000
+
+
+_CHUNK = 1000
+
+
+def _sanitize(hint: str) -> str:
+    hint = re.sub(r"([a-z0-9])([A-Z])", r"\1-\2", hint).lower()
+    hint = re.sub(r"[^a-z0-9]+", "-", hint).strip("-")
+    return hint or "r"
+
+
+class _Rules:
+    """The rules of the grammar being built (the converter's base): equal bodies share a rule."""
+
+    def __init__(self) -> None:
+        self.rules: dict[str, Node | None] = {}   # name -> body (None while being built)
+        self.by_body: dict[Node, str] = {}
+        self.shared: dict[str, Node] = {}
+
+    def alloc(self, hint: str) -> str:
+        base = _sanitize(hint)
+        name, n = base, 1
+        while name in self.rules:
+            n += 1
+            name = f"{base}-{n}"
+        self.rules[name] = None
+        return name
+
+    def define(self, hint: str, body: Node, name: str | None = None) -> Node:
+        if name is not None:
+            self.rules[name] = body
+            return ("ref", name)
+        if body[0] == "ref":
+            return body
+        if body in self.by_body:
+            return ("ref", self.by_body[body])
+        name = self.alloc(hint)
+        self.rules[name] = body
+        self.by_body[body] = name
+        return ("ref", name)
+
+    def simple(self, node: Node, hint: str) -> Node:
+        """A node llama.cpp may repeat {m,n} times (it counts the rules inside a group)."""
+        if _is_atom(node):
+            return node
+        if node[0] in ("seq", "alt") and all(_is_atom(p) for p in node[1]):
+            return node
+        return self.define(hint, node)
+
+    def rep(self, node: Node, lo: int, hi: int | None, hint: str) -> Node:
+        if hi is not None and hi < lo:
+            raise AssertionError((lo, hi))
+        if hi == 0 or node == EMPTY:
+            return EMPTY
+        if lo == 1 and hi == 1:
+            return node
+        if not _is_atom(node) and max(lo, hi or 0) > 100:
+            node = self.define(hint, node)  # llama.cpp counts the rules a repeated group creates
+        node = self.simple(node, hint)
+        if lo <= _LLAMA_REP_LIMIT and (hi is None or hi <= _LLAMA_REP_LIMIT):
+            return _r(node, lo, hi)
+        if lo > _LLAMA_REP_LIMIT * _CHUNK or (hi is not None and hi > _LLAMA_REP_LIMIT * _CHUNK):
+            raise GrammarError(f"a repetition bound of {hi or lo} is too large for a grammar "
+                               f"(at most {_LLAMA_REP_LIMIT * _CHUNK}); lower minLength/maxLength/"
+                               "minItems/maxItems")
+        chunk = self.define(f"{hint}-x{_CHUNK}", _r(node, _CHUNK, _CHUNK))
+        q, r = divmod(lo, _CHUNK)
+        mandatory = _seq(_r(chunk, q, q), _r(node, r, r))
+        if hi is None:
+            return _seq(mandatory, _r(node, 0, None))
+        d = hi - lo
+        if d <= _LLAMA_REP_LIMIT:
+            return _seq(mandatory, _r(node, 0, d))
+        a, b = divmod(d, _CHUNK)
+        upto = _alt(_seq(_r(chunk, 0, a - 1), _r(node, 0, _CHUNK - 1)), _seq(_r(chunk, a, a), _r(node, 0, b)))
+        return _seq(mandatory, upto)
+
+    def shared_rule(self, key: str, build: Callable[[], Node]) -> Node:
+        if key not in self.shared:
+            self.shared[key] = self.define(key, build())
+        return self.shared[key]
+
+    # ---- output
+
+    def reachable(self) -> dict[str, Node]:
+        """The rules root reaches, breadth first from root."""
+        order, todo = ["root"], 0
+        while todo < len(order):
+            body = self.rules[order[todo]]
+            todo += 1
+            if body is None:
+                raise AssertionError(f"rule {order[todo - 1]} has no body")
+            refs: list[str] = []
+            _walk_refs(body, refs)
+            order += [r for r in dict.fromkeys(refs) if r not in order]
+        return {n: self.rules[n] for n in order}
+
+    def finish(self) -> str:
+        rules = self.reachable()
+        # a rule that is only another rule's name takes that rule's body, if nothing else uses it
+        counts: dict[str, int] = {}
+        for b in rules.values():
+            refs: list[str] = []
+            _walk_refs(b, refs)
+            for r in refs:
+                counts[r] = counts.get(r, 0) + 1
+        for n in list(rules):
+            b = self.rules[n]
+            if b[0] == "ref" and b[1] != n and counts.get(b[1]) == 1:
+                self.rules[n] = self.rules[b[1]]
+        rules = self.reachable()
+        # nullable rules, then left recursion (llama.cpp rejects it) and rules with no finite string
+        nullable: set[str] = set()
+        prod: set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for n, b in rules.items():
+                if n not in nullable and _nullable(b, nullable):
+                    nullable.add(n)
+                    changed = True
+                if n not in prod and _productive(b, prod):
+                    prod.add(n)
+                    changed = True
+        bad = [n for n in rules if n not in prod]
+        if bad:
+            raise GrammarError(f"the JSON Schema only admits infinitely nested values (through {bad[0]!r}): a "
+                               "recursive $ref must be optional somewhere (not required, or in an array "
+                               "that may be empty, or one alternative of an anyOf)")
+        starts = {}
+        for n, b in rules.items():
+            s: set[str] = set()
+            _left_refs(b, nullable, s)
+            starts[n] = s
+        for n in rules:
+            seen, todo = set(), list(starts[n])
+            while todo:
+                m = todo.pop()
+                if m == n:
+                    raise GrammarError(f"the JSON Schema refers to itself (through {n!r}) without an enclosing "
+                                       "object or array (e.g. anyOf/allOf of its own $ref): such a schema "
+                                       "adds nothing; remove the self-reference")
+                if m not in seen:
+                    seen.add(m)
+                    todo += starts[m]
+        return "".join(f"{n} ::= {_render(b)}\n" for n, b in rules.items())

@@ -1,0 +1,245 @@
+"""Reading a JSON Schema: the keywords (supported, annotations, refused with advice), their
+values checked, the types a schema declares, local $ref resolution, numeric bounds, and the
+errors."""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import Any
+from urllib.parse import unquote
+
+from ..errors import GrammarError
+from .json_values import _json_kind
+
+
+# keywords that only annotate: ignored
+
+
+_ANNOTATIONS = frozenset({
+    "title", "description", "examples", "example", "default", "$schema", "$id", "$comment",
+    "deprecated", "readOnly", "writeOnly", "discriminator", "contentMediaType", "contentEncoding",
+    "contentSchema", "$anchor", "$dynamicAnchor", "$recursiveAnchor", "$vocabulary", "$defs",
+    "definitions",
+})
+
+
+_SUPPORTED = frozenset({
+    "type", "enum", "const", "properties", "required", "additionalProperties", "unevaluatedProperties",
+    "minProperties", "maxProperties", "items", "prefixItems", "additionalItems", "unevaluatedItems",
+    "minItems", "maxItems", "uniqueItems", "anyOf", "oneOf", "allOf", "$ref", "minLength",
+    "maxLength", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+})
+
+
+# known keywords the converter cannot express, and what to do instead
+
+
+_UNSUPPORTED = {
+    "pattern": "regular expressions are not converted; drop 'pattern' and check the string after "
+               "generation, or list the allowed values with 'enum'",
+    "patternProperties": "drop it and list the keys under 'properties', or use 'additionalProperties' "
+                         "with a schema",
+    "propertyNames": "drop it and list the keys under 'properties'",
+    "dependentRequired": "make the properties required, or split the alternatives with 'anyOf'",
+    "dependentSchemas": "split the alternatives with 'anyOf'",
+    "dependencies": "make the properties required, or split the alternatives with 'anyOf'",
+    "if": "split the cases with 'anyOf'", "then": "split the cases with 'anyOf'",
+    "else": "split the cases with 'anyOf'",
+    "not": "a grammar cannot exclude a sub-language; list what is allowed instead (enum, anyOf)",
+    "contains": "describe the items with 'items' or 'prefixItems'",
+    "minContains": "describe the items with 'items' or 'prefixItems'",
+    "maxContains": "describe the items with 'items' or 'prefixItems'",
+    "$dynamicRef": "use a plain '$ref' to '#/$defs/...'",
+    "$recursiveRef": "use a plain '$ref' to '#/$defs/...'",
+    "nullable": "this is OpenAPI 3.0, not JSON Schema: write \"type\": [..., \"null\"]",
+}
+
+
+_OBJECT_KEYWORDS = ("properties", "required", "additionalProperties", "unevaluatedProperties",
+                    "minProperties", "maxProperties")
+
+
+_ARRAY_KEYWORDS = ("items", "prefixItems", "additionalItems", "unevaluatedItems", "minItems", "maxItems",
+                   "uniqueItems")
+
+
+_STRING_KEYWORDS = ("minLength", "maxLength", "format")
+
+
+_NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+
+
+_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+
+
+class _Unsat(Exception):
+    """No value matches this (sub)schema; an enclosing anyOf / optional property may drop it."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"{path}: {why}")
+
+
+def _err(path: str, msg: str) -> GrammarError:
+    return GrammarError(f"JSON Schema at {path}: {msg}")
+
+
+def _kinds_of_type(t: str) -> set[str]:
+    return {"integer", "fraction"} if t == "number" else {t}
+
+
+def _as_count(value: Any, path: str, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
+        raise _err(path, f"'{key}' must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def _as_number(value: Any, path: str, key: str) -> Fraction:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _err(path, f"'{key}' must be a number, got {value!r}")
+    return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
+
+
+def _schema_types(schema: dict, path: str) -> list[str] | None:
+    t = schema.get("type")
+    if t is None:
+        return None
+    types = [t] if isinstance(t, str) else t
+    if not isinstance(types, list) or not types or any(not isinstance(x, str) for x in types):
+        raise _err(path, f"'type' must be a type name or a non-empty list of them, got {t!r}")
+    for x in types:
+        if x not in _TYPES:
+            raise _err(path, f"unknown type {x!r}; the JSON Schema types are {', '.join(_TYPES)}")
+    if len(set(types)) != len(types):
+        raise _err(path, f"'type' lists a type twice: {t!r}")
+    return list(types)
+
+
+def _check_keywords(schema: dict, path: str) -> None:
+    for key in schema:
+        if not isinstance(key, str):
+            raise _err(path, f"keyword {key!r} is not a string")
+        if key in _ANNOTATIONS or key in _SUPPORTED or key.startswith("x-"):
+            continue
+        if key in _UNSUPPORTED:
+            raise _err(path, f"keyword '{key}' is not supported: {_UNSUPPORTED[key]}")
+        raise _err(path, f"unknown keyword '{key}': the converter cannot tell whether it constrains "
+                         "the value. Remove it (or prefix it with 'x-' if it only annotates)")
+    for key in ("anyOf", "oneOf", "allOf"):
+        if key in schema and (not isinstance(schema[key], list) or not schema[key]):
+            raise _err(path, f"'{key}' must be a non-empty list of schemas")
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        raise _err(path, "'enum' must be a list of values")
+    if "required" in schema:
+        req = schema["required"]
+        if not isinstance(req, list) or any(not isinstance(x, str) for x in req) or len(set(req)) != len(req):
+            raise _err(path, "'required' must be a list of distinct property names")
+    if "properties" in schema and (not isinstance(schema["properties"], dict)
+                                   or any(not isinstance(k, str) for k in schema["properties"])):
+        raise _err(path, "'properties' must be an object mapping names to schemas")
+    for key in ("additionalProperties", "unevaluatedProperties", "additionalItems", "unevaluatedItems"):
+        if key in schema and not isinstance(schema[key], (bool, dict)):
+            raise _err(path, f"'{key}' must be a schema (an object or a boolean)")
+    if "uniqueItems" in schema and not isinstance(schema["uniqueItems"], bool):
+        raise _err(path, "'uniqueItems' must be a boolean")
+    for key in ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"):
+        if key in schema:
+            _as_count(schema[key], path, key)
+    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
+        if key in schema and not (key.startswith("exclusive") and isinstance(schema[key], bool)):
+            _as_number(schema[key], path, key)
+    for key in ("$defs", "definitions"):
+        if key in schema and not isinstance(schema[key], dict):
+            raise _err(path, f"'{key}' must be an object mapping names to schemas")
+
+
+def _resolve(root: Any, ref: Any, path: str) -> Any:
+    if not isinstance(ref, str):
+        raise _err(path, f"'$ref' must be a string, got {ref!r}")
+    if not ref.startswith("#"):
+        raise _err(path, f"'$ref': {ref!r} is not a local reference; only references into the same "
+                         "schema ('#/$defs/Name', '#/definitions/Name', '#') are supported: inline the "
+                         "referenced schema under '$defs'")
+    fragment = unquote(ref[1:])
+    if fragment and not fragment.startswith("/"):
+        raise _err(path, f"'$ref': {ref!r} names an anchor; anchors are not supported, use a JSON "
+                         "pointer such as '#/$defs/Name'")
+    node: Any = root
+    for part in fragment.split("/")[1:] if fragment else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise _err(path, f"'$ref': {ref!r} does not resolve: no {part!r} in the schema")
+    return node
+
+
+def _pointer_escape(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def _bounds(schema: dict, path: str) -> tuple:
+    lo: tuple | None = None  # (value, exclusive)
+    hi: tuple | None = None
+
+    def tighter(cur: tuple | None, new: tuple, lower: bool) -> tuple:
+        if cur is None:
+            return new
+        if new[0] != cur[0]:
+            return new if (new[0] > cur[0]) == lower else cur
+        return new if new[1] else cur
+
+    emin, emax = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    if "minimum" in schema:
+        lo = (_as_number(schema["minimum"], path, "minimum"), emin is True)
+    if "maximum" in schema:
+        hi = (_as_number(schema["maximum"], path, "maximum"), emax is True)
+    for key, val, lower in (("exclusiveMinimum", emin, True), ("exclusiveMaximum", emax, False)):
+        if isinstance(val, bool):
+            if val and ("minimum" if lower else "maximum") not in schema:
+                raise _err(path, f"'{key}': true needs '{'minimum' if lower else 'maximum'}'")
+        elif val is not None:
+            b = (_as_number(val, path, key), True)
+            if lower:
+                lo = tighter(lo, b, True)
+            else:
+                hi = tighter(hi, b, False)
+    return lo, hi
+
+
+# keywords beside enum/const that filter the values
+
+
+_VALUE_CHECKS = frozenset({"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
+                           "required", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+
+
+def _value_ok(v: Any, schema: dict, path: str) -> bool:
+    """Whether an enum/const value satisfies the _VALUE_CHECKS keywords of the schema."""
+    kind = _json_kind(v)
+    if kind == "string":
+        n = len(v)
+        return schema.get("minLength", 0) <= n and ("maxLength" not in schema or n <= schema["maxLength"])
+    if kind == "array":
+        n = len(v)
+        return schema.get("minItems", 0) <= n and ("maxItems" not in schema or n <= schema["maxItems"])
+    if kind == "object":
+        n = len(v)
+        return (schema.get("minProperties", 0) <= n and ("maxProperties" not in schema or n <= schema["maxProperties"])
+                and all(k in v for k in schema.get("required", ())))
+    if kind in ("integer", "fraction"):
+        x = Fraction(v)
+        for key, ok in (("minimum", lambda b: x >= b), ("maximum", lambda b: x <= b),
+                        ("exclusiveMinimum", lambda b: x > b), ("exclusiveMaximum", lambda b: x < b)):
+            bound = schema.get(key)
+            if isinstance(bound, bool):  # draft 4
+                if bound and key == "exclusiveMinimum" and "minimum" in schema:
+                    if not x > _as_number(schema["minimum"], path, "minimum"):
+                        return False
+                if bound and key == "exclusiveMaximum" and "maximum" in schema:
+                    if not x < _as_number(schema["maximum"], path, "maximum"):
+                        return False
+            elif bound is not None and not ok(_as_number(bound, path, key)):
+                return False
+    return True
