@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 // A checked token costs about half a decode step (its row of a batch: the 262k-entry output
@@ -29,3 +30,44 @@ struct llama_opt_memo_draft {
 // history's longest suffix (up to LLAMA_OPT_MEMO_MATCH_MAX tokens) that occurred before,
 // min(match, max_tokens) tokens of it; none for a match shorter than LLAMA_OPT_MEMO_MATCH_MIN.
 llama_opt_memo_draft llama_opt_memo_find(const llama_token * history, size_t n, uint32_t max_tokens);
+
+// A draft being checked in a session: the drafted tokens, the logits of the batch rows that
+// checked them (row i: after the pending token and i drafted tokens), and how many of them
+// sampling has confirmed. The cells of drafted tokens not yet confirmed lie beyond the
+// session's history until the check ends.
+class llama_opt_memo_check {
+public:
+    // The buffer the check's batch writes its rows' logits to, before start().
+    std::vector<float> & rows() { return rows_; }
+    void start(std::vector<llama_token> draft, size_t n_vocab) {
+        draft_   = std::move(draft);
+        next_    = 0;
+        n_vocab_ = n_vocab;
+    }
+    bool active() const { return next_ < draft_.size(); }
+    const float * row(size_t i) const { return rows_.data() + i * n_vocab_; }
+    // `token` joined the history. If it is the next drafted token it is confirmed, and the
+    // logits after it are returned (its KV came with the check); otherwise nullptr, and the
+    // caller ends the check.
+    const float * confirm(llama_token token) {
+        if (!active() || token != draft_[next_]) {
+            return nullptr;
+        }
+        ++next_;
+        return row(next_);
+    }
+    void clear() {
+        draft_.clear();
+        next_ = 0;
+    }
+    void release() {  // end of a generation: the rows' memory too
+        clear();
+        std::vector<float>().swap(rows_);
+    }
+
+private:
+    std::vector<llama_token> draft_;
+    size_t                   next_    = 0;  // the next drafted token to confirm
+    size_t                   n_vocab_ = 0;
+    std::vector<float>       rows_;
+};

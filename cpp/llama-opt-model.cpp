@@ -2,7 +2,7 @@
 
 #include "ggml-cpu.h"
 #include "llama-opt-log.h"
-#include "llama-schema-skip.h"
+#include "llama-opt-grammar.h"
 #include "llama.h"
 
 #include <cerrno>

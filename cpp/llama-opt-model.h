@@ -64,7 +64,7 @@ public:
     std::string                        meta(const std::string & key) const;  // "" if absent
     std::string                        chat_template() const;               // "" if none
 
-    // What grammars learned about this vocabulary (llama-schema-skip), made on first use.
+    // What grammars learned about this vocabulary (llama-opt-grammar), made on first use.
     std::shared_ptr<llama_opt_grammar_vocab> grammar_vocab() const;
 
 private:

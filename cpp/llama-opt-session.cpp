@@ -5,7 +5,6 @@
 #include "llama-memo.h"
 #include "llama-opt-context.h"
 #include "llama-opt-log.h"
-#include "llama-schema-skip.h"
 
 #include <algorithm>
 #include <cmath>
@@ -20,13 +19,11 @@ std::shared_ptr<llama_opt_session> llama_opt_session::open(std::shared_ptr<llama
     return session;
 }
 
-llama_opt_session::llama_opt_session(std::shared_ptr<llama_opt_context> ctx) : ctx_(std::move(ctx)) {
-    set_sampling(llama_opt_sampling());
-}
+llama_opt_session::llama_opt_session(std::shared_ptr<llama_opt_context> ctx)
+    : ctx_(std::move(ctx)), sampler_(ctx_->model(), ctx_->settings().config) {}
 
 llama_opt_session::~llama_opt_session() {
     close();
-    llama_sampler_free(sampler_);
 }
 
 bool llama_opt_session::closed() const {
@@ -58,8 +55,7 @@ void llama_opt_session::close() {
 }
 
 void llama_opt_session::on_evicted() {
-    memo_draft_.clear();  // its cells went with the rest of the sequence's KV
-    memo_next_   = 0;
+    memo_.clear();  // its cells went with the rest of the sequence's KV
     chain_.clear();
     n_evaluated_ = n_canonical_ = 0;
     approx_from_ = npos;
@@ -302,41 +298,39 @@ bool llama_opt_session::check_draft() {
     for (size_t i = 0; i < draft.tokens.size(); ++i) {
         rows.push_back({ seq_, n_evaluated_ + 1 + i, draft.tokens[i] });
     }
-    if (!ctx_->compute_rows(rows, memo_logits_)) {
+    if (!ctx_->compute_rows(rows, memo_.rows())) {
         return false;  // no room for the draft: a plain step
     }
     count_work(&llama_opt_stats::tokens_decoded, { rows.size(), 1 });
     count(&llama_opt_stats::memo_hits, 1);
+    const size_t n_vocab = ctx_->model().n_vocab();
+    memo_.start(draft.tokens, n_vocab);
     n_evaluated_ = tokens_.size();
-    logits_.assign(memo_logits_.begin(), memo_logits_.begin() + ctx_->model().n_vocab());
+    logits_.assign(memo_.row(0), memo_.row(0) + n_vocab);
     logits_for_ = n_evaluated_;
-    memo_draft_ = draft.tokens;
-    memo_next_  = 0;
     return true;
 }
 
 void llama_opt_session::take_checked(llama_token token) {
-    if (memo_next_ >= memo_draft_.size()) {
+    if (!memo_.active()) {
         return;
     }
-    if (token != memo_draft_[memo_next_]) {
+    const float * after = memo_.confirm(token);  // its KV and the logits after it came with the check
+    if (!after) {
         drop_draft();
         return;
     }
-    ++memo_next_;  // its KV and the logits after it came with the check
-    const size_t n_vocab = ctx_->model().n_vocab();
     n_evaluated_ = tokens_.size();
-    logits_.assign(memo_logits_.begin() + memo_next_ * n_vocab, memo_logits_.begin() + (memo_next_ + 1) * n_vocab);
+    logits_.assign(after, after + ctx_->model().n_vocab());
     logits_for_ = n_evaluated_;
     count(&llama_opt_stats::memo_tokens_skipped, 1);
 }
 
 void llama_opt_session::drop_draft() {
-    if (memo_next_ < memo_draft_.size()) {
+    if (memo_.active()) {
         ctx_->kv_remove(seq_, (llama_pos) n_evaluated_, -1);
     }
-    memo_draft_.clear();
-    memo_next_ = 0;
+    memo_.clear();
 }
 
 void llama_opt_session::ensure_logits(uint64_t llama_opt_stats::* counter) {
@@ -635,28 +629,14 @@ std::shared_ptr<llama_opt_session> llama_opt_session::fork() {
     return other;
 }
 
-void llama_opt_session::set_sampling(const llama_opt_sampling & s) {
+void llama_opt_session::set_sampling(const llama_opt_sampling & sampling) {
     lock_t lock(ctx_->mutex());
-    llama_sampler * chain = llama_sampler_chain_init(llama_sampler_chain_default_params());
-    if (s.temperature <= 0.0f) {
-        llama_sampler_chain_add(chain, llama_sampler_init_greedy());
-    } else {
-        if (s.top_k > 0) {
-            llama_sampler_chain_add(chain, llama_sampler_init_top_k(s.top_k));
-        }
-        if (s.top_p < 1.0f) {
-            llama_sampler_chain_add(chain, llama_sampler_init_top_p(s.top_p, 1));
-        }
-        if (s.min_p > 0.0f) {
-            llama_sampler_chain_add(chain, llama_sampler_init_min_p(s.min_p, 1));
-        }
-        llama_sampler_chain_add(chain, llama_sampler_init_temp(s.temperature));
-        llama_sampler_chain_add(chain, llama_sampler_init_dist(s.seed));
-    }
-    llama_sampler_free(sampler_);
-    sampler_ = chain;
-    greedy_  = s.temperature <= 0.0f;
-    top_k_   = s.top_k;
+    sampler_.set_sampling(sampling);
+}
+
+void llama_opt_session::set_grammar(const std::string & gbnf) {
+    lock_t lock(ctx_->mutex());
+    sampler_.set_grammar(gbnf);
 }
 
 llama_token llama_opt_session::next_token() {
@@ -671,8 +651,8 @@ llama_token llama_opt_session::next_token() {
             "the session is empty: append a prompt before generating");
     }
     generating_ = true;
-    if (grammar_ && ctx_->settings().config.schema_skip_enabled && n_evaluated_ > 0) {
-        const llama_token inferred = next_inferred();
+    if (sampler_.constrained() && ctx_->settings().config.schema_skip_enabled && n_evaluated_ > 0) {
+        const llama_token inferred = sampler_.next_inferred();
         if (inferred == -2) {
             return -1;  // the grammar allows nothing more
         }
@@ -683,39 +663,36 @@ llama_token llama_opt_session::next_token() {
     decode_pending_step();  // the pending sampled token: one decode step, not a (canonical) prefill
     ensure_logits(&llama_opt_stats::tokens_prefilled);
 
-    llama_token token;
-    if (grammar_) {
-        token = greedy_ ? grammar_->best(logits_.data(), ctx_->settings().config.schema_full_mask) : sample_allowed();
-        if (token < 0) {
-            return -1;  // the grammar allows nothing more
-        }
-        grammar_->accept(token);
-        count(&llama_opt_stats::schema_tokens_total, 1);
-    } else if (greedy_) {
-        // what llama_sampler_init_greedy picks (the first maximum), without a 262k-entry array
-        token = (llama_token) (std::max_element(logits_.begin(), logits_.end()) - logits_.begin());
-    } else {
-        candidates_.resize(logits_.size());
-        for (size_t i = 0; i < logits_.size(); ++i) {
-            candidates_[i] = { (llama_token) i, logits_[i], 0.0f };
-        }
-        llama_token_data_array cur = { candidates_.data(), candidates_.size(), -1, false };
-        llama_sampler_apply(sampler_, &cur);
-        token = cur.data[cur.selected].id;
+    const llama_token token = sampler_.pick(logits_);
+    if (token < 0) {
+        return -1;  // the grammar allows nothing more
     }
-    llama_sampler_accept(sampler_, token);
-
+    if (sampler_.constrained()) {
+        count(&llama_opt_stats::schema_tokens_total, 1);
+    }
+    sampler_.accept(token);
     tokens_.push_back(token);
     take_checked(token);
     count(&llama_opt_stats::tokens_generated, 1);
     return token;
 }
 
+llama_opt_step llama_opt_session::step() {
+    lock_t lock(ctx_->mutex());
+    llama_opt_step s;
+    s.token = next_token();
+    if (s.token >= 0) {
+        s.eog   = ctx_->model().is_eog(s.token);
+        s.piece = ctx_->model().token_piece(s.token, false);
+    }
+    s.room = room();
+    return s;
+}
+
 // A token the grammar decided: it joins the history without logits or sampling; its KV is
 // computed before the next real step (decode_pending_step).
 llama_token llama_opt_session::take_inferred(llama_token token) {
-    grammar_->accept(token);
-    llama_sampler_accept(sampler_, token);
+    sampler_.accept(token);
     tokens_.push_back(token);
     take_checked(token);
     count(&llama_opt_stats::tokens_generated, 1);
@@ -725,77 +702,13 @@ llama_token llama_opt_session::take_inferred(llama_token token) {
     return token;
 }
 
-// The next token the grammar decides, taken without logits (schema_skip_enabled): -1 when the
-// model must choose, -2 when the grammar allows nothing. Runs are queued: the tokens forced one
-// after another (exact), or with jump-forward a forced string's own tokens.
-llama_token llama_opt_session::next_inferred() {
-    if (inferred_queue_.empty()) {
-        queue_jump_forward();
-    }
-    if (inferred_queue_.empty()) {
-        const llama_opt_skip_result next = llama_opt_schema_query_next(*grammar_);
-        if (!next.can_skip) {
-            return next.dead_end ? -2 : -1;
-        }
-        const std::vector<llama_token> run = llama_opt_schema_query_sequence(*grammar_, 64).tokens;
-        inferred_queue_.assign(run.rbegin(), run.rend());  // popped from the back
-    }
-    const llama_token token = inferred_queue_.back();
-    inferred_queue_.pop_back();
-    if (!grammar_->allows(token)) {  // a string's tokenization the grammar does not take
-        inferred_queue_.clear();
-        return -1;
-    }
-    return token;
-}
-
-// Jump-forward (schema_jump_forward, opt-in): when the grammar forces a whole string, it is
-// tokenized as text and taken token by token without forward passes, except its last token,
-// which a longer token could still absorb together with what follows. The tokens are the
-// string's own tokenization, which may differ from what the model would have produced.
-void llama_opt_session::queue_jump_forward() {
-    if (!ctx_->settings().config.schema_jump_forward) {
-        return;
-    }
-    const std::string text = grammar_->forced_text(256);
-    if (text.empty()) {
-        return;
-    }
-    std::vector<llama_token> tokens = ctx_->model().tokenize(text, false, false);
-    if (tokens.size() < 2 || ctx_->model().detokenize(tokens, false, false) != text) {
-        return;
-    }
-    tokens.pop_back();
-    inferred_queue_.assign(tokens.rbegin(), tokens.rend());  // popped from the back
-}
-
-// Sampling under a grammar: the allowed tokens (the top_k best of them, when top_k is on) go
-// through the session's sampler chain, as masking the vocabulary first would give.
-llama_token llama_opt_session::sample_allowed() {
-    candidates_ = grammar_->top_allowed(logits_.data(), top_k_);
-    if (candidates_.empty()) {
-        return -1;
-    }
-    llama_token_data_array cur = { candidates_.data(), candidates_.size(), -1, true };
-    llama_sampler_apply(sampler_, &cur);
-    return cur.data[cur.selected].id;
-}
-
-void llama_opt_session::set_grammar(const std::string & gbnf) {
-    lock_t lock(ctx_->mutex());
-    grammar_ = gbnf.empty() ? nullptr : std::make_unique<llama_opt_grammar>(ctx_->model().grammar_vocab(), gbnf);
-    inferred_queue_.clear();
-}
-
 void llama_opt_session::end_turn() {
     lock_t lock(ctx_->mutex());
     drop_draft();  // the generation is over: its unconfirmed draft's cells are free again
-    std::vector<float>().swap(memo_logits_);
+    memo_.release();
     generating_ = false;  // logits() after the turn computes the pending token alone
-    if (grammar_) {  // the generation it constrained is over
-        count(&llama_opt_stats::schema_check_us, grammar_->check_ns() / 1000);
-        grammar_.reset();
-        inferred_queue_.clear();
+    if (sampler_.constrained()) {  // the generation it constrained is over
+        count(&llama_opt_stats::schema_check_us, sampler_.end_generation());
     }
     if (ctx_->settings().config.stats_enabled) {
         (stats_ - turn_start_).print();

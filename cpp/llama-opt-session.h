@@ -8,21 +8,21 @@
 // from a sequence that computed them so). The partial last block and generated tokens (decoded
 // one at a time, a different kernel path) are recomputed before the history grows past them.
 
+#include "llama-memo.h"
 #include "llama-opt-context.h"
+#include "llama-opt-sampler.h"
 #include "llama-opt.h"
 #include "llama.h"
 
 #include <memory>
 #include <vector>
 
-class llama_opt_grammar;
-
-struct llama_opt_sampling {
-    float    temperature = 0.0f;  // <= 0: greedy
-    int32_t  top_k       = 40;    // <= 0: off
-    float    top_p       = 0.95f; // >= 1: off
-    float    min_p       = 0.05f; // <= 0: off
-    uint32_t seed        = LLAMA_DEFAULT_SEED;  // random
+// One generation step: the new token and what the caller needs to know of it, in one call.
+struct llama_opt_step {
+    llama_token token = -1;     // -1: the grammar allows no token
+    bool        eog   = false;  // an end-of-generation token
+    std::string piece;          // its bytes (special tokens not rendered)
+    size_t      room  = 0;      // tokens that still fit the context after it
 };
 
 class llama_opt_session : public llama_opt_seq_owner {
@@ -62,13 +62,15 @@ public:
     void set_sampling(const llama_opt_sampling & sampling);
     // Constrains the following next_token() calls to a GBNF grammar ("": none). Throws
     // llama_opt_error(grammar) if it does not parse. With schema_skip_enabled, a token the
-    // grammar forces is taken without computing logits (llama-schema-skip).
+    // grammar forces is taken without computing logits (llama-opt-grammar).
     void set_grammar(const std::string & gbnf);
 
     // Computes the KV of a pending (last sampled) token if any, then samples the next token
     // and adds it to the history as pending. Throws context_overflow when the history is full.
     // Returns -1 when a grammar allows no token.
     llama_token next_token();
+    // next_token(), with what a streaming caller asks of each token.
+    llama_opt_step step();
 
     // Ends a turn (a generation): drops its grammar, prints the turn's statistics when
     // LLAMA_OPT_STATS is on.
@@ -113,10 +115,7 @@ private:
     bool check_draft();                    // memo: the pending step and a draft in one batch; false: no draft
     void take_checked(llama_token token);  // memo: a token joined the history: confirm it as drafted, or drop the draft
     void drop_draft();                     // memo: frees the KV of drafted tokens not confirmed
-    llama_token sample_allowed();          // seeded sampling under the grammar
     llama_token take_inferred(llama_token token);  // a token the grammar decided
-    llama_token next_inferred();           // the next token decided without logits; -1: none, -2: dead end
-    void        queue_jump_forward();      // a forced string's own tokens, into inferred_queue_
     void forget(size_t pos);               // drops the KV of positions >= pos
     void adopt_shared_prefix();            // dedup: take a longer canonical prefix another sequence holds
     void register_blocks();                // dedup: put new complete blocks into the pool
@@ -143,16 +142,8 @@ private:
                                                           // (the context holds their pool ids: held_blocks)
     std::vector<float>                 logits_;
     size_t                             logits_for_  = 0;  // logits_ follow token logits_for_ - 1
-    llama_sampler *                    sampler_     = nullptr;
-    bool                               greedy_      = true;  // argmax directly, no candidate array
-    int32_t                            top_k_       = 40;
-    std::unique_ptr<llama_opt_grammar> grammar_;
-    std::vector<llama_token>           inferred_queue_;   // decided tokens still to take, last first
-    std::vector<llama_token_data>      candidates_;       // sampling scratch, reused per step
-    // memo: a checked draft; KV of memo_draft_[memo_next_, end) sits beyond n_evaluated_
-    std::vector<llama_token>           memo_draft_;
-    size_t                             memo_next_ = 0;    // the next drafted token to confirm
-    std::vector<float>                 memo_logits_;      // row i: logits after i drafted tokens
+    llama_opt_sampler                  sampler_;
+    llama_opt_memo_check               memo_;             // a draft being checked: its cells lie beyond n_evaluated_
     bool                               generating_ = false;  // a turn's generation is on: drafts pay off only then
     llama_opt_stats                    stats_;
     llama_opt_stats                    turn_start_;

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import _core
 from .errors import ContextOverflowError, InvalidArgumentError
 from .model import check_token_ids
 from .stats import Stats
@@ -30,8 +31,7 @@ class Generation(Iterator[Token]):
     ``finish_reason`` ('eos', 'length', 'stop', 'context_full', 'grammar' or 'interrupted')."""
 
     def __init__(self, session: Session, max_tokens: int | None, stop: Sequence[str],
-                 sampling: tuple[float, int, float, float, int],
-                 on_finish: Callable[[Generation], None] | None = None, grammar: str = "") -> None:
+                 sampling: _core.Sampling, on_finish: Callable[[Generation], None] | None = None, grammar: str = "") -> None:
         self.session = session
         self._grammar = grammar
         self._on_finish = on_finish
@@ -48,9 +48,9 @@ class Generation(Iterator[Token]):
         and ends the turn, as exhausting it would."""
         self._steps.close()
 
-    def _run(self, max_tokens: int | None, stop: list[str], sampling: tuple) -> Iterator[Token]:
-        core, model = self.session._core, self.session.context.model
-        core.set_sampling(*sampling)  # here, not in generate(): generations may be interleaved
+    def _run(self, max_tokens: int | None, stop: list[str], sampling: _core.Sampling) -> Iterator[Token]:
+        core = self.session._core
+        core.set_sampling(sampling)  # here, not in generate(): generations may be interleaved
         core.set_grammar(self._grammar)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         full = ""  # all text decoded so far; self.text is the part released
@@ -61,24 +61,25 @@ class Generation(Iterator[Token]):
         try:
             while self.finish_reason is None:
                 try:
-                    token = core.next_token()
+                    step = core.step()  # the one call into the engine per token
                 except ContextOverflowError:  # the KV cache is full, even after evictions
                     self.finish_reason = "context_full"
                     break
+                token = step.token
                 if token < 0:
                     self.finish_reason = "grammar"  # the grammar allows no token here
                     break
                 self.tokens.append(token)
-                if model.is_eog(token):
+                if step.eog:
                     self.finish_reason = "eos"
                 else:
-                    full += decoder.decode(model.token_bytes(token))
+                    full += decoder.decode(step.piece)
                     cut = _find_stop(full, stop, len(self.text))
                     if cut is not None:
                         full, self.finish_reason = full[:cut], "stop"
                     elif max_tokens is not None and len(self.tokens) >= max_tokens:
                         self.finish_reason = "length"
-                    elif core.room == 0:
+                    elif step.room == 0:
                         self.finish_reason = "context_full"
                 if self.finish_reason is None:
                     release = len(full) - _held_back(full, stop)
@@ -214,7 +215,9 @@ class Session:
         stops = [stop] if isinstance(stop, str) else list(stop)
         if any(not isinstance(s, str) or not s for s in stops):
             raise InvalidArgumentError("stop must be a non-empty string or a list of them")
-        sampling = (float(temperature), int(top_k), float(top_p), float(min_p), 0xFFFFFFFF if seed is None else seed)
+        sampling = _core.Sampling()
+        sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.seed = (
+            float(temperature), int(top_k), float(top_p), float(min_p), seed)
         if grammar is not None and json_schema is not None:
             raise InvalidArgumentError("give grammar or json_schema, not both")
         if json_schema is not None:

@@ -252,7 +252,16 @@ def test_sync_without_diffing_recomputes_everything(tiny_model):
         assert s.stats.diff_tokens_total == 0  # the diff path did not run
 
 
-def test_ctrl_c_during_generation_leaves_the_session_usable(tiny_model):
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt, as in a terminal, even where this run inherited SIGINT
+    ignored (a job started in the background by a non-interactive shell does)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_during_generation_leaves_the_session_usable(tiny_model, ctrl_c_raises):
     with Context(tiny_model, n_ctx=4096, n_batch=64, n_threads=2) as ctx:
         s = ctx.session()
         s.append_text(PROMPT)
@@ -298,3 +307,18 @@ def test_context_stats_sum_the_sessions(tiny_context):
 def test_bad_context_arguments(tiny_model, kwargs):
     with pytest.raises(InvalidArgumentError):
         Context(tiny_model, **kwargs)
+
+
+def test_generate_defaults_are_the_engines_defaults():
+    """Session.generate's sampling defaults and the engine's (llama_opt_sampling) are one set."""
+    import inspect
+
+    from pyllamaopt import Session, _core
+
+    engine = _core.Sampling()
+    params = inspect.signature(Session.generate).parameters
+    for name in ("temperature", "top_k", "top_p", "min_p"):
+        assert params[name].default == pytest.approx(getattr(engine, name), rel=1e-6), name  # float32 in C++
+    assert params["seed"].default is None and engine.seed is None  # None: random
+    engine.seed = 7
+    assert engine.seed == 7

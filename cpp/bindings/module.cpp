@@ -18,9 +18,9 @@ PYBIND11_MODULE(_core, m) {
     register_hash(m);
     register_diff(m);
     register_model(m);
-    register_context(m);
+    register_persist(m);  // before the context and the session: their signatures name these classes
     register_session(m);
-    register_persist(m);
+    register_context(m);
 
     m.def("set_verbose", &llama_opt_log_set_verbose, py::arg("verbose"),
           "Print llama.cpp's log to stderr (default: silent; warnings are kept for error messages).");

@@ -7,17 +7,34 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 void register_session(py::module_ & m) {
+    py::class_<llama_opt_sampling>(m, "Sampling", "How a generation picks tokens (greedy when temperature <= 0).")
+        .def(py::init<>())
+        .def_readwrite("temperature", &llama_opt_sampling::temperature)
+        .def_readwrite("top_k", &llama_opt_sampling::top_k)
+        .def_readwrite("top_p", &llama_opt_sampling::top_p)
+        .def_readwrite("min_p", &llama_opt_sampling::min_p)
+        .def_property("seed",  // None: a random seed
+            [](const llama_opt_sampling & s) { return s.seed == LLAMA_DEFAULT_SEED ? std::optional<uint32_t>() : s.seed; },
+            [](llama_opt_sampling & s, std::optional<uint32_t> seed) { s.seed = seed.value_or(LLAMA_DEFAULT_SEED); });
+
+    py::class_<llama_opt_step>(m, "Step", "One generated token (token -1: the grammar allows none).")
+        .def_readonly("token", &llama_opt_step::token)
+        .def_readonly("eog", &llama_opt_step::eog)
+        .def_property_readonly("piece", [](const llama_opt_step & s) { return py::bytes(s.piece); })
+        .def_readonly("room", &llama_opt_step::room);
+
     py::class_<llama_opt_session, std::shared_ptr<llama_opt_session>>(m, "Session", "One sequence of a context (see pyllamaopt.Session).")
         .def("append", &llama_opt_session::append, py::arg("tokens"), py::call_guard<py::gil_scoped_release>())
         .def("sync", &llama_opt_session::sync, py::arg("tokens"), py::call_guard<py::gil_scoped_release>())
         .def("fork", &llama_opt_session::fork, py::call_guard<py::gil_scoped_release>())
         .def("save", &llama_opt_session::save, py::call_guard<py::gil_scoped_release>())
         .def("set_grammar", &llama_opt_session::set_grammar, py::arg("gbnf"))
-        .def("set_sampling", [](llama_opt_session & self, float temperature, int32_t top_k, float top_p, float min_p, uint32_t seed) {
-                 self.set_sampling({ temperature, top_k, top_p, min_p, seed });
-             }, py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("seed"))
+        .def("set_sampling", &llama_opt_session::set_sampling, py::arg("sampling"))
         .def("next_token", &llama_opt_session::next_token, py::call_guard<py::gil_scoped_release>())
+        .def("step", &llama_opt_session::step, py::call_guard<py::gil_scoped_release>())
         .def("end_turn", &llama_opt_session::end_turn)
         .def("close", &llama_opt_session::close)
         .def("stats", &llama_opt_session::stats)

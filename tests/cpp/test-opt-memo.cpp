@@ -55,7 +55,30 @@ static void test_match_is_capped() {
     CHECK(d.tokens.front() == 115);
 }
 
+static void test_a_check_confirms_drafted_tokens_in_order() {
+    llama_opt_memo_check check;
+    CHECK(!check.active() && check.confirm(4) == nullptr);
+    const size_t n_vocab = 3;
+    check.rows().assign({ 0, 0, 0, 1, 1, 1, 2, 2, 2 });  // rows after 0, 1 and 2 drafted tokens
+    check.start({ 4, 5 }, n_vocab);
+    CHECK(check.active() && check.row(0)[0] == 0);
+    const float * after_4 = check.confirm(4);
+    CHECK(after_4 != nullptr && after_4[0] == 1 && after_4[2] == 1);
+    CHECK(check.confirm(6) == nullptr);  // not the next drafted token: the caller ends the check
+    CHECK(check.active());               // ... until it does
+    check.clear();
+    CHECK(!check.active());
+    check.start({ 4, 5 }, n_vocab);
+    CHECK(check.confirm(4) != nullptr);
+    const float * after_5 = check.confirm(5);
+    CHECK(after_5 != nullptr && after_5[1] == 2);
+    CHECK(!check.active());  // the whole draft confirmed
+    check.release();
+    CHECK(check.rows().empty() && !check.active());
+}
+
 int main() {
+    test_a_check_confirms_drafted_tokens_in_order();
     test_no_draft_without_a_repetition();
     test_draft_follows_the_match();
     test_longest_then_latest_match_wins();

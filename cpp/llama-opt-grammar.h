@@ -1,7 +1,7 @@
 #pragma once
 
-// llama-schema-skip: grammar-constrained generation that does not pay a vocabulary scan per
-// token, and that knows when the grammar leaves a single choice.
+// llama-opt-grammar (the specification's schema-skip): grammar-constrained generation that
+// does not pay a vocabulary scan per token, and that knows when the grammar leaves a single choice.
 //
 // llama.cpp's grammar sampler checks every candidate of the 262k-token vocabulary against the
 // grammar at every step. Greedy decoding needs only the allowed token with the highest logit:

@@ -1,4 +1,4 @@
-#include "llama-schema-skip.h"
+#include "llama-opt-grammar.h"
 
 #include "llama-grammar.h"  // llama.cpp's internal grammar and vocabulary (src/)
 #include "llama-vocab.h"
