@@ -50,8 +50,9 @@ class Generation(Iterator[Token]):
 
     def _run(self, max_tokens: int | None, stop: list[str], sampling: _core.Sampling) -> Iterator[Token]:
         core = self.session._core
-        core.set_sampling(sampling)  # here, not in generate(): generations may be interleaved
-        core.set_grammar(self._grammar)
+        if self.session._configured_for is not self:  # another generation of the session came between
+            core.set_sampling(sampling)
+            core.set_grammar(self._grammar)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         full = ""  # all text decoded so far; self.text is the part released
         if max_tokens == 0:
@@ -124,6 +125,7 @@ class Session:
     def __init__(self, context: Context, core: Any) -> None:
         self.context = context
         self._core = core
+        self._configured_for: Generation | None = None  # the generation whose sampling and grammar the engine holds
 
     # history
 
@@ -224,11 +226,13 @@ class Session:
             from .grammar import JSON_GBNF, json_schema_to_gbnf
 
             grammar = JSON_GBNF if json_schema is True else json_schema_to_gbnf(json_schema)
-        if grammar is not None:
-            if not isinstance(grammar, str) or not grammar.strip():
-                raise InvalidArgumentError("grammar must be a non-empty GBNF string")
-            self._core.set_grammar(grammar)  # parsed now: a bad grammar fails before generating
-        return Generation(self, max_tokens, stops, sampling, on_finish, grammar or "")
+        if grammar is not None and (not isinstance(grammar, str) or not grammar.strip()):
+            raise InvalidArgumentError("grammar must be a non-empty GBNF string")
+        self._core.set_grammar(grammar or "")  # parsed now, once: a bad grammar fails before generating
+        self._core.set_sampling(sampling)
+        generation = Generation(self, max_tokens, stops, sampling, on_finish, grammar or "")
+        self._configured_for = generation
+        return generation
 
     def generate_text(self, max_tokens: int | None = 256, **kwargs: Any) -> str:
         """Generate and return the text (see generate)."""

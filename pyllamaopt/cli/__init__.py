@@ -97,6 +97,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--remove", action="store_true", help="verify: remove the bad entries")
     p.set_defaults(func=commands.cache)
 
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server and the session protocol",
+                       description="Serves the model over HTTP: OpenAI-compatible /v1/chat/completions and "
+                                   "/v1/completions, the session protocol under /v1/sessions, /metrics, /health.")
+    model_args(p)
+    p.add_argument("--host", default=os.environ.get("LLAMA_OPT_SERVE_HOST") or "127.0.0.1",
+                   help="address to bind (default: $LLAMA_OPT_SERVE_HOST or 127.0.0.1; others need --api-key)")
+    p.add_argument("--port", type=int, default=_env_int("LLAMA_OPT_SERVE_PORT", 8080),
+                   help="port (default: $LLAMA_OPT_SERVE_PORT or 8080)")
+    p.add_argument("--api-key", default=os.environ.get("LLAMA_OPT_SERVE_API_KEY") or None,
+                   help="require this key (Authorization: Bearer KEY, or x-api-key)")
+    p.add_argument("--max-sessions", type=int, default=_env_int("LLAMA_OPT_SERVE_MAX_SESSIONS", 16),
+                   help="protocol sessions kept open (default: 16; the least recently used idle one is closed)")
+    p.add_argument("--session-ttl", type=float, default=_env_int("LLAMA_OPT_SERVE_SESSION_TTL", 1800),
+                   help="seconds an idle protocol session is kept (default: 1800)")
+    p.set_defaults(func=commands.serve)
+
     p = sub.add_parser("info", help="build and model information")
     p.add_argument("-m", "--model", default=None, help="also describe this model")
     p.set_defaults(func=commands.info)

@@ -169,3 +169,14 @@ def cache(args: argparse.Namespace) -> int:
         max_age=None if args.max_age is None else args.max_age * 86400, max_mb=args.max_mb)
     print(f"removed {removed} file(s); {len(store.entries())} entries left in {store.directory}")
     return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    from ..serve import ServeSettings
+    from ..serve import serve as run_server
+
+    OptConfig()  # a malformed LLAMA_OPT_* variable stops here, before the model loads
+    run_server(ServeSettings(model=args.model, host=args.host, port=args.port, n_ctx=args.n_ctx, threads=args.threads,
+                             api_key=args.api_key, max_sessions=args.max_sessions, session_ttl=args.session_ttl,
+                             verbose=args.verbose))
+    return 0

@@ -1,0 +1,164 @@
+"""The server: settings, the FastAPI app, and what it does at start and stop.
+
+    pyllamaopt serve --model MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY] ...
+
+One process owns one Context; the scheduler thread does all compute (scheduler.py); routes are a
+few lines over the service (service.py), one file per surface.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from ..chat import ChatTemplate
+from ..config import OptConfig
+from ..context import Context
+from ..errors import ChatTemplateError
+from ..model import Model
+from . import openai_routes, session_routes
+from .metrics import Metrics
+from .scheduler import Scheduler
+from .service import Service, ServiceError
+
+
+@dataclass
+class ServeSettings:
+    model: str = "gemma3-270m"
+    host: str = "127.0.0.1"
+    port: int = 8080
+    n_ctx: int = 8192
+    threads: int | None = None
+    api_key: str | None = None
+    max_sessions: int = 16           # protocol sessions open at once; the least recently used idle one goes first
+    session_ttl: float = 30 * 60.0   # seconds an idle protocol session is kept
+    max_body_bytes: int = 16 << 20
+    verbose: bool = False
+
+    def check(self) -> None:
+        """Refuses settings a server must not run with; the messages say what to change."""
+        if not _is_loopback(self.host) and not self.api_key:
+            raise SystemExit(f"pyllamaopt serve: --host {self.host} is reachable from other machines: "
+                             "give --api-key (or LLAMA_OPT_SERVE_API_KEY), or bind 127.0.0.1")
+        if not 1 <= self.max_sessions <= 200:
+            raise SystemExit("pyllamaopt serve: --max-sessions must be between 1 and 200")
+        if self.session_ttl <= 0:
+            raise SystemExit("pyllamaopt serve: --session-ttl must be a positive number of seconds")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# Sequences a context needs: protocol sessions, requests in flight, closed ones kept for reuse.
+_REQUEST_SEQUENCES = 16
+
+
+def create_app(settings: ServeSettings, config: OptConfig | None = None) -> FastAPI:
+    model = Model(settings.model, verbose=settings.verbose)
+    context = Context(model, n_ctx=settings.n_ctx, n_threads=settings.threads,
+                      n_seq_max=settings.max_sessions + _REQUEST_SEQUENCES, config=config)
+    scheduler = Scheduler()
+    metrics = Metrics()
+    service = Service(context, scheduler, metrics, max_sessions=settings.max_sessions,
+                      session_ttl=settings.session_ttl)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        sweeper = asyncio.create_task(_expire_idle(service, min(settings.session_ttl / 4, 30.0)))
+        yield
+        sweeper.cancel()
+        closed = service.close_all()  # with persistence on, sessions are saved as they close
+        scheduler.stop()
+        context.close()
+        print(f"pyllamaopt serve: stopped; {closed} open sessions closed", file=sys.stderr, flush=True)
+
+    app = FastAPI(title="pyllamaopt", lifespan=lifespan)
+    app.state.service = service
+    app.state.model_name = Path(model.path).stem
+    try:
+        app.state.chat_template = ChatTemplate.for_model(model)
+    except ChatTemplateError as exc:  # chat routes will say so; the rest works
+        app.state.chat_template = _NoTemplate(str(exc))
+
+    app.include_router(openai_routes.router)
+    app.include_router(session_routes.router)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return await service.health()
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        await service.health()  # refreshes the gauges
+        return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+    @app.exception_handler(ServiceError)
+    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        return JSONResponse(openai_routes.error_body(exc), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return JSONResponse(openai_routes.error_body(ServiceError(f"invalid request body: {where}")), status_code=400)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if settings.api_key and request.url.path not in ("/health",) and not _authorized(request, settings.api_key):
+            return JSONResponse({"error": {"message": "missing or wrong API key: send 'Authorization: Bearer KEY' "
+                                           "or 'x-api-key: KEY'", "type": "authentication_error"}}, status_code=401)
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
+            return JSONResponse({"error": {"message": f"request body larger than {settings.max_body_bytes} bytes",
+                                           "type": "invalid_request_error"}}, status_code=413)
+        return await call_next(request)
+
+    return app
+
+
+def _authorized(request: Request, key: str) -> bool:
+    given = request.headers.get("x-api-key") or ""
+    auth = request.headers.get("authorization") or ""
+    if auth.lower().startswith("bearer "):
+        given = auth[7:]
+    return hmac.compare_digest(given.encode(), key.encode())
+
+
+class _NoTemplate:
+    """Stands in for a model without a chat template: chat routes answer 400 with the reason."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def render(self, *args: Any, **kwargs: Any) -> str:
+        raise ChatTemplateError(self.why)
+
+
+async def _expire_idle(service: Service, every: float) -> None:
+    while True:
+        await asyncio.sleep(every)
+        await service.expire_idle()
+
+
+def serve(settings: ServeSettings) -> None:
+    import uvicorn
+
+    settings.check()
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info" if settings.verbose else "warning",
+                timeout_graceful_shutdown=30)

@@ -1,0 +1,59 @@
+"""Prometheus metrics of the server: the specification's (003 §2.8) and ours."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from .service import Usage
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    """One registry per server (tests run several in one process)."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.session_active = Gauge("session_active", "Open protocol sessions", registry=r)
+        self.session_total = Counter("session_total", "Protocol sessions by how they ended (or 'created')",
+                                     ["outcome"], registry=r)
+        self.session_evicted_total = Counter("session_evicted_total", "Sessions closed by the server", ["reason"],
+                                             registry=r)
+        self.session_kv_live_bytes = Gauge("session_kv_live_bytes", "KV bytes of the cells in use", registry=r)
+        self.generate_prefill_tokens = Counter("generate_prefill_tokens", "Prompt tokens received for prefill",
+                                               registry=r)
+        self.generate_prefill_duration_seconds = Histogram(
+            "generate_prefill_duration_seconds", "Time to take a prompt (reused or computed)",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.tokens_computed = Counter("pyllamaopt_prompt_tokens_computed", "Prompt tokens whose KV was computed",
+                                       registry=r)
+        self.tokens_reused = Counter("pyllamaopt_prompt_tokens_reused", "Prompt tokens whose KV was reused",
+                                     registry=r)
+        self.tokens_restored = Counter("pyllamaopt_prompt_tokens_restored", "Prompt tokens read from the disk tier",
+                                       registry=r)
+        self.tokens_generated = Counter("pyllamaopt_tokens_generated", "Generated tokens", registry=r)
+        self.tokens_drafted = Counter("pyllamaopt_tokens_drafted", "Generated tokens confirmed from memo drafts",
+                                      registry=r)
+        self.tokens_forced = Counter("pyllamaopt_tokens_grammar_forced", "Generated tokens the grammar forced",
+                                     registry=r)
+        self.queue_depth = Gauge("pyllamaopt_queue_depth", "Calls and generations waiting for the scheduler",
+                                 registry=r)
+        self.time_to_first_token_seconds = Histogram(
+            "pyllamaopt_time_to_first_token_seconds", "From a generation's start to its first token",
+            buckets=_LATENCY_BUCKETS, registry=r)
+        self.inter_token_latency_seconds = Histogram(
+            "pyllamaopt_inter_token_latency_seconds", "Between two tokens of a generation",
+            buckets=_LATENCY_BUCKETS, registry=r)
+
+    def count_usage(self, usage: Usage) -> None:
+        self.tokens_computed.inc(usage.computed)
+        self.tokens_reused.inc(usage.cached_tokens)
+        self.tokens_restored.inc(usage.restored)
+        self.tokens_generated.inc(usage.completion_tokens)
+        self.tokens_drafted.inc(usage.drafted)
+        self.tokens_forced.inc(usage.forced)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,139 @@
+"""The scheduler: one thread owns the Context and does all of its work.
+
+Request handlers never compute: they hand the scheduler a function (``call``) or a generation
+(``stream``) and await the result, so the event loop stays free. The thread runs queued calls in
+order and, between them, one step of every running generation in turn, so concurrent streams
+advance together and a new request waits at most one step per stream.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_DONE = object()  # end of a stream, put after its last item
+
+
+@dataclass
+class _Stream:
+    steps: Iterator[Any]
+    loop: asyncio.AbstractEventLoop
+    out: asyncio.Queue[Any]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+class Scheduler:
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]] | None] = queue.SimpleQueue()
+        self._streams: list[_Stream] = []
+        self._thread = threading.Thread(target=self._run, name="pyllamaopt-scheduler", daemon=True)
+        self._stopped = False
+        self._thread.start()
+
+    def call(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Runs `fn` on the scheduler thread; its result (or exception) arrives in the future."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._calls.put((fn, future))
+        return future
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.wrap_future(self.call(fn))
+
+    async def stream(self, start: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
+        """Items of the iterator `start()` returns, created and advanced on the scheduler thread.
+        Leaving the loop early (a client gone) closes the iterator there, between two steps."""
+        loop = asyncio.get_running_loop()
+        out: asyncio.Queue[Any] = asyncio.Queue()
+
+        def begin() -> _Stream:
+            s = _Stream(start(), loop, out)
+            self._streams.append(s)
+            return s
+
+        s = await self.run(begin)
+        try:
+            while True:
+                item = await out.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            s.cancelled.set()
+            self._calls.put(None)  # wake the thread if it sleeps
+
+    def queue_depth(self) -> int:
+        return self._calls.qsize() + len(self._streams)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finishes queued calls, closes running streams, and ends the thread."""
+        self._stopped = True
+        self._calls.put(None)
+        self._thread.join(timeout)
+
+    # the thread
+
+    def _run(self) -> None:
+        while True:
+            self._run_calls(block=not self._streams and not self._stopped)
+            if self._stopped:
+                for s in self._streams:
+                    self._finish(s, close=True)
+                self._streams.clear()
+                if self._calls.empty():
+                    return
+                continue
+            for s in list(self._streams):
+                self._step(s)
+
+    def _run_calls(self, block: bool) -> None:
+        while True:
+            try:
+                item = self._calls.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            if item is None:
+                continue
+            fn, future = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:  # handed to the caller, never lost
+                    future.set_exception(exc)
+
+    def _step(self, s: _Stream) -> None:
+        if s.cancelled.is_set():
+            self._finish(s, close=True)
+            return
+        try:
+            item = next(s.steps)
+        except StopIteration:
+            self._finish(s)
+            return
+        except Exception as exc:
+            self._put(s, exc)
+            self._finish(s)
+            return
+        self._put(s, item)
+
+    def _finish(self, s: _Stream, close: bool = False) -> None:
+        if close and hasattr(s.steps, "close"):
+            s.steps.close()
+        if s in self._streams:
+            self._streams.remove(s)
+        self._put(s, _DONE)
+
+    @staticmethod
+    def _put(s: _Stream, item: Any) -> None:
+        try:
+            s.loop.call_soon_threadsafe(s.out.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: nobody is listening
+            pass

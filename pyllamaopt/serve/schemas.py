@@ -1,0 +1,100 @@
+"""Request bodies, one pydantic model per route body (validation and OpenAPI for free).
+
+Fields OpenAI or Anthropic clients send that we do not use are accepted and ignored (clients send
+many); fields we use are type-checked, and a wrong type is a 400 naming the field.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .service import BadRequest, GenerateParams
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Sampling(_Body):
+    temperature: float | None = Field(None, ge=0, description="default 0: greedy (reproducible answers)")
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = None
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = Field(None, ge=0, lt=2**32 - 1)
+    stop: str | list[str] | None = None
+
+    def params(self, max_tokens: int | None, n_ctx: int, response_format: dict[str, Any] | None = None) -> GenerateParams:
+        """The generation these fields ask for. A max_tokens beyond the context is clamped to it
+        (OpenAI clients send large values): the answer then ends with finish reason 'length'."""
+        p = GenerateParams(max_tokens=None if max_tokens is None else min(max_tokens, n_ctx))
+        if self.temperature is not None:
+            p.temperature = self.temperature
+        if self.top_p is not None:
+            p.top_p = self.top_p
+        if self.top_k is not None:
+            p.top_k = self.top_k
+        if self.min_p is not None:
+            p.min_p = self.min_p
+        p.seed = self.seed
+        p.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        p.json_schema = _json_schema(response_format)
+        return p
+
+
+class ChatMessage(_Body):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(Sampling):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, ge=0)
+    n: Literal[1] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class CompletionRequest(Sampling):
+    model: str | None = None
+    prompt: str | list[int]
+    max_tokens: int | None = Field(16, ge=0)
+    n: Literal[1] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    echo: Literal[False] = False
+
+
+class Tokens(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tokens: list[int] = Field(default_factory=list)
+
+
+class SessionGenerateRequest(Sampling):
+    max_tokens: int | None = Field(256, ge=0)
+    stream: bool = False
+    response_format: dict[str, Any] | None = None
+
+
+def _json_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | bool | None:
+    """OpenAI's response_format as a JSON Schema for the grammar engine (True: any JSON object)."""
+    if response_format is None or response_format.get("type") == "text":
+        return None
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, (dict, bool)):
+            raise BadRequest("response_format.json_schema.schema must be a JSON Schema object")
+        return schema
+    raise BadRequest(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}")

@@ -1,0 +1,346 @@
+"""The session service: everything the transports (HTTP routes, later gRPC) share.
+
+It knows nothing of HTTP. Each operation validates its input, runs on the scheduler thread,
+and raises a ``ServiceError`` with a status a transport maps to its own (HTTP 4xx, gRPC codes).
+
+Two ways in:
+- ``complete``: a stateless prompt (the OpenAI and Anthropic routes). It runs on a fresh session
+  that syncs to the prompt's tokens: the context's content-addressed blocks give it every prefix
+  any request (or a closed session, or the disk tier) computed before, exactly, with no session
+  id; the session closes afterwards and its blocks stay cached for the next request.
+- the session protocol (specification 003 §2.2): server-issued ids, raw tokens appended, one
+  generation at a time per session, idle sessions closed after a TTL or when over capacity
+  (least recently used first), and "not found" afterwards, never a silent reset.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..context import Context
+from ..errors import (
+    ContextOverflowError,
+    GrammarError,
+    InvalidArgumentError,
+    InvalidTokenError,
+    SessionClosedError,
+    SessionEvictedError,
+)
+from ..session import Session
+from .metrics import Metrics
+from .scheduler import Scheduler
+
+
+class ServiceError(Exception):
+    """An error a client caused or must handle; ``status`` is its HTTP-style status."""
+
+    status = 400
+    kind = "invalid_request_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BadRequest(ServiceError):
+    pass
+
+
+class NotFound(ServiceError):
+    status = 404
+    kind = "not_found_error"
+
+
+class Busy(ServiceError):
+    status = 409
+    kind = "conflict_error"
+
+
+@dataclass
+class GenerateParams:
+    max_tokens: int | None = 256
+    temperature: float = 0.0
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    grammar: str | None = None
+    json_schema: dict[str, Any] | bool | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+                "seed": self.seed, "stop": self.stop, "grammar": self.grammar, "json_schema": self.json_schema}
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one request cost: prompt tokens and how their KV was obtained, generated tokens."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    computed: int          # prompt tokens whose KV was computed
+    restored: int          # prompt tokens whose KV was read from the disk tier
+    drafted: int           # generated tokens confirmed from memo drafts (no pass of their own)
+    forced: int            # generated tokens the grammar forced (no logits)
+    approximate: bool      # Tier 2 reuse made this answer approximate
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens whose KV was reused (in RAM or from disk), not computed."""
+        return max(0, self.prompt_tokens - self.computed)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "cached_tokens": self.cached_tokens, "computed_tokens": self.computed,
+                "restored_tokens": self.restored, "drafted_tokens": self.drafted,
+                "grammar_forced_tokens": self.forced, "approximate": self.approximate}
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    finish_reason: str
+    usage: Usage
+
+
+Event = TokenEvent | DoneEvent
+
+
+@dataclass
+class _Entry:
+    session: Session
+    last_used: float = field(default_factory=time.monotonic)
+    generating: bool = False
+
+
+class Service:
+    def __init__(self, context: Context, scheduler: Scheduler, metrics: Metrics, *,
+                 max_sessions: int, session_ttl: float) -> None:
+        self.context = context
+        self.model = context.model
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self.max_sessions = max_sessions
+        self.session_ttl = session_ttl
+        self._sessions: dict[str, _Entry] = {}  # touched on the scheduler thread only
+
+    # stateless prompts
+
+    def complete(self, tokens: list[int], params: GenerateParams) -> AsyncIterator[Event]:
+        """Generates after `tokens` on a fresh session (see the module's docstring)."""
+        def start() -> Iterator[Event]:
+            session = self.context.session()
+            try:
+                self._compute(lambda: session.sync(tokens), len(tokens))
+            except BaseException:
+                session.close()
+                raise
+            return self._generation(session, len(tokens), params, close_after=True)
+
+        return self.scheduler.stream(start)
+
+    # the session protocol
+
+    async def create_session(self, tokens: list[int]) -> str:
+        def create() -> str:
+            self._make_room()
+            session = self.context.session()
+            if tokens:
+                try:
+                    self._compute(lambda: session.append(tokens), len(tokens))
+                except BaseException:
+                    session.close()
+                    raise
+            session_id = secrets.token_urlsafe(18)
+            self._sessions[session_id] = _Entry(session)
+            self.metrics.session_total.labels(outcome="created").inc()
+            self._update_gauges()
+            return session_id
+
+        return await self._run(create)
+
+    async def append(self, session_id: str, tokens: list[int]) -> dict[str, Any]:
+        def append() -> dict[str, Any]:
+            entry = self._entry(session_id, idle=True)
+            self._compute(lambda: entry.session.append(tokens), len(tokens))
+            return self._info(session_id, entry)
+
+        return await self._run(append)
+
+    async def sync(self, session_id: str, tokens: list[int]) -> dict[str, Any]:
+        def sync() -> dict[str, Any]:
+            entry = self._entry(session_id, idle=True)
+            self._compute(lambda: entry.session.sync(tokens), len(tokens))
+            return self._info(session_id, entry)
+
+        return await self._run(sync)
+
+    async def fork(self, session_id: str) -> str:
+        def fork() -> str:
+            entry = self._entry(session_id, idle=True)
+            self._make_room(keep=session_id)
+            new_id = secrets.token_urlsafe(18)
+            self._sessions[new_id] = _Entry(entry.session.fork())
+            self.metrics.session_total.labels(outcome="created").inc()
+            self._update_gauges()
+            return new_id
+
+        return await self._run(fork)
+
+    async def info(self, session_id: str) -> dict[str, Any]:
+        return await self._run(lambda: self._info(session_id, self._entry(session_id)))
+
+    async def close(self, session_id: str) -> None:
+        def close() -> None:
+            entry = self._entry(session_id, idle=True)
+            self._drop(session_id, entry, outcome="closed")
+
+        await self._run(close)
+
+    def generate(self, session_id: str, params: GenerateParams) -> AsyncIterator[Event]:
+        """One generation at a time per session: a second one is refused (Busy) until it ends."""
+        def start() -> Iterator[Event]:
+            entry = self._entry(session_id, idle=True)
+            entry.generating = True
+            return self._generation(entry.session, 0, params, close_after=False, entry=entry)
+
+        return self.scheduler.stream(start)
+
+    async def expire_idle(self) -> int:
+        """Closes sessions idle for longer than the TTL; returns how many."""
+        def expire() -> int:
+            now = time.monotonic()
+            old = [(sid, e) for sid, e in self._sessions.items()
+                   if not e.generating and now - e.last_used > self.session_ttl]
+            for sid, e in old:
+                self._drop(sid, e, outcome="expired", evicted_reason="ttl")
+            return len(old)
+
+        return await self._run(expire)
+
+    async def health(self) -> dict[str, Any]:
+        def health() -> dict[str, Any]:
+            self._update_gauges()
+            return {"status": "ok", "sessions": len(self._sessions), "kv_cells_used": self.context.kv_cells_used,
+                    "n_ctx": self.context.n_ctx}
+
+        return await self._run(health)
+
+    def close_all(self) -> int:
+        """Closes every session (on the scheduler thread; with persistence on they are saved);
+        returns how many there were."""
+        def close_all() -> int:
+            open_sessions = list(self._sessions.items())
+            for sid, e in open_sessions:
+                self._drop(sid, e, outcome="closed")
+            return len(open_sessions)
+
+        return self.scheduler.call(close_all).result()
+
+    # on the scheduler thread
+
+    async def _run(self, fn: Any) -> Any:
+        return await self.scheduler.run(lambda: _typed_errors(fn))
+
+    def _entry(self, session_id: str, idle: bool = False) -> _Entry:
+        entry = self._sessions.get(session_id)
+        if entry is not None and entry.session.closed:  # evicted by the KV cache for room
+            self._drop(session_id, entry, outcome="evicted", evicted_reason="kv_full")
+            entry = None
+        if entry is None:
+            raise NotFound(f"session {session_id!r} does not exist: it was never created, or it was closed, "
+                           "expired or evicted; create a new one (and send its tokens again)")
+        if idle and entry.generating:
+            raise Busy(f"session {session_id!r} is generating; wait until that generation ends")
+        entry.last_used = time.monotonic()
+        return entry
+
+    def _info(self, session_id: str, entry: _Entry) -> dict[str, Any]:
+        s = entry.session
+        return {"session_id": session_id, "n_tokens": s.n_tokens, "tokens": s.tokens,
+                "kv_bytes": s.n_tokens * self.model.kv_bytes_per_token, "approx_from": s.approx_from,
+                "generating": entry.generating, "stats": s.stats.as_dict()}
+
+    def _drop(self, session_id: str, entry: _Entry, *, outcome: str, evicted_reason: str | None = None) -> None:
+        del self._sessions[session_id]
+        entry.session.close()
+        self.metrics.session_total.labels(outcome=outcome).inc()
+        if evicted_reason:
+            self.metrics.session_evicted_total.labels(reason=evicted_reason).inc()
+        self._update_gauges()
+
+    def _make_room(self, keep: str | None = None) -> None:
+        """At max_sessions, closes the least recently used idle session."""
+        if len(self._sessions) < self.max_sessions:
+            return
+        idle = [(e.last_used, sid) for sid, e in self._sessions.items() if not e.generating and sid != keep]
+        if not idle:
+            raise Busy(f"all {self.max_sessions} sessions are generating; retry later or start the server "
+                       "with a larger --max-sessions")
+        _, sid = min(idle)
+        self._drop(sid, self._sessions[sid], outcome="evicted", evicted_reason="lru")
+
+    def _compute(self, fn: Any, n_tokens: int) -> None:
+        """Prefill (append or sync), timed and counted."""
+        start = time.perf_counter()
+        _typed_errors(fn)
+        self.metrics.generate_prefill_tokens.inc(n_tokens)
+        self.metrics.generate_prefill_duration_seconds.observe(time.perf_counter() - start)
+
+    def _generation(self, session: Session, prompt_tokens: int, params: GenerateParams, *,
+                    close_after: bool, entry: _Entry | None = None) -> Iterator[Event]:
+        # a request's fresh session: all its counters are this request's, its prompt's included
+        before = None if close_after else session.stats
+        started = time.perf_counter()
+        try:
+            try:
+                generation = session.generate(params.max_tokens, **params.kwargs())
+            except (GrammarError, InvalidArgumentError) as exc:
+                raise BadRequest(str(exc)) from None
+            last = None
+            for token in generation:
+                now = time.perf_counter()
+                if last is None:
+                    self.metrics.time_to_first_token_seconds.observe(now - started)
+                else:
+                    self.metrics.inter_token_latency_seconds.observe(now - last)
+                last = now
+                yield TokenEvent(token.id, token.text)
+            stats = session.stats if before is None else session.stats - before
+            usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=len(generation.tokens),
+                          computed=stats.tokens_prefilled,
+                          restored=stats.persist_tokens_restored, drafted=stats.memo_tokens_skipped,
+                          forced=stats.schema_tokens_inferred, approximate=session.approx_from is not None)
+            self.metrics.count_usage(usage)
+            yield DoneEvent(generation.finish_reason or "stop", usage)
+        finally:
+            if entry is not None:
+                entry.generating = False
+                entry.last_used = time.monotonic()
+            if close_after:
+                session.close()
+            self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        self.metrics.session_active.set(len(self._sessions))
+        self.metrics.session_kv_live_bytes.set(self.context.kv_cells_used * self.model.kv_bytes_per_token)
+        self.metrics.queue_depth.set(self.scheduler.queue_depth())
+
+
+def _typed_errors(fn: Any) -> Any:
+    """The engine's errors a client caused, as ServiceErrors."""
+    try:
+        return fn()
+    except (SessionClosedError, SessionEvictedError) as exc:
+        raise NotFound(str(exc)) from None
+    except (InvalidTokenError, InvalidArgumentError, ContextOverflowError, GrammarError) as exc:
+        raise BadRequest(str(exc)) from None

@@ -1,0 +1,77 @@
+"""The session protocol (specification 003 §2.2) over HTTP/JSON: raw token ids, no template.
+
+    POST   /v1/sessions                  {"tokens": [...]}  -> {"session_id": "..."}
+    POST   /v1/sessions/{id}/tokens      {"tokens": [...]}  append     -> session info
+    POST   /v1/sessions/{id}/sync        {"tokens": [...]}  set history (our extension)
+    POST   /v1/sessions/{id}/fork                           -> {"session_id": "..."} (our extension)
+    POST   /v1/sessions/{id}/generate    sampling fields as OpenAI names them; "stream": SSE of
+                                         {"token", "text"} events, then {"finish_reason", "usage"}
+    GET    /v1/sessions/{id}                                GetSessionInfo
+    DELETE /v1/sessions/{id}                                CloseSession
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from .schemas import SessionGenerateRequest, Tokens
+from .service import Event, Service, ServiceError, TokenEvent
+from .streaming import collect, sse, started
+
+router = APIRouter(prefix="/v1/sessions")
+
+
+def _service(request: Request) -> Service:
+    return request.app.state.service
+
+
+def error_body(exc: ServiceError) -> dict[str, Any]:
+    return {"error": {"message": exc.message, "type": exc.kind}}
+
+
+@router.post("", status_code=201)
+async def create(request: Request, body: Tokens | None = None) -> dict[str, str]:
+    return {"session_id": await _service(request).create_session(body.tokens if body else [])}
+
+
+@router.post("/{session_id}/tokens")
+async def append(session_id: str, body: Tokens, request: Request) -> dict[str, Any]:
+    return await _service(request).append(session_id, body.tokens)
+
+
+@router.post("/{session_id}/sync")
+async def sync(session_id: str, body: Tokens, request: Request) -> dict[str, Any]:
+    return await _service(request).sync(session_id, body.tokens)
+
+
+@router.post("/{session_id}/fork", status_code=201)
+async def fork(session_id: str, request: Request) -> dict[str, str]:
+    return {"session_id": await _service(request).fork(session_id)}
+
+
+@router.get("/{session_id}")
+async def info(session_id: str, request: Request) -> dict[str, Any]:
+    return await _service(request).info(session_id)
+
+
+@router.delete("/{session_id}", status_code=204)
+async def close(session_id: str, request: Request) -> Response:
+    await _service(request).close(session_id)
+    return Response(status_code=204)
+
+
+@router.post("/{session_id}/generate")
+async def generate(session_id: str, body: SessionGenerateRequest, request: Request) -> Any:
+    service = _service(request)
+    params = body.params(body.max_tokens, service.context.n_ctx, body.response_format)
+    events = await started(service.generate(session_id, params))
+    if body.stream:
+        def chunk(event: Event) -> list[dict[str, Any]]:
+            if isinstance(event, TokenEvent):
+                return [{"token": event.id, "text": event.text}]
+            return [{"finish_reason": event.finish_reason, "usage": event.usage.as_dict()}]
+
+        return sse(events, chunk, error_body, done_line=False)
+    tokens, text, done = await collect(events)
+    return {"tokens": tokens, "text": text, "finish_reason": done.finish_reason, "usage": done.usage.as_dict()}

@@ -1,0 +1,74 @@
+"""The server on the real model: a multi-turn chat through a warm server (reusing each turn's
+prefix) gives, turn by turn, the answers of a cold start; chat streaming; JSON output."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_serve import N_CTX, start_server, stop_server
+
+from pyllamaopt import ChatTemplate, Context
+
+pytestmark = pytest.mark.integration
+
+SYSTEM = ("You are a concise assistant for a Python project. The project has these modules: "
+          + ", ".join(f"mathkit/op_{i}.py" for i in range(40)) + ".")
+QUESTIONS = ["What is a Python module?", "Name one of the project's modules.", "What does pytest do?"]
+
+
+@pytest.fixture(scope="module")
+def warm(gemma_path, tmp_path_factory):
+    s = start_server(gemma_path, tmp_path_factory.mktemp("warm"))
+    yield s
+    stop_server(s)
+
+
+def test_a_conversation_through_a_warm_server_equals_a_cold_start_turn_by_turn(warm, gemma):
+    client = warm.client()
+    messages = [{"role": "system", "content": SYSTEM}]
+    turns = []
+    previous_prompt = 0
+    for question in QUESTIONS:
+        messages.append({"role": "user", "content": question})
+        reply = client.chat.completions.create(model="gemma", messages=messages, max_tokens=24)
+        turns.append((list(messages), reply.choices[0].message.content))
+        usage = reply.usage
+        assert usage.prompt_tokens > 128
+        # every complete 64-token block of the previous prompt is reused, but the one the last
+        # chunk may need (the canonical schedule computes at least min_chunk tokens at the end)
+        assert usage.prompt_tokens_details.cached_tokens >= previous_prompt // 64 * 64 - 64
+        assert reply.model_extra["pyllamaopt"]["computed_tokens"] + usage.prompt_tokens_details.cached_tokens \
+            == usage.prompt_tokens
+        previous_prompt = usage.prompt_tokens
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+    # the reference: each turn alone on a fresh context of its own (nothing to reuse), rendered
+    # and tokenized as the server does
+    template = ChatTemplate.for_model(gemma)
+    for sent, answer in turns:
+        with Context(gemma, n_ctx=N_CTX, n_threads=2) as ctx:
+            session = ctx.session()
+            session.append(gemma.tokenize(template.render(sent), add_bos=False, special=True))
+            assert session.generate_text(24) == answer
+
+
+def test_chat_streaming_equals_not_streaming(warm):
+    client = warm.client()
+    messages = [{"role": "user", "content": "Write a haiku about the sea."}]
+    whole = client.chat.completions.create(model="gemma", messages=messages, max_tokens=20)
+    chunks = list(client.chat.completions.create(model="gemma", messages=messages, max_tokens=20, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_json_schema_output_is_an_instance(warm):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+              "required": ["name", "age"], "additionalProperties": False}
+    reply = warm.client().chat.completions.create(
+        model="gemma", max_tokens=60, messages=[{"role": "user", "content": "Invent a person, as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+    assert reply.choices[0].finish_reason == "stop"
+    person = json.loads(reply.choices[0].message.content)
+    assert set(person) == {"name", "age"} and isinstance(person["age"], int) and 0 <= person["age"] <= 150

@@ -1,0 +1,359 @@
+"""`pyllamaopt serve` as a real process on a loopback port, driven by the real `openai` client and
+by plain HTTP (urllib) for the session routes: answers equal the library's, reuse across
+requests, the session protocol and its lifecycle, bad input, metrics, API keys."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pyllamaopt import Context
+
+N_CTX = 1024
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen
+    log: Path
+
+    def request(self, method: str, path: str, body: object = None, *, raw: bytes | None = None,
+                headers: dict[str, str] | None = None) -> tuple[int, dict]:
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"content-type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                text = r.read()
+                return r.status, json.loads(text) if text else {}
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    def events(self, path: str, body: object) -> Iterator[dict]:
+        """Server-sent events of a streaming POST, as they arrive."""
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            for line in r:
+                line = line.decode().strip()
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    yield json.loads(line[6:])
+
+    def client(self, **kwargs: object) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=kwargs.pop("api_key", "unused"), max_retries=0,
+                             **kwargs)
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
+            text = r.read().decode()
+        return {f"{s.name}{sorted(s.labels.items()) if s.labels else ''}": s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: Path, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Server:
+    port = free_port()
+    log = tmp_path / f"server-{port}.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pyllamaopt.cli", "serve", "--model", str(model), "--port", str(port),
+         "--n-ctx", str(N_CTX), "--threads", "2", *args],
+        cwd=tmp_path, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    server = Server(f"http://127.0.0.1:{port}", process, log)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"the server exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            if server.request("GET", "/health")[0] == 200:
+                return server
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        time.sleep(0.2)
+    process.kill()
+    pytest.fail(f"the server did not answer within 60 s:\n{log.read_text()}")
+
+
+def stop_server(server: Server) -> None:
+    server.process.send_signal(signal.SIGTERM)
+    try:
+        code = server.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        pytest.fail("the server did not stop within 60 s of SIGTERM")
+    # uvicorn ends by the signal it was stopped with, after the shutdown it drives
+    assert code in (0, -signal.SIGTERM), f"the server exited with {code} on SIGTERM:\n{server.log.read_text()}"
+    assert "pyllamaopt serve: stopped" in server.log.read_text(), "the shutdown (sessions closed, saved) did not run"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path, tmp_path_factory) -> Iterator[Server]:
+    s = start_server(tiny_model_path, tmp_path_factory.mktemp("serve"), "--max-sessions", "4")
+    yield s
+    stop_server(s)
+
+
+# a prompt of several 64-token blocks, so that a repeated prefix is reused
+LONG_PROMPT = list(range(10, 10 + 200))
+
+
+def local_greedy(tiny_model, prompt: list[int], max_tokens: int) -> list[int]:
+    """What the library itself answers, on a context of its own."""
+    with Context(tiny_model, n_ctx=N_CTX, n_threads=2) as ctx:
+        s = ctx.session()
+        s.append(prompt)
+        return [t.id for t in s.generate(max_tokens)]
+
+
+def completion_tokens(server: Server, prompt: list[int], max_tokens: int) -> tuple[list[int], dict]:
+    status, body = server.request("POST", "/v1/sessions", {"tokens": prompt})
+    assert status == 201, body
+    sid = body["session_id"]
+    status, out = server.request("POST", f"/v1/sessions/{sid}/generate", {"max_tokens": max_tokens})
+    assert status == 200, out
+    server.request("DELETE", f"/v1/sessions/{sid}")
+    return out["tokens"], out
+
+
+def test_openai_completions_equal_the_library_and_reuse_a_repeated_prompt(server, tiny_model):
+    client = server.client()
+    assert [m.id for m in client.models.list().data] == ["tiny-llama"]
+    expected = tiny_model.detokenize(local_greedy(tiny_model, LONG_PROMPT, 12))
+    first = client.completions.create(model="tiny-llama", prompt=LONG_PROMPT, max_tokens=12)
+    second = client.completions.create(model="tiny-llama", prompt=LONG_PROMPT, max_tokens=12)
+    assert first.choices[0].text == expected == second.choices[0].text
+    assert first.choices[0].finish_reason == "length"
+    assert first.usage.prompt_tokens == len(LONG_PROMPT) and first.usage.completion_tokens == 12
+    # the second request found the first's blocks (the last chunk is always computed)
+    assert second.usage.prompt_tokens_details.cached_tokens >= 128
+    extra = second.model_extra["pyllamaopt"]
+    assert extra["computed_tokens"] + extra["cached_tokens"] == len(LONG_PROMPT)
+
+
+def test_streaming_equals_not_streaming(server, tiny_model):
+    client = server.client()
+    whole = client.completions.create(model="m", prompt=LONG_PROMPT[:50], max_tokens=10)
+    stream = client.completions.create(model="m", prompt=LONG_PROMPT[:50], max_tokens=10, stream=True,
+                                       stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 10
+
+
+def test_text_prompts_are_tokenized_as_the_library_does(server, tiny_model):
+    text = "the capital of france is"
+    out = server.client().completions.create(model="m", prompt=text, max_tokens=6)
+    assert out.choices[0].text == tiny_model.detokenize(local_greedy(tiny_model, tiny_model.tokenize(text), 6))
+
+
+def test_concurrent_clients_get_the_answers_they_get_alone(server, tiny_model):
+    prompts = [LONG_PROMPT[i:i + 90] for i in range(0, 40, 10)]
+    alone = [server.client().completions.create(model="m", prompt=p, max_tokens=8).choices[0].text for p in prompts]
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(
+            lambda p: server.client().completions.create(model="m", prompt=p, max_tokens=8).choices[0].text, prompts))
+    assert together == alone
+
+
+def test_a_model_without_a_chat_template_answers_chat_with_a_400(server):
+    with pytest.raises(openai.BadRequestError, match="no chat template"):
+        server.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+
+
+def when_idle(server: Server, method: str, path: str, body: object = None) -> tuple[int, dict]:
+    """The request, once the session's generation has ended (the scheduler notices a client gone
+    between two steps)."""
+    deadline = time.monotonic() + 30
+    while True:
+        status, out = server.request(method, path, body)
+        if status != 409 or time.monotonic() > deadline:
+            return status, out
+        time.sleep(0.05)
+
+
+def test_session_protocol_builds_the_same_history_however_it_was_sent(server):
+    """INV-3: one append, many appends, or initial tokens give the same output."""
+    prompt = LONG_PROMPT[:150]
+    outputs = []
+    for pieces in ([prompt], [prompt[:1], prompt[1:64], prompt[64:100], prompt[100:]], None):
+        status, body = server.request("POST", "/v1/sessions", {"tokens": prompt} if pieces is None else {})
+        assert status == 201
+        sid = body["session_id"]
+        for piece in pieces or []:
+            status, info = server.request("POST", f"/v1/sessions/{sid}/tokens", {"tokens": piece})
+            assert status == 200, info
+        status, info = server.request("GET", f"/v1/sessions/{sid}")
+        assert status == 200 and info["tokens"] == prompt
+        status, out = server.request("POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 10})
+        assert status == 200 and out["finish_reason"] == "length"
+        outputs.append(out["tokens"])
+        assert server.request("DELETE", f"/v1/sessions/{sid}")[0] == 204
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_session_generate_streams_tokens_then_the_end(server):
+    sid = server.request("POST", "/v1/sessions", {"tokens": LONG_PROMPT[:40]})[1]["session_id"]
+    twin = server.request("POST", f"/v1/sessions/{sid}/fork")[1]["session_id"]
+    events = list(server.events(f"/v1/sessions/{sid}/generate", {"max_tokens": 5, "stream": True}))
+    assert [("token" in e) for e in events] == [True] * 5 + [False]
+    assert events[-1]["finish_reason"] == "length" and events[-1]["usage"]["completion_tokens"] == 5
+    # the fork has the history as it was, and generates the same tokens
+    status, out = server.request("POST", f"/v1/sessions/{twin}/generate", {"max_tokens": 5})
+    assert status == 200 and out["tokens"] == [e["token"] for e in events[:5]]
+    # sync sets the history: the generated tokens are part of it
+    status, info = server.request("POST", f"/v1/sessions/{sid}/sync", {"tokens": LONG_PROMPT[:40]})
+    assert status == 200 and info["tokens"] == LONG_PROMPT[:40]
+    for s in (sid, twin):
+        assert server.request("DELETE", f"/v1/sessions/{s}")[0] == 204
+
+
+def test_a_client_gone_mid_stream_leaves_the_session_usable(server):
+    sid = server.request("POST", "/v1/sessions", {"tokens": LONG_PROMPT[:40]})[1]["session_id"]
+    stream = server.events(f"/v1/sessions/{sid}/generate", {"max_tokens": 500, "stream": True})
+    next(stream), next(stream)
+    stream.close()  # the connection closes
+    status, out = when_idle(server, "POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 3})
+    assert status == 200 and len(out["tokens"]) == 3
+    server.request("DELETE", f"/v1/sessions/{sid}")
+
+
+def test_one_generation_per_session_at_a_time(server):
+    sid = server.request("POST", "/v1/sessions", {"tokens": LONG_PROMPT[:40]})[1]["session_id"]
+    stream = server.events(f"/v1/sessions/{sid}/generate", {"max_tokens": 300, "stream": True})
+    next(stream)
+    status, body = server.request("POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 3})
+    assert status == 409 and "is generating" in body["error"]["message"]
+    status, _ = server.request("POST", f"/v1/sessions/{sid}/tokens", {"tokens": [5]})
+    assert status == 409
+    stream.close()
+    assert when_idle(server, "DELETE", f"/v1/sessions/{sid}")[0] == 204
+
+
+def test_closed_and_unknown_sessions_are_not_found(server):
+    sid = server.request("POST", "/v1/sessions", {"tokens": [1, 2, 3]})[1]["session_id"]
+    assert server.request("DELETE", f"/v1/sessions/{sid}")[0] == 204
+    for method, path, body in (("GET", f"/v1/sessions/{sid}", None), ("DELETE", f"/v1/sessions/{sid}", None),
+                               ("POST", f"/v1/sessions/{sid}/tokens", {"tokens": [1]}),
+                               ("POST", "/v1/sessions/nope/generate", {"max_tokens": 1})):
+        status, out = server.request(method, path, body)
+        assert status == 404 and "does not exist" in out["error"]["message"], (method, path)
+
+
+def test_the_least_recently_used_idle_session_goes_first(server):
+    ids = [server.request("POST", "/v1/sessions", {"tokens": [1, 2, 3]})[1]["session_id"] for _ in range(4)]
+    assert server.request("GET", f"/v1/sessions/{ids[0]}")[0] == 200  # ids[1] is now the oldest
+    before = server.metrics().get("session_evicted_total[('reason', 'lru')]", 0)
+    newest = server.request("POST", "/v1/sessions", {"tokens": [4]})[1]["session_id"]  # max_sessions is 4
+    assert server.request("GET", f"/v1/sessions/{ids[1]}")[0] == 404
+    assert all(server.request("GET", f"/v1/sessions/{s}")[0] == 200 for s in (ids[0], ids[2], ids[3], newest))
+    assert server.metrics()["session_evicted_total[('reason', 'lru')]"] == before + 1
+    for s in (ids[0], ids[2], ids[3], newest):
+        server.request("DELETE", f"/v1/sessions/{s}")
+
+
+@pytest.mark.parametrize("path, body, raw, status, message", [
+    ("/v1/completions", None, b"{not json", 400, "JSON"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": -1}, None, 400, "body.max_tokens:"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": "many"}, None, 400, "body.max_tokens:"),
+    ("/v1/completions", {"prompt": [1, 10**9]}, None, 400, "outside the vocabulary"),
+    ("/v1/completions", {"prompt": "x", "n": 2}, None, 400, "body.n:"),
+    ("/v1/completions", {"prompt": "x", "temperature": -1}, None, 400, "body.temperature:"),
+    ("/v1/completions", {"prompt": [5] * (N_CTX + 5)}, None, 400, "n_ctx"),
+    ("/v1/completions", None, b"[1, 2]", 400, "valid dictionary"),
+    ("/v1/chat/completions", {"messages": []}, None, 400, "messages"),
+    ("/v1/sessions", {"tokens": [-1]}, None, 400, "outside the vocabulary"),
+    ("/v1/sessions", {"tokens": "abc"}, None, 400, "body.tokens:"),
+    ("/v1/sessions", {"tokens": [1], "extra": 1}, None, 400, "body.extra:"),
+])
+def test_bad_input_is_a_4xx_with_a_message_and_the_server_lives_on(server, path, body, raw, status, message):
+    got, out = server.request("POST", path, body, raw=raw)
+    assert got == status, out
+    assert message in out["error"]["message"]
+    assert server.request("GET", "/health")[0] == 200
+
+
+def test_a_schema_we_cannot_express_is_a_400(server):
+    sid = server.request("POST", "/v1/sessions", {"tokens": [1, 2, 3]})[1]["session_id"]
+    bad = {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "(a|b)*c{2,}"}}}
+    status, out = server.request("POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 4, "response_format": bad})
+    assert status == 400 and "pattern" in out["error"]["message"]
+    status, out = server.request("POST", f"/v1/sessions/{sid}/generate",
+                                 {"max_tokens": 4, "response_format": {"type": "xml"}})
+    assert status == 400 and "response_format.type" in out["error"]["message"]
+    ok = {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"a": {"type": "integer"}},
+                                                            "required": ["a"]}}}
+    status, out = server.request("POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 40, "response_format": ok})
+    assert status == 200, out
+    if out["finish_reason"] != "length":
+        assert isinstance(json.loads(out["text"])["a"], int)
+    server.request("DELETE", f"/v1/sessions/{sid}")
+
+
+def test_a_max_tokens_beyond_the_context_is_clamped(server):
+    out = server.client().completions.create(model="m", prompt=LONG_PROMPT[:20], max_tokens=10**6)
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage.prompt_tokens + out.usage.completion_tokens <= N_CTX
+
+
+def test_metrics_parse_and_count_the_work(server):
+    before = server.metrics()
+    out = server.client().completions.create(model="m", prompt=LONG_PROMPT[:70], max_tokens=4)
+    after = server.metrics()
+    assert after["pyllamaopt_tokens_generated_total"] == before["pyllamaopt_tokens_generated_total"] + 4
+    assert after["generate_prefill_tokens_total"] == before["generate_prefill_tokens_total"] + 70
+    computed = out.model_extra["pyllamaopt"]["computed_tokens"]
+    assert after["pyllamaopt_prompt_tokens_computed_total"] == before["pyllamaopt_prompt_tokens_computed_total"] + computed
+    for name in ("session_active", "session_kv_live_bytes", "pyllamaopt_queue_depth",
+                 "pyllamaopt_time_to_first_token_seconds_count"):
+        assert name in after
+
+
+def test_idle_sessions_expire(tiny_model_path, tmp_path):
+    s = start_server(tiny_model_path, tmp_path, "--session-ttl", "0.5")
+    try:
+        sid = s.request("POST", "/v1/sessions", {"tokens": [1, 2]})[1]["session_id"]
+        assert s.request("GET", f"/v1/sessions/{sid}")[0] == 200
+        time.sleep(2.0)  # idle for four TTLs (a request would touch it); the sweeper runs every TTL / 4
+        assert s.request("GET", f"/v1/sessions/{sid}")[0] == 404
+        assert s.metrics()["session_evicted_total[('reason', 'ttl')]"] == 1
+    finally:
+        stop_server(s)
+
+
+def test_an_api_key_is_required_when_given(tiny_model_path, tmp_path):
+    s = start_server(tiny_model_path, tmp_path, env={"LLAMA_OPT_SERVE_API_KEY": "sesame"})
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            s.client(api_key="wrong").completions.create(model="m", prompt="x", max_tokens=1)
+        assert s.client(api_key="sesame").completions.create(model="m", prompt="x", max_tokens=1).usage
+        assert s.request("POST", "/v1/sessions", {}, headers={"x-api-key": "sesame"})[0] == 201
+        assert s.request("POST", "/v1/sessions", {})[0] == 401
+    finally:
+        stop_server(s)
+
+
+def test_binding_beyond_loopback_needs_an_api_key(tiny_model_path, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "pyllamaopt.cli", "serve", "--model", str(tiny_model_path),
+                             "--host", "0.0.0.0", "--port", str(free_port())],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0 and "--api-key" in result.stderr
