@@ -74,7 +74,8 @@ def from_hub(repo_id: str, filename: str, *, revision: str | None = None,
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     try:
-        return Path(hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache_dir,
+        return Path(hf_hub_download(repo_id, filename, revision=revision,
+                                    cache_dir=None if cache_dir is None else os.fspath(cache_dir),
                                     local_files_only=local_files_only))
     except LocalEntryNotFoundError as exc:
         raise ModelNotFoundError(

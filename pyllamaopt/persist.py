@@ -48,7 +48,8 @@ class PersistEntry:
 class PersistStore:
     """A persistent KV cache directory. Reading it never needs the model."""
 
-    def __init__(self, directory: str | os.PathLike | None = None, *, _core_store=None) -> None:
+    def __init__(self, directory: str | os.PathLike[str] | None = None, *,
+                 _core_store: _core.PersistStore | None = None) -> None:
         self._core = _core_store or _core.PersistStore(str(directory or default_persist_dir()))
 
     @property

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import codecs
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +48,7 @@ class Generation(Iterator[Token]):
         and ends the turn, as exhausting it would."""
         self._steps.close()
 
-    def _run(self, max_tokens: int | None, stop: list[str], sampling: _core.Sampling) -> Iterator[Token]:
+    def _run(self, max_tokens: int | None, stop: list[str], sampling: _core.Sampling) -> Generator[Token, None, None]:
         core = self.session._core
         if self.session._configured_for is not self:  # another generation of the session came between
             core.set_sampling(sampling)
@@ -122,7 +122,7 @@ class Session:
     Raw token ids are the contract (``append``, ``tokens``); text and chat are conveniences.
     """
 
-    def __init__(self, context: Context, core: Any) -> None:
+    def __init__(self, context: Context, core: _core.Session) -> None:
         self.context = context
         self._core = core
         self._configured_for: Generation | None = None  # the generation whose sampling and grammar the engine holds

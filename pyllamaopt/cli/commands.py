@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TypedDict
 
 from .. import build_info, features, fields
 from ..chat import Chat
@@ -38,7 +39,14 @@ def _context(args: argparse.Namespace) -> Context:
     return Context(model, n_ctx=args.n_ctx, n_threads=args.threads)
 
 
-def _sampling(args: argparse.Namespace) -> dict[str, object]:
+class _Sampling(TypedDict):
+    """The generate() arguments the CLI's options set."""
+    max_tokens: int | None
+    temperature: float
+    seed: int | None
+
+
+def _sampling(args: argparse.Namespace) -> _Sampling:
     return {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}
 
 
@@ -125,10 +133,10 @@ def config(args: argparse.Namespace) -> int:
         print(f"{name:<28} {value!s:<10} {source:<12} {env}")
     print(f"\n{'feature':<12} {'tier':<5} {'compiled':<9} {'implemented':<12} runtime switch")
     values = cfg.as_dict()
-    for f in features():
-        state = "on" if values[f.enabled_field] else "off"
-        print(f"{f.name:<12} {f.tier:<5} {'yes' if f.compiled else 'no':<9} {'yes' if f.implemented else 'not yet':<12}"
-              f" {f.enabled_field}={state}")
+    for feature in features():
+        state = "on" if values[feature.enabled_field] else "off"
+        print(f"{feature.name:<12} {feature.tier:<5} {'yes' if feature.compiled else 'no':<9} "
+              f"{'yes' if feature.implemented else 'not yet':<12} {feature.enabled_field}={state}")
     return 0
 
 

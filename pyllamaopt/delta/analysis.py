@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -55,6 +56,27 @@ class LayerCurve:
         return min(rank * (self.rows + self.cols) * FACTOR_ITEM_BYTES, self.source_bytes)
 
 
+class RankOutcome(TypedDict):
+    """A matrix type with every layer's delta at one rank."""
+    mean: float | None   # relative error over the layers (None: beyond the ranks computed)
+    min: float | None
+    max: float | None
+    ratio: float         # size against the original, bases included
+    whole: int           # layers stored whole
+
+
+class TargetOutcome(TypedDict):
+    """A matrix type with each layer's delta at the smallest rank meeting one target error."""
+    ranks: list[int | None]   # per layer; None: more than the ranks computed
+    ratio: float
+    whole: int
+
+
+class MatrixSummary(TypedDict):
+    at_rank: dict[int, RankOutcome]
+    at_target: dict[float, TargetOutcome]
+
+
 @dataclass
 class ErrorCurves(JsonReport):
     input: str
@@ -65,12 +87,12 @@ class ErrorCurves(JsonReport):
     base_bytes: dict[str, list[int]]    # per matrix type, per base
     peak_rss_bytes: int = 0
     seconds: float = 0.0
-    summary: dict[str, dict[str, object]] = field(default_factory=dict)
+    summary: dict[str, MatrixSummary] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for matrix in dict.fromkeys(c.matrix for c in self.layers):
             curves = [c for c in self.layers if c.matrix == matrix]
-            at_rank = {}
+            at_rank: dict[int, RankOutcome] = {}
             for rank in self.ranks:
                 errors = [c.error_at(rank) for c in curves]
                 known = [e for e in errors if e is not None]
@@ -78,7 +100,7 @@ class ErrorCurves(JsonReport):
                 at_rank[rank] = {"mean": float(np.mean(known)) if known else None,
                                  "min": min(known, default=None), "max": max(known, default=None),
                                  "ratio": ratio, "whole": whole}
-            at_target = {}
+            at_target: dict[float, TargetOutcome] = {}
             for target in self.target_errors:
                 ranks = [c.rank_for(target) for c in curves]
                 ratio, whole = self._outcome(curves, ranks)
@@ -111,7 +133,7 @@ class ErrorCurves(JsonReport):
         for matrix, s in self.summary.items():
             for rank in self.ranks:
                 a = s["at_rank"][rank]
-                errors = "".join(f"{'n/a':>9}" if a[k] is None else f"{_pct(a[k]):>9}" for k in ("mean", "min", "max"))
+                errors = "".join(f"{'n/a':>9}" if e is None else f"{_pct(e):>9}" for e in (a["mean"], a["min"], a["max"]))
                 lines.append(f"{matrix:<12}{rank:>6}{errors}{a['whole']:>7}{a['ratio']:>12.3f}")
         lines += ["", "rank each layer needs to meet a target error ('>': more than the ranks computed); "
                       "a delta not smaller than its matrix is stored whole",
@@ -119,11 +141,11 @@ class ErrorCurves(JsonReport):
         for matrix, s in self.summary.items():
             curves = [c for c in self.layers if c.matrix == matrix]
             for target in self.target_errors:
-                a = s["at_target"][target]
-                ranks = [r if r is not None else len(c.errors) for r, c in zip(a["ranks"], curves, strict=True)]
-                unknown = ">" if None in a["ranks"] else ""
+                t = s["at_target"][target]
+                ranks = [r if r is not None else len(c.errors) for r, c in zip(t["ranks"], curves, strict=True)]
+                unknown = ">" if None in t["ranks"] else ""
                 lines.append(f"{matrix:<12}{_pct(target):>8}{int(np.median(ranks)):>8}{unknown + str(max(ranks)):>7}"
-                             f"{a['whole']:>7}{a['ratio']:>12.3f}")
+                             f"{t['whole']:>7}{t['ratio']:>12.3f}")
         lines += ["", f"peak RSS {megabytes(self.peak_rss_bytes)}, {self.seconds:.1f} s"]
         return "\n".join(lines)
 

@@ -169,21 +169,21 @@ def decompose_type(model: GGUFModel, matrix: str, options: DecomposeOptions, par
     base_results, base_tensors, kept = [], [], set()
     for k, stored in enumerate(bases.stored):
         layers = [layer for layer, a in enumerate(bases.assignment) if a == k]
-        source = sum(model.tensor(matrix_name(layer, matrix)).n_bytes for layer in layers)
+        source_bytes = sum(model.tensor(matrix_name(layer, matrix)).n_bytes for layer in layers)
         # a base is worth keeping only if its cluster, base included, gets smaller
-        keep = sum(stored_bytes[layer] for layer in layers) + stored.nbytes < source
+        keep = sum(stored_bytes[layer] for layer in layers) + stored.nbytes < source_bytes
         base_results.append(BaseResult(matrix, k, layers, keep, stored.nbytes))
         if keep:
             kept.add(k)
             base_tensors.append(_spill(scratch, base_name(k, matrix), stored, bases.qtype))
 
     results, delta_tensors = [], {}
-    for layer, fit in enumerate(fits):
+    for layer, rank_error in enumerate(fits):
         source = model.tensor(matrix_name(layer, matrix))
         rows, cols = source.shape
         base = bases.assignment[layer]
-        if fit is not None and (parent is not None or base in kept):
-            rank, rel_error = fit
+        if rank_error is not None and (parent is not None or base in kept):
+            rank, rel_error = rank_error
             results.append(MatrixResult(layer, matrix, rows, cols, source.tensor_type.name, source.n_bytes,
                                         rank, base, rel_error, stored_bytes[layer]))
             delta_tensors[layer] = factors.get(layer, [])

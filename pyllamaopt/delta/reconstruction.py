@@ -91,6 +91,7 @@ def _plan_tensors(delta: GGUFModel, header: DeltaHeader, parent: GGUFModel | Non
 def _rebuilt_tensor(delta: GGUFModel, header: DeltaHeader, parent: GGUFModel | None, layer: int, matrix: str,
                     rank: int, out_type: gguf.GGMLQuantizationType) -> OutTensor:
     dtype = np.dtype(np.float32 if out_type == _F32 else np.float16)
+    rows_cols: tuple[int, ...]
     if parent is not None:
         shape = parent.matrix_shape(layer, matrix)
         rows_cols = (shape.rows, shape.cols)

@@ -5,9 +5,9 @@ import json
 import resource
 import sys
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import Field, asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .format import WHOLE
 from .writer import atomic_output
@@ -15,6 +15,9 @@ from .writer import atomic_output
 
 class JsonReport:
     """For a report dataclass: itself as JSON (``asdict``), and saved to a file atomically."""
+
+    if TYPE_CHECKING:  # subclasses are dataclasses: what asdict() needs of self
+        __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

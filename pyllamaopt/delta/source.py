@@ -5,6 +5,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -60,7 +61,8 @@ class GGUFModel:
         self.architecture = str(self.field("general.architecture", ""))
         self.n_layers = int(self.field(f"{self.architecture}.block_count", 0))
 
-    def field(self, key: str, default: object = None) -> object:
+    def field(self, key: str, default: Any = None) -> Any:
+        """The metadata value of `key` (its type is the file's: see Field.value), else `default`."""
         f = self.file.fields.get(key)
         return default if f is None else f.value
 

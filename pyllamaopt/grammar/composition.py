@@ -207,7 +207,8 @@ def _disjoint(root: Any, a: Any, b: Any, depth: int) -> bool:
         return False
     pa, pb = a.get("properties"), b.get("properties")
     ra, rb = a.get("required"), b.get("required")
-    if not all(isinstance(x, (dict, list)) for x in (pa, pb, ra, rb)):
+    if not (isinstance(pa, (dict, list)) and isinstance(pb, (dict, list))
+            and isinstance(ra, (dict, list)) and isinstance(rb, (dict, list))):
         return False
     return any(name in pb and name in ra and name in rb and _disjoint(root, pa[name], pb[name], depth + 1)
                for name in pa)

@@ -379,8 +379,8 @@ class _Converter(_Rules):
             try:
                 value = self.gen(addl, f"{hint}-value", f"{path}/additionalProperties")
             except _Unsat:
-                value = None
-            if value is not None:
+                pass  # no value is allowed: no other properties
+            else:
                 key = self.key_excluding(names, f"{hint}-key") if names else self.string()
                 extra = self.simple(_seq(key, self.colon(), value), f"{hint}-extra")
         n_req = sum(1 for _, r in fields if r)

@@ -31,7 +31,7 @@ def _frac_opt() -> Node:
 def _uint_range(a: int, b: int) -> list[Node]:
     """Canonical decimal texts (no leading zero) of the integers in [a, b], 0 <= a <= b."""
     alts: list[Node] = []
-    full_from = None  # first length of a run of lengths covered entirely
+    full_from: int | None = None  # first length of a run of lengths covered entirely
     if a == 0:
         alts.append(_lit("0"))
         if b == 0:

@@ -105,15 +105,18 @@ class _Rules:
     def reachable(self) -> dict[str, Node]:
         """The rules root reaches, breadth first from root."""
         order, todo = ["root"], 0
+        reached: dict[str, Node] = {}
         while todo < len(order):
-            body = self.rules[order[todo]]
+            name = order[todo]
+            body = self.rules[name]
             todo += 1
             if body is None:
-                raise AssertionError(f"rule {order[todo - 1]} has no body")
+                raise AssertionError(f"rule {name} has no body")
+            reached[name] = body
             refs: list[str] = []
             _walk_refs(body, refs)
             order += [r for r in dict.fromkeys(refs) if r not in order]
-        return {n: self.rules[n] for n in order}
+        return reached
 
     def finish(self) -> str:
         rules = self.reachable()
@@ -124,8 +127,7 @@ class _Rules:
             _walk_refs(b, refs)
             for r in refs:
                 counts[r] = counts.get(r, 0) + 1
-        for n in list(rules):
-            b = self.rules[n]
+        for n, b in rules.items():  # self.rules[n] is still b: only rules already visited change
             if b[0] == "ref" and b[1] != n and counts.get(b[1]) == 1:
                 self.rules[n] = self.rules[b[1]]
         rules = self.reachable()
