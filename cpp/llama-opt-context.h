@@ -154,7 +154,6 @@ public:
     bool   kv_unpark(int32_t seq, size_t p0, size_t p1, long delta);
     void   kv_clear_parked();
     int32_t kv_cell(int32_t seq, size_t pos) const;  // the cell holding a position, -1 if none (patches/0004)
-    size_t kv_shared(int32_t seq) const { return slots_[seq].n_shared; }
     // The KV rows of [p0, p1) as the disk tier stores them; false if some are not in the cache.
     bool   kv_read(int32_t seq, size_t p0, size_t p1, uint8_t * rows) const;
     // Writes KV rows read by kv_read into [p0, p1), evicting cached sequences for room; false: no room.

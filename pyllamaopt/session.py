@@ -38,6 +38,7 @@ class Generation(Iterator[Token]):
         self.tokens: list[int] = []
         self.text = ""
         self.finish_reason: str | None = None
+        self.stop_string: str | None = None  # which of the stop strings ended it (finish_reason 'stop')
         self._steps = self._run(max_tokens, list(stop), sampling)
 
     def __next__(self) -> Token:
@@ -77,7 +78,7 @@ class Generation(Iterator[Token]):
                     full += decoder.decode(step.piece)
                     cut = _find_stop(full, stop, len(self.text))
                     if cut is not None:
-                        full, self.finish_reason = full[:cut], "stop"
+                        full, self.stop_string, self.finish_reason = full[:cut[0]], cut[1], "stop"
                     elif max_tokens is not None and len(self.tokens) >= max_tokens:
                         self.finish_reason = "length"
                     elif step.room == 0:
@@ -101,9 +102,9 @@ class Generation(Iterator[Token]):
                 self._on_finish(self)
 
 
-def _find_stop(text: str, stop: list[str], released: int) -> int | None:
-    """Index where the earliest stop string starts, searching only where a new one can be."""
-    hits = [i for s in stop if (i := text.find(s, max(0, released - len(s) + 1))) >= 0]
+def _find_stop(text: str, stop: list[str], released: int) -> tuple[int, str] | None:
+    """Where the earliest stop string starts, and which it is, searching only where a new one can be."""
+    hits = [(i, s) for s in stop if (i := text.find(s, max(0, released - len(s) + 1))) >= 0]
     return min(hits) if hits else None
 
 

@@ -3,6 +3,7 @@ by plain HTTP (urllib) for the session routes: answers equal the library's, reus
 requests, the session protocol and its lifecycle, bad input, metrics, API keys."""
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import os
@@ -17,11 +18,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import anthropic
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pyllamaopt import Context
+from pyllamaopt.serve.metrics import Metrics
+from pyllamaopt.serve.scheduler import STREAM_AHEAD, Scheduler
+from pyllamaopt.serve.service import Busy, DoneEvent, GenerateParams, Service
 
 N_CTX = 1024
 
@@ -178,6 +183,11 @@ def test_concurrent_clients_get_the_answers_they_get_alone(server, tiny_model):
 def test_a_model_without_a_chat_template_answers_chat_with_a_400(server):
     with pytest.raises(openai.BadRequestError, match="no chat template"):
         server.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError, match="no chat template"):
+        client.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    status, out = server.request("POST", "/v1/messages", {"messages": [{"role": "user", "content": "hi"}]})
+    assert status == 400 and out["type"] == "error" and "max_tokens" in out["error"]["message"]
 
 
 def when_idle(server: Server, method: str, path: str, body: object = None) -> tuple[int, dict]:
@@ -237,16 +247,33 @@ def test_a_client_gone_mid_stream_leaves_the_session_usable(server):
     server.request("DELETE", f"/v1/sessions/{sid}")
 
 
-def test_one_generation_per_session_at_a_time(server):
-    sid = server.request("POST", "/v1/sessions", {"tokens": LONG_PROMPT[:40]})[1]["session_id"]
-    stream = server.events(f"/v1/sessions/{sid}/generate", {"max_tokens": 300, "stream": True})
-    next(stream)
-    status, body = server.request("POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 3})
-    assert status == 409 and "is generating" in body["error"]["message"]
-    status, _ = server.request("POST", f"/v1/sessions/{sid}/tokens", {"tokens": [5]})
-    assert status == 409
-    stream.close()
-    assert when_idle(server, "DELETE", f"/v1/sessions/{sid}")[0] == 204
+def test_one_generation_per_session_at_a_time_and_a_stalled_reader_pauses_it(tiny_model):
+    """In process (a real HTTP client cannot stall deterministically: socket buffers hold a whole
+    generation of the tiny model): while a generation runs, its session refuses other work, and
+    a reader that stops reading holds the generation STREAM_AHEAD tokens ahead."""
+    async def scenario() -> None:
+        with Context(tiny_model, n_ctx=N_CTX, n_threads=2) as ctx:
+            scheduler = Scheduler()
+            service = Service(ctx, scheduler, Metrics(), max_sessions=2, session_ttl=60)
+            sid = await service.create_session(LONG_PROMPT[:40])
+            events = service.generate(sid, GenerateParams(max_tokens=None))
+            first = await events.__anext__()
+            await asyncio.sleep(0.3)  # the reader stalls
+            info = await service.info(sid)
+            assert info["generating"] and info["stats"]["tokens_generated"] <= STREAM_AHEAD + 2
+            with pytest.raises(Busy, match="is generating"):
+                await service.append(sid, [5])
+            with pytest.raises(Busy):
+                await service.generate(sid, GenerateParams(max_tokens=1)).__anext__()
+            rest = [e async for e in events]
+            assert isinstance(rest[-1], DoneEvent) and rest[-1].finish_reason == "eos"
+            assert [first.id] + [e.id for e in rest[:-1]] == local_greedy(tiny_model, LONG_PROMPT[:40], N_CTX - 40)
+            assert len(rest) - 1 > STREAM_AHEAD + 2  # it did pause: it was longer than that
+            info = await service.append(sid, [5])  # idle again
+            assert not info["generating"]
+            scheduler.stop()
+
+    asyncio.run(scenario())
 
 
 def test_closed_and_unknown_sessions_are_not_found(server):

@@ -26,7 +26,7 @@ from ..config import OptConfig
 from ..context import Context
 from ..errors import ChatTemplateError
 from ..model import Model
-from . import openai_routes, session_routes
+from . import anthropic_routes, openai_routes, session_routes
 from .metrics import Metrics
 from .scheduler import Scheduler
 from .service import Service, ServiceError
@@ -37,7 +37,7 @@ class ServeSettings:
     model: str = "gemma3-270m"
     host: str = "127.0.0.1"
     port: int = 8080
-    n_ctx: int = 8192
+    n_ctx: int = 4096
     threads: int | None = None
     api_key: str | None = None
     max_sessions: int = 16           # protocol sessions open at once; the least recently used idle one goes first
@@ -97,6 +97,7 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
         app.state.chat_template = _NoTemplate(str(exc))
 
     app.include_router(openai_routes.router)
+    app.include_router(anthropic_routes.router)
     app.include_router(session_routes.router)
 
     @app.get("/health")
@@ -108,14 +109,18 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
         await service.health()  # refreshes the gauges
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
+    def error_response(request: Request, exc: ServiceError) -> JSONResponse:
+        shape = anthropic_routes.error_body if request.url.path == "/v1/messages" else openai_routes.error_body
+        return JSONResponse(shape(exc), status_code=exc.status)
+
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse(openai_routes.error_body(exc), status_code=exc.status)
+        return error_response(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        return JSONResponse(openai_routes.error_body(ServiceError(f"invalid request body: {where}")), status_code=400)
+        return error_response(request, ServiceError(f"invalid request body: {where}"))
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

@@ -3,7 +3,9 @@
 Request handlers never compute: they hand the scheduler a function (``call``) or a generation
 (``stream``) and await the result, so the event loop stays free. The thread runs queued calls in
 order and, between them, one step of every running generation in turn, so concurrent streams
-advance together and a new request waits at most one step per stream.
+advance together and a new request waits at most one step per stream. A stream runs at most
+STREAM_AHEAD items ahead of its reader: a reader that stops reading (a stalled client) pauses
+its generation instead of letting it run to the end unread.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _DONE = object()  # end of a stream, put after its last item
+STREAM_AHEAD = 16
 
 
 @dataclass
@@ -26,6 +29,8 @@ class _Stream:
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue[Any]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    room: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(STREAM_AHEAD))
+    waiting: bool = False  # the scheduler found no room: the reader wakes it when it takes an item
 
 
 class Scheduler:
@@ -60,6 +65,10 @@ class Scheduler:
         try:
             while True:
                 item = await out.get()
+                s.room.release()
+                if s.waiting:
+                    s.waiting = False
+                    self._calls.put(None)  # wake the thread: this stream has room again
                 if item is _DONE:
                     return
                 if isinstance(item, BaseException):
@@ -81,17 +90,18 @@ class Scheduler:
     # the thread
 
     def _run(self) -> None:
+        progressed = False
         while True:
-            self._run_calls(block=not self._streams and not self._stopped)
+            self._run_calls(block=not progressed and not self._stopped)  # nothing to step: sleep
             if self._stopped:
-                for s in self._streams:
+                for s in list(self._streams):
                     self._finish(s, close=True)
-                self._streams.clear()
                 if self._calls.empty():
                     return
                 continue
+            progressed = False
             for s in list(self._streams):
-                self._step(s)
+                progressed |= self._step(s)
 
     def _run_calls(self, block: bool) -> None:
         while True:
@@ -109,20 +119,26 @@ class Scheduler:
                 except BaseException as exc:  # handed to the caller, never lost
                     future.set_exception(exc)
 
-    def _step(self, s: _Stream) -> None:
+    def _step(self, s: _Stream) -> bool:
+        """One item of the stream, if its reader has room for it; False if it had none."""
         if s.cancelled.is_set():
             self._finish(s, close=True)
-            return
+            return True
+        s.waiting = True  # before trying: a reader that takes an item after a failed try wakes us
+        if not s.room.acquire(blocking=False):
+            return False
+        s.waiting = False
         try:
             item = next(s.steps)
         except StopIteration:
             self._finish(s)
-            return
+            return True
         except Exception as exc:
             self._put(s, exc)
             self._finish(s)
-            return
+            return True
         self._put(s, item)
+        return True
 
     def _finish(self, s: _Stream, close: bool = False) -> None:
         if close and hasattr(s.steps, "close"):

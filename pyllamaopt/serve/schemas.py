@@ -73,6 +73,28 @@ class CompletionRequest(Sampling):
     echo: Literal[False] = False
 
 
+class AnthropicMessage(_Body):
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class MessagesRequest(_Body):
+    model: str | None = None
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    max_tokens: int = Field(ge=0)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    tools: list[dict[str, Any]] | None = None
+
+    def params(self, n_ctx: int) -> GenerateParams:
+        return Sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=None, seed=None,
+                        stop=self.stop_sequences).params(self.max_tokens, n_ctx)
+
+
 class Tokens(BaseModel):
     model_config = ConfigDict(extra="forbid")
     tokens: list[int] = Field(default_factory=list)

@@ -110,6 +110,7 @@ class Usage:
 class DoneEvent:
     finish_reason: str
     usage: Usage
+    stop_string: str | None = None  # the stop string that ended the generation, if one did
 
 
 Event = TokenEvent | DoneEvent
@@ -321,7 +322,7 @@ class Service:
                           restored=stats.persist_tokens_restored, drafted=stats.memo_tokens_skipped,
                           forced=stats.schema_tokens_inferred, approximate=session.approx_from is not None)
             self.metrics.count_usage(usage)
-            yield DoneEvent(generation.finish_reason or "stop", usage)
+            yield DoneEvent(generation.finish_reason or "stop", usage, generation.stop_string)
         finally:
             if entry is not None:
                 entry.generating = False

@@ -39,15 +39,24 @@ async def collect(events: AsyncIterator[Event]) -> tuple[list[int], str, DoneEve
 
 
 def sse(events: AsyncIterator[Event], chunk: Callable[[Event], list[dict[str, Any]]],
-        error_shape: Callable[[ServiceError], dict[str, Any]], done_line: bool = True) -> StreamingResponse:
-    """Server-sent events: `chunk` turns each event into the protocol's JSON payloads."""
+        error_shape: Callable[[ServiceError], dict[str, Any]], *, done_line: bool = True,
+        named: bool = False, prologue: list[dict[str, Any]] | None = None) -> StreamingResponse:
+    """Server-sent events: `chunk` turns each event into the protocol's JSON payloads, after the
+    `prologue` payloads. `named`: each payload's "type" is also the event's name (Anthropic's
+    stream); `done_line`: OpenAI's closing "[DONE]"."""
+    def line(payload: dict[str, Any]) -> str:
+        name = f"event: {payload['type']}\n" if named else ""
+        return f"{name}data: {json.dumps(payload)}\n\n"
+
     async def body() -> AsyncIterator[str]:
+        for payload in prologue or []:
+            yield line(payload)
         try:
             async for event in events:
                 for payload in chunk(event):
-                    yield f"data: {json.dumps(payload)}\n\n"
+                    yield line(payload)
         except ServiceError as exc:  # after the response started: the error is the last event
-            yield f"data: {json.dumps(error_shape(exc))}\n\n"
+            yield line(error_shape(exc))
         if done_line:
             yield "data: [DONE]\n\n"
 

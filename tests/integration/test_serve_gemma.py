@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import anthropic
 import pytest
 
 from test_serve import N_CTX, start_server, stop_server
@@ -72,3 +73,24 @@ def test_json_schema_output_is_an_instance(warm):
     assert reply.choices[0].finish_reason == "stop"
     person = json.loads(reply.choices[0].message.content)
     assert set(person) == {"name", "age"} and isinstance(person["age"], int) and 0 <= person["age"] <= 150
+
+
+def test_anthropic_messages_streaming_and_not_with_a_stop_sequence(warm):
+    client = anthropic.Anthropic(base_url=warm.url, api_key="unused", max_retries=0)
+    ask = dict(model="gemma", max_tokens=40, system="Answer with a numbered list.",
+               messages=[{"role": "user", "content": [{"type": "text", "text": "Name three fruits."}]}])
+    whole = client.messages.create(**ask)
+    text = whole.content[0].text
+    assert whole.stop_reason in ("end_turn", "max_tokens") and text
+    counters = whole.model_extra["pyllamaopt"]
+    assert whole.usage.output_tokens == counters["completion_tokens"] > 0
+    assert whole.usage.input_tokens + whole.usage.cache_read_input_tokens == counters["prompt_tokens"] > 0
+    with client.messages.stream(**ask) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == text and final.stop_reason == whole.stop_reason
+    # a stop sequence taken from the answer itself ends it there, and is reported
+    stop = text.split()[1]
+    cut = client.messages.create(**ask, stop_sequences=["no such text", stop])
+    assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop
+    assert cut.content[0].text == text[:text.index(stop)]
