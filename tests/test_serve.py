@@ -243,7 +243,12 @@ def test_a_client_gone_mid_stream_leaves_the_session_usable(server):
     next(stream), next(stream)
     stream.close()  # the connection closes
     status, out = when_idle(server, "POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 3})
-    assert status == 200 and len(out["tokens"]) == 3
+    # how far the first generation got depends on when the server noticed: the second one goes on
+    # from there (the tiny model may end it early)
+    assert status == 200, out
+    assert out["finish_reason"] == "length" and len(out["tokens"]) == 3 or out["finish_reason"] == "eos"
+    info = server.request("GET", f"/v1/sessions/{sid}")[1]
+    assert info["tokens"][:40] == LONG_PROMPT[:40] and info["tokens"][-len(out["tokens"]):] == out["tokens"]
     server.request("DELETE", f"/v1/sessions/{sid}")
 
 
