@@ -278,6 +278,65 @@ void llama_opt_session::decode_pending_step() {
     n_evaluated_ = tokens_.size();
 }
 
+bool llama_opt_session::plain_step_row(llama_opt_row & row) const {
+    if (closed() || !generating_ || n_evaluated_ == 0 || n_evaluated_ + 1 != tokens_.size() ||
+        logits_for_ != n_evaluated_ || sampler_.constrained() || room() == 0) {
+        return false;
+    }
+    const llama_opt_config & cfg = ctx_->settings().config;
+    if (cfg.memo_enabled &&  // its own step will check a draft
+        !llama_opt_memo_find(tokens_.data(), tokens_.size(), (uint32_t) std::min<size_t>(cfg.memo_draft_max, room()))
+             .tokens.empty()) {
+        return false;
+    }
+    row = { seq_, n_evaluated_, tokens_.back() };
+    return true;
+}
+
+void llama_opt_session::take_row(const float * logits) {
+    n_evaluated_ = tokens_.size();
+    logits_.assign(logits, logits + ctx_->model().n_vocab());
+    logits_for_ = n_evaluated_;
+    stats_.tokens_decoded += 1;  // the context counts the batch's tokens and its one pass
+    stats_.forward_passes += 1;
+}
+
+void llama_opt_session::prefetch_steps(const std::vector<std::shared_ptr<llama_opt_session>> & sessions) {
+    if (sessions.empty()) {
+        return;
+    }
+    llama_opt_context & ctx = *sessions.front()->ctx_;
+    lock_t lock(ctx.mutex());
+    std::vector<llama_opt_session *> takers;
+    std::vector<llama_opt_row>       rows;
+    std::vector<float>               logits;
+    auto flush = [&] {
+        if (rows.size() > 1 && ctx.compute_rows(rows, logits)) {  // one row alone: its own step is the same
+            ctx.count(&llama_opt_stats::tokens_decoded, rows.size());
+            ctx.count(&llama_opt_stats::forward_passes, 1);
+            for (size_t i = 0; i < takers.size(); ++i) {
+                takers[i]->take_row(logits.data() + i * ctx.model().n_vocab());
+            }
+        }
+        takers.clear();
+        rows.clear();
+    };
+    for (const auto & s : sessions) {
+        if (s->ctx_.get() != &ctx) {
+            throw llama_opt_error(llama_opt_errc::invalid_argument, "prefetch_steps: the sessions belong to different contexts");
+        }
+        llama_opt_row row;
+        if (s->plain_step_row(row)) {
+            takers.push_back(s.get());
+            rows.push_back(row);
+            if (rows.size() == LLAMA_OPT_ROW_INVARIANT_BATCH) {
+                flush();
+            }
+        }
+    }
+    flush();
+}
+
 // memo (llama-memo.h): when the history repeats itself, the pending token and a draft of what
 // followed earlier go through one batch, whose rows compute bit for bit like one-token decode
 // steps (patches/0006): row i holds the logits after i drafted tokens. Sampling then confirms

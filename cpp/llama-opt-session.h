@@ -72,6 +72,15 @@ public:
     // next_token(), with what a streaming caller asks of each token.
     llama_opt_step step();
 
+    // Batched decoding of several generations: computes, in batches of up to
+    // LLAMA_OPT_ROW_INVARIANT_BATCH rows (each row computes like a one-token decode step,
+    // patches/0006), the pending token of every session whose next step is a plain decode step,
+    // so that their next step() only samples. Tokens and logits are bit for bit those of
+    // stepping each session alone. Sessions whose next step is something else (a memo draft to
+    // check, a grammar) are left to it, and so are all when the KV cache has no room for the
+    // rows as it is (nothing is evicted for them). All sessions must belong to one context.
+    static void prefetch_steps(const std::vector<std::shared_ptr<llama_opt_session>> & sessions);
+
     // Ends a turn (a generation): drops its grammar, prints the turn's statistics when
     // LLAMA_OPT_STATS is on.
     void end_turn();
@@ -113,6 +122,8 @@ private:
     void ensure_logits(uint64_t llama_opt_stats::* counter);
     void decode_pending_step();            // pending generated tokens, as one-token decodes
     bool check_draft();                    // memo: the pending step and a draft in one batch; false: no draft
+    bool plain_step_row(llama_opt_row & row) const;  // prefetch_steps: the pending token, if the step is plain
+    void take_row(const float * logits);   // prefetch_steps: the logits computed for that row
     void take_checked(llama_token token);  // memo: a token joined the history: confirm it as drafted, or drop the draft
     void drop_draft();                     // memo: frees the KV of drafted tokens not confirmed
     llama_token take_inferred(llama_token token);  // a token the grammar decided

@@ -17,7 +17,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Context', 'DiffEngine', 'Hasher', 'Model', 'PersistStore', 'Sampling', 'Session', 'Settings', 'Stats', 'Step', 'build_info', 'default_persist_dir', 'features', 'fields', 'hash_block', 'hash_block_pos', 'hash_chain', 'segment', 'set_verbose']
+__all__: list[str] = ['Context', 'DiffEngine', 'Hasher', 'Model', 'PersistStore', 'Sampling', 'Session', 'Settings', 'Stats', 'Step', 'build_info', 'default_persist_dir', 'features', 'fields', 'hash_block', 'hash_block_pos', 'hash_chain', 'prefetch_steps', 'segment', 'set_verbose']
 class _PersistEntryInfo(typing.TypedDict):
     """
     An item of PersistStore.list() (cpp/bindings/persist.cpp).
@@ -500,6 +500,10 @@ def hash_block_pos(tokens: collections.abc.Sequence[typing.SupportsInt | typing.
 def hash_chain(parent: typing.SupportsInt | typing.SupportsIndex, tokens: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> int:
     """
     Chained hash: parent's chained hash, then the tokens.
+    """
+def prefetch_steps(sessions: collections.abc.Sequence[Session]) -> None:
+    """
+    Computes the pending decode step of several generating sessions in shared batches (bitwise as each alone); their next step() then only samples.
     """
 def segment(tokens: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], block_size: typing.SupportsInt | typing.SupportsIndex) -> list[tuple[int, int, int, int]]:
     """

@@ -242,6 +242,14 @@ class Session:
             pass
         return generation.text
 
+    @staticmethod
+    def prefetch_steps(sessions: Sequence[Session]) -> None:
+        """Computes the next decode step of several generating sessions in shared batches, bit for
+        bit what each would compute alone; their generations' next tokens then only sample. A
+        session whose next step is something else (a memo draft to check, a grammar) is left to
+        it. For servers that advance many generations in turn."""
+        _core.prefetch_steps([s._core for s in sessions])
+
     def logits(self) -> np.ndarray:
         """Logits after the last evaluated token (a copy; empty before the first append)."""
         return self._core.logits()

@@ -59,4 +59,9 @@ void register_session(py::module_ & m) {
         .def_property_readonly("evicted", &llama_opt_session::evicted)
         .def_property_readonly("room", &llama_opt_session::room)
         .def_property_readonly("seq", &llama_opt_session::seq);
+
+    m.def("prefetch_steps", &llama_opt_session::prefetch_steps, py::arg("sessions"),
+          py::call_guard<py::gil_scoped_release>(),
+          "Computes the pending decode step of several generating sessions in shared batches "
+          "(bitwise as each alone); their next step() then only samples.");
 }

@@ -26,6 +26,7 @@ from ..config import OptConfig
 from ..context import Context
 from ..errors import ChatTemplateError
 from ..model import Model
+from ..session import Session
 from . import anthropic_routes, openai_routes, session_routes
 from .metrics import Metrics
 from .scheduler import Scheduler
@@ -73,7 +74,7 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
     model = Model(settings.model, verbose=settings.verbose)
     context = Context(model, n_ctx=settings.n_ctx, n_threads=settings.threads,
                       n_seq_max=settings.max_sessions + _REQUEST_SEQUENCES, config=config)
-    scheduler = Scheduler()
+    scheduler = Scheduler(prefetch=Session.prefetch_steps)  # decode steps of concurrent generations batched
     metrics = Metrics()
     service = Service(context, scheduler, metrics, max_sessions=settings.max_sessions,
                       session_ttl=settings.session_ttl)

@@ -3,7 +3,9 @@
 Request handlers never compute: they hand the scheduler a function (``call``) or a generation
 (``stream``) and await the result, so the event loop stays free. The thread runs queued calls in
 order and, between them, one step of every running generation in turn, so concurrent streams
-advance together and a new request waits at most one step per stream. A stream runs at most
+advance together and a new request waits at most one step per stream. Before each round, a
+`prefetch` function given the streams' keys may compute their next steps together (the service
+decodes the pending tokens of all running generations in shared batches). A stream runs at most
 STREAM_AHEAD items ahead of its reader: a reader that stops reading (a stalled client) pauses
 its generation instead of letting it run to the end unread.
 """
@@ -26,6 +28,7 @@ STREAM_AHEAD = 16
 @dataclass
 class _Stream:
     steps: Iterator[Any]
+    key: Any  # handed to prefetch (None: not batched)
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue[Any]
     cancelled: threading.Event = field(default_factory=threading.Event)
@@ -34,7 +37,8 @@ class _Stream:
 
 
 class Scheduler:
-    def __init__(self) -> None:
+    def __init__(self, prefetch: Callable[[list[Any]], None] | None = None) -> None:
+        self._prefetch = prefetch
         self._calls: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]] | None] = queue.SimpleQueue()
         self._streams: list[_Stream] = []
         self._thread = threading.Thread(target=self._run, name="pyllamaopt-scheduler", daemon=True)
@@ -50,14 +54,16 @@ class Scheduler:
     async def run(self, fn: Callable[[], T]) -> T:
         return await asyncio.wrap_future(self.call(fn))
 
-    async def stream(self, start: Callable[[], Iterator[Any]]) -> AsyncIterator[Any]:
-        """Items of the iterator `start()` returns, created and advanced on the scheduler thread.
-        Leaving the loop early (a client gone) closes the iterator there, between two steps."""
+    async def stream(self, start: Callable[[], tuple[Iterator[Any], Any]]) -> AsyncIterator[Any]:
+        """Items of the iterator `start()` returns (with its prefetch key), created and advanced on
+        the scheduler thread. Leaving the loop early (a client gone) closes the iterator there,
+        between two steps."""
         loop = asyncio.get_running_loop()
         out: asyncio.Queue[Any] = asyncio.Queue()
 
         def begin() -> _Stream:
-            s = _Stream(start(), loop, out)
+            steps, key = start()
+            s = _Stream(steps, key, loop, out)
             self._streams.append(s)
             return s
 
@@ -100,6 +106,12 @@ class Scheduler:
                     return
                 continue
             progressed = False
+            keys = [s.key for s in self._streams if s.key is not None]
+            if self._prefetch and len(keys) > 1:
+                try:
+                    self._prefetch(keys)
+                except Exception:  # the same failure, if it is one, reaches each stream from its own step
+                    pass
             for s in list(self._streams):
                 progressed |= self._step(s)
 

@@ -138,14 +138,14 @@ class Service:
 
     def complete(self, tokens: list[int], params: GenerateParams) -> AsyncIterator[Event]:
         """Generates after `tokens` on a fresh session (see the module's docstring)."""
-        def start() -> Iterator[Event]:
+        def start() -> tuple[Iterator[Event], Any]:
             session = self.context.session()
             try:
                 self._compute(lambda: session.sync(tokens), len(tokens))
             except BaseException:
                 session.close()
                 raise
-            return self._generation(session, len(tokens), params, close_after=True)
+            return self._generation(session, len(tokens), params, close_after=True), session
 
         return self.scheduler.stream(start)
 
@@ -209,10 +209,10 @@ class Service:
 
     def generate(self, session_id: str, params: GenerateParams) -> AsyncIterator[Event]:
         """One generation at a time per session: a second one is refused (Busy) until it ends."""
-        def start() -> Iterator[Event]:
+        def start() -> tuple[Iterator[Event], Any]:
             entry = self._entry(session_id, idle=True)
             entry.generating = True
-            return self._generation(entry.session, 0, params, close_after=False, entry=entry)
+            return self._generation(entry.session, 0, params, close_after=False, entry=entry), entry.session
 
         return self.scheduler.stream(start)
 

@@ -2,6 +2,7 @@
 prefix) gives, turn by turn, the answers of a cold start; chat streaming; JSON output."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
 
 import anthropic
@@ -94,3 +95,17 @@ def test_anthropic_messages_streaming_and_not_with_a_stop_sequence(warm):
     cut = client.messages.create(**ask, stop_sequences=["no such text", stop])
     assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop
     assert cut.content[0].text == text[:text.index(stop)]
+
+
+def test_concurrent_chats_get_the_answers_they_get_alone(warm):
+    """Decode steps of concurrent generations share batches (patches/0006, 0007): same answers."""
+    asks = [[{"role": "user", "content": f"Write one sentence about the number {n}."}] for n in range(4)]
+
+    def ask(messages: list) -> str:
+        return warm.client().chat.completions.create(model="gemma", messages=messages, max_tokens=24) \
+            .choices[0].message.content
+
+    alone = [ask(m) for m in asks]
+    with concurrent.futures.ThreadPoolExecutor(len(asks)) as pool:
+        together = list(pool.map(ask, asks))
+    assert together == alone

@@ -1,0 +1,71 @@
+"""Session.prefetch_steps: the pending decode steps of several generating sessions computed in
+shared batches give the tokens and bitwise the logits each session computes alone."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyllamaopt import Context, InvalidArgumentError, OptConfig, Session
+
+PROMPTS = [list(range(10, 10 + n)) for n in (37, 70, 140)]
+
+
+def step_alone(model, config: OptConfig, steps: int) -> list[tuple[list[int], list[np.ndarray]]]:
+    out = []
+    for prompt in PROMPTS:
+        with Context(model, n_ctx=1024, n_threads=2, config=config) as ctx:
+            s = ctx.session()
+            s.append(prompt)
+            g = s.generate(steps)
+            tokens, logits = [], []
+            for _ in range(steps):
+                logits.append(s.logits())  # the pending token's step, alone
+                tokens.append(next(g).id)
+            out.append((tokens, logits))
+    return out
+
+
+def step_together(model, config: OptConfig, steps: int) -> tuple[list[tuple[list[int], list[np.ndarray]]], list[int]]:
+    with Context(model, n_ctx=1024, n_threads=2, config=config) as ctx:
+        sessions = [ctx.session() for _ in PROMPTS]
+        for s, prompt in zip(sessions, PROMPTS):
+            s.append(prompt)
+        generations = [s.generate(steps) for s in sessions]
+        out: list[tuple[list[int], list[np.ndarray]]] = [([], []) for _ in sessions]
+        passes = []
+        for _ in range(steps):
+            before = ctx.stats.forward_passes
+            Session.prefetch_steps(sessions)
+            passes.append(ctx.stats.forward_passes - before)
+            for (tokens, logits), s, g in zip(out, sessions, generations):
+                logits.append(s.logits())  # computed by the shared batch (or alone, if it was not plain)
+                tokens.append(next(g).id)
+        for g in generations:
+            g.close()
+        return out, passes
+
+
+@pytest.mark.parametrize("memo", [False, True])
+def test_batched_steps_equal_steps_alone(tiny_model, memo):
+    config = OptConfig(env={}, memo_enabled=memo)
+    alone = step_alone(tiny_model, config, 12)
+    together, passes = step_together(tiny_model, config, 12)
+    for (tokens_a, logits_a), (tokens_t, logits_t) in zip(alone, together):
+        assert tokens_t == tokens_a
+        for a, t in zip(logits_a, logits_t):
+            assert np.array_equal(a, t)
+    if not memo:  # the first step follows the prompts' prefill; every later one is one shared pass
+        assert passes[1:] == [1] * 11
+
+
+def test_a_session_that_is_not_generating_is_left_alone(tiny_model):
+    with Context(tiny_model, n_ctx=256, n_threads=2) as ctx:
+        a, b = ctx.session(), ctx.session()
+        a.append(PROMPTS[0])
+        b.append(PROMPTS[1])
+        before = ctx.stats
+        Session.prefetch_steps([a, b])  # nothing is pending: no pass
+        assert ctx.stats.forward_passes == before.forward_passes
+        with Context(tiny_model, n_ctx=256, n_threads=2) as other:
+            with pytest.raises(InvalidArgumentError, match="different contexts"):
+                Session.prefetch_steps([a, other.session()])
