@@ -2,6 +2,7 @@
 """Build upstream llama.cpp programs from the pinned tree, with pyllamaopt's CPU flags.
 
     python tools/build_upstream.py            # prints the folder holding llama-simple, llama-bench
+    python tools/build_upstream.py llama-server   # only the targets named
 
 The build is cached under ~/.cache/pyllamaopt/upstream/<key> (key: the tree's stamp and
 CMAKE_ARGS), so only the first call compiles (about 3 minutes on 2 cores).
@@ -44,4 +45,4 @@ def build(targets: tuple[str, ...] = TARGETS) -> Path:
 
 
 if __name__ == "__main__":
-    print(build())
+    print(build(tuple(sys.argv[1:]) or TARGETS))
