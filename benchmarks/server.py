@@ -53,7 +53,8 @@ def free_port() -> int:
 
 
 def start(command: list[str], port: int, log: Path) -> subprocess.Popen:
-    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    # outside the checkout: its pyllamaopt/ (without the built extension) must not shadow the installed one
+    process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=log.parent)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
