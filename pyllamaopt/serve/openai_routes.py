@@ -29,6 +29,14 @@ def _usage(usage: Usage) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
 
 
+def _ending(head: dict[str, Any], choice: dict[str, Any], usage: Usage, include_usage: bool) -> list[dict[str, Any]]:
+    """A stream's last chunks: the finish reason, then (if the client asked) the usage."""
+    out = [{**head, "choices": [choice]}]
+    if include_usage:
+        out.append({**head, "choices": [], "usage": _usage(usage), "pyllamaopt": usage.as_dict()})
+    return out
+
+
 def _service(request: Request) -> Service:
     return request.app.state.service
 
@@ -53,11 +61,8 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         def chunk(event: Event) -> list[dict[str, Any]]:
             if isinstance(event, TokenEvent):
                 return [{**head, "choices": [{"index": 0, "text": event.text, "logprobs": None, "finish_reason": None}]}]
-            out = [{**head, "choices": [{"index": 0, "text": "", "logprobs": None,
-                                         "finish_reason": FINISH_REASONS[event.finish_reason]}]}]
-            if include_usage:
-                out.append({**head, "choices": [], "usage": _usage(event.usage), "pyllamaopt": event.usage.as_dict()})
-            return out
+            return _ending(head, {"index": 0, "text": "", "logprobs": None,
+                                  "finish_reason": FINISH_REASONS[event.finish_reason]}, event.usage, include_usage)
 
         return sse(events, chunk, error_body)
     _, text, done = await collect(events)
@@ -104,11 +109,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                 delta = {"role": "assistant", "content": event.text} if first[0] else {"content": event.text}
                 first[0] = False
                 return [{**c, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}]
-            out = [{**c, "choices": [{"index": 0, "delta": {} if not first[0] else {"role": "assistant", "content": ""},
-                                      "finish_reason": FINISH_REASONS[event.finish_reason]}]}]
-            if include_usage:
-                out.append({**c, "choices": [], "usage": _usage(event.usage), "pyllamaopt": event.usage.as_dict()})
-            return out
+            delta = {"role": "assistant", "content": ""} if first[0] else {}
+            return _ending(c, {"index": 0, "delta": delta, "finish_reason": FINISH_REASONS[event.finish_reason]},
+                           event.usage, include_usage)
 
         return sse(events, chunk, error_body)
     _, text, done = await collect(events)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,20 +170,10 @@ class Service:
         return await self._run(create)
 
     async def append(self, session_id: str, tokens: list[int]) -> dict[str, Any]:
-        def append() -> dict[str, Any]:
-            entry = self._entry(session_id, idle=True)
-            self._compute(lambda: entry.session.append(tokens), len(tokens))
-            return self._info(session_id, entry)
-
-        return await self._run(append)
+        return await self._change_history(session_id, lambda s: s.append(tokens), len(tokens))
 
     async def sync(self, session_id: str, tokens: list[int]) -> dict[str, Any]:
-        def sync() -> dict[str, Any]:
-            entry = self._entry(session_id, idle=True)
-            self._compute(lambda: entry.session.sync(tokens), len(tokens))
-            return self._info(session_id, entry)
-
-        return await self._run(sync)
+        return await self._change_history(session_id, lambda s: s.sync(tokens), len(tokens))
 
     async def fork(self, session_id: str) -> str:
         def fork() -> str:
@@ -248,6 +238,14 @@ class Service:
         return self.scheduler.call(close_all).result()
 
     # on the scheduler thread
+
+    async def _change_history(self, session_id: str, change: Callable[[Session], None], n_tokens: int) -> dict[str, Any]:
+        def run() -> dict[str, Any]:
+            entry = self._entry(session_id, idle=True)
+            self._compute(lambda: change(entry.session), n_tokens)
+            return self._info(session_id, entry)
+
+        return await self._run(run)
 
     async def _run(self, fn: Any) -> Any:
         return await self.scheduler.run(lambda: _typed_errors(fn))
