@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyllamaopt import Context
 from pyllamaopt.serve.metrics import Metrics
 from pyllamaopt.serve.scheduler import STREAM_AHEAD, Scheduler
-from pyllamaopt.serve.service import Busy, DoneEvent, GenerateParams, Service
+from pyllamaopt.serve.service import Busy, DoneEvent, GenerateParams, Overloaded, Service
 
 N_CTX = 1024
 
@@ -276,6 +276,26 @@ def test_one_generation_per_session_at_a_time_and_a_stalled_reader_pauses_it(tin
             assert len(rest) - 1 > STREAM_AHEAD + 2  # it did pause: it was longer than that
             info = await service.append(sid, [5])  # idle again
             assert not info["generating"]
+            scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_more_requests_than_sequences_are_refused_not_failed(tiny_model):
+    """In process, with readers that stall (so that the first requests hold their sequences)."""
+    async def scenario() -> None:
+        with Context(tiny_model, n_ctx=N_CTX, n_threads=2, n_seq_max=2) as ctx:
+            scheduler = Scheduler()
+            service = Service(ctx, scheduler, Metrics(), max_sessions=1, session_ttl=60)
+            streams = [service.complete(LONG_PROMPT[:40], GenerateParams(max_tokens=None)) for _ in range(2)]
+            for stream in streams:
+                await stream.__anext__()
+            with pytest.raises(Overloaded, match="every sequence of the context is in use"):
+                await service.complete(LONG_PROMPT[:40], GenerateParams(max_tokens=4)).__anext__()
+            for stream in streams:
+                assert isinstance([e async for e in stream][-1], DoneEvent)
+            events = [e async for e in service.complete(LONG_PROMPT[:40], GenerateParams(max_tokens=4))]
+            assert isinstance(events[-1], DoneEvent) and len(events) == 5  # room again
             scheduler.stop()
 
     asyncio.run(scenario())

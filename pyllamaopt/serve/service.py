@@ -59,6 +59,11 @@ class Busy(ServiceError):
     kind = "conflict_error"
 
 
+class Overloaded(ServiceError):
+    status = 503
+    kind = "overloaded_error"
+
+
 @dataclass
 class GenerateParams:
     max_tokens: int | None = 256
@@ -139,7 +144,11 @@ class Service:
     def complete(self, tokens: list[int], params: GenerateParams) -> AsyncIterator[Event]:
         """Generates after `tokens` on a fresh session (see the module's docstring)."""
         def start() -> tuple[Iterator[Event], Any]:
-            session = self.context.session()
+            try:
+                session = self.context.session()
+            except ContextOverflowError:
+                raise Overloaded("every sequence of the context is in use by other requests and sessions; retry "
+                                 "shortly, or start the server with fewer --max-sessions") from None
             try:
                 self._compute(lambda: session.sync(tokens), len(tokens))
             except BaseException:
@@ -301,10 +310,7 @@ class Service:
         before = None if close_after else session.stats
         started = time.perf_counter()
         try:
-            try:
-                generation = session.generate(params.max_tokens, **params.kwargs())
-            except (GrammarError, InvalidArgumentError) as exc:
-                raise BadRequest(str(exc)) from None
+            generation = _typed_errors(lambda: session.generate(params.max_tokens, **params.kwargs()))
             last = None
             for token in generation:
                 now = time.perf_counter()
