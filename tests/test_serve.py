@@ -301,6 +301,28 @@ def test_more_requests_than_sequences_are_refused_not_failed(tiny_model):
     asyncio.run(scenario())
 
 
+def test_requests_continue_an_idle_request_session_even_after_its_eviction(tiny_model):
+    """A request resumes the session of an earlier one sharing its prefix (exact, less to
+    compute); if the KV cache evicted that session meanwhile, a new one answers the same."""
+    async def scenario() -> None:
+        with Context(tiny_model, n_ctx=256, n_threads=2, n_seq_max=4) as ctx:
+            scheduler = Scheduler()
+            service = Service(ctx, scheduler, Metrics(), max_sessions=2, session_ttl=60)
+            prompt = LONG_PROMPT
+            first = [e async for e in service.complete(prompt, GenerateParams(max_tokens=4))]
+            resumed = [e async for e in service.complete(prompt, GenerateParams(max_tokens=4))]
+            # only the last chunk is computed again (a fresh session would also compute the
+            # partial block before it: the pool holds complete blocks only)
+            assert resumed[-1].usage.computed == ctx._core.min_chunk
+            await service.create_session(list(range(300, 500)))  # needs the cache: the idle one is evicted
+            assert ctx.stats.sessions_evicted == 1
+            again = [e async for e in service.complete(prompt, GenerateParams(max_tokens=4))]
+            assert [e.id for e in again[:-1]] == [e.id for e in resumed[:-1]] == [e.id for e in first[:-1]]
+            scheduler.stop()
+
+    asyncio.run(scenario())
+
+
 def test_closed_and_unknown_sessions_are_not_found(server):
     sid = server.request("POST", "/v1/sessions", {"tokens": [1, 2, 3]})[1]["session_id"]
     assert server.request("DELETE", f"/v1/sessions/{sid}")[0] == 204

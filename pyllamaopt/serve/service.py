@@ -4,16 +4,21 @@ It knows nothing of HTTP. Each operation validates its input, runs on the schedu
 and raises a ``ServiceError`` with a status a transport maps to its own (HTTP 4xx, gRPC codes).
 
 Two ways in:
-- ``complete``: a stateless prompt (the OpenAI and Anthropic routes). It runs on a fresh session
-  that syncs to the prompt's tokens: the context's content-addressed blocks give it every prefix
-  any request (or a closed session, or the disk tier) computed before, exactly, with no session
-  id; the session closes afterwards and its blocks stay cached for the next request.
+- ``complete``: a stateless prompt (the OpenAI and Anthropic routes). It runs on the session a
+  recent request left whose history shares the longest prefix with the prompt (a conversation
+  re-sent with one more turn finds its previous turn, partial last block included), or on a
+  fresh one, and syncs it to the prompt's tokens: the common prefix is kept, the context's
+  content-addressed blocks give it every other prefix any request (or a closed session, or the
+  disk tier) computed before, exactly, with no session id; the rest is computed. A few such
+  sessions stay open afterwards (IDLE_REQUEST_SESSIONS), the least recently used closes (its
+  blocks stay cached).
 - the session protocol (specification 003 §2.2): server-issued ids, raw tokens appended, one
   generation at a time per session, idle sessions closed after a TTL or when over capacity
   (least recently used first), and "not found" afterwards, never a silent reset.
 """
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -30,8 +35,13 @@ from ..errors import (
     SessionEvictedError,
 )
 from ..session import Session
+from ..stats import Stats
 from .metrics import Metrics
 from .scheduler import Scheduler
+
+
+# Request sessions kept open after their answer, for the next request that continues one.
+IDLE_REQUEST_SESSIONS = 4
 
 
 class ServiceError(Exception):
@@ -138,23 +148,21 @@ class Service:
         self.max_sessions = max_sessions
         self.session_ttl = session_ttl
         self._sessions: dict[str, _Entry] = {}  # touched on the scheduler thread only
+        self._idle: list[Session] = []  # request sessions kept after their answer, most recent last
 
     # stateless prompts
 
     def complete(self, tokens: list[int], params: GenerateParams) -> AsyncIterator[Event]:
-        """Generates after `tokens` on a fresh session (see the module's docstring)."""
+        """Generates after `tokens` (see the module's docstring)."""
         def start() -> tuple[Iterator[Event], Any]:
-            try:
-                session = self.context.session()
-            except ContextOverflowError:
-                raise Overloaded("every sequence of the context is in use by other requests and sessions; retry "
-                                 "shortly, or start the server with fewer --max-sessions") from None
+            session = self._request_session(tokens)
+            before = session.stats
             try:
                 self._compute(lambda: session.sync(tokens), len(tokens))
             except BaseException:
                 session.close()
                 raise
-            return self._generation(session, len(tokens), params, close_after=True), session
+            return self._generation(session, len(tokens), params, before, done=self._keep_idle), session
 
         return self.scheduler.stream(start)
 
@@ -211,7 +219,7 @@ class Service:
         def start() -> tuple[Iterator[Event], Any]:
             entry = self._entry(session_id, idle=True)
             entry.generating = True
-            return self._generation(entry.session, 0, params, close_after=False, entry=entry), entry.session
+            return self._generation(entry.session, 0, params, entry.session.stats, entry=entry), entry.session
 
         return self.scheduler.stream(start)
 
@@ -242,6 +250,9 @@ class Service:
             open_sessions = list(self._sessions.items())
             for sid, e in open_sessions:
                 self._drop(sid, e, outcome="closed")
+            for session in self._idle:
+                session.close()
+            self._idle.clear()
             return len(open_sessions)
 
         return self.scheduler.call(close_all).result()
@@ -304,10 +315,33 @@ class Service:
         self.metrics.generate_prefill_tokens.inc(n_tokens)
         self.metrics.generate_prefill_duration_seconds.observe(time.perf_counter() - start)
 
-    def _generation(self, session: Session, prompt_tokens: int, params: GenerateParams, *,
-                    close_after: bool, entry: _Entry | None = None) -> Iterator[Event]:
-        # a request's fresh session: all its counters are this request's, its prompt's included
-        before = None if close_after else session.stats
+    def _request_session(self, tokens: list[int]) -> Session:
+        """The idle request session sharing the longest prefix with `tokens` (at least a block),
+        else a new one (closing idle ones if every sequence is taken)."""
+        self._idle = [s for s in self._idle if not s.closed]  # the KV cache may have evicted some for room
+        shared = [(len(os.path.commonprefix([s.tokens, tokens])), i) for i, s in enumerate(self._idle)]
+        n, i = max(shared, default=(0, -1))
+        if n >= self.context.block_size:
+            return self._idle.pop(i)
+        while True:
+            try:
+                return self.context.session()
+            except ContextOverflowError:
+                if not self._idle:
+                    raise Overloaded("every sequence of the context is in use by other requests and sessions; "
+                                     "retry shortly, or start the server with fewer --max-sessions") from None
+                self._idle.pop(0).close()
+
+    def _keep_idle(self, session: Session) -> None:
+        if session.closed:
+            return
+        self._idle.append(session)
+        while len(self._idle) > IDLE_REQUEST_SESSIONS:
+            self._idle.pop(0).close()
+
+    def _generation(self, session: Session, prompt_tokens: int, params: GenerateParams, before: Stats, *,
+                    entry: _Entry | None = None, done: Callable[[Session], None] | None = None) -> Iterator[Event]:
+        """The events of one generation; `before`: the session's counters before this request."""
         started = time.perf_counter()
         try:
             generation = _typed_errors(lambda: session.generate(params.max_tokens, **params.kwargs()))
@@ -320,7 +354,7 @@ class Service:
                     self.metrics.inter_token_latency_seconds.observe(now - last)
                 last = now
                 yield TokenEvent(token.id, token.text)
-            stats = session.stats if before is None else session.stats - before
+            stats = session.stats - before
             usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=len(generation.tokens),
                           computed=stats.tokens_prefilled,
                           restored=stats.persist_tokens_restored, drafted=stats.memo_tokens_skipped,
@@ -331,8 +365,8 @@ class Service:
             if entry is not None:
                 entry.generating = False
                 entry.last_used = time.monotonic()
-            if close_after:
-                session.close()
+            if done is not None:
+                done(session)
             self._update_gauges()
 
     def _update_gauges(self) -> None:
