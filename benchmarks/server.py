@@ -43,7 +43,7 @@ class Result:
     computed: int = 0
     wall: float = 0.0
     ttft: list[float] = field(default_factory=list)
-    answers: list[list[int]] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
 
 
 def free_port() -> int:
@@ -84,7 +84,7 @@ def run_turns(port: int, prompts: list[list[int]], gen: int, extra: dict) -> Res
     for prompt in prompts:
         t0 = time.perf_counter()
         first = None
-        tokens: list[int] = []
+        pieces: list[str] = []
         stream = client.completions.create(model="m", prompt=prompt, max_tokens=gen, temperature=0, stream=True,
                                            stream_options={"include_usage": True}, extra_body=extra)
         for chunk in stream:
@@ -96,10 +96,9 @@ def run_turns(port: int, prompts: list[list[int]], gen: int, extra: dict) -> Res
             if "timings" in extras and extras["timings"].get("prompt_n") is not None and chunk.choices \
                     and chunk.choices[0].finish_reason:
                 result.computed += extras["timings"]["prompt_n"]
-            for choice in chunk.choices:
-                tokens.append(choice.text)  # text pieces; joined below
+            pieces += [choice.text for choice in chunk.choices]
         result.ttft.append(first if first is not None else time.perf_counter() - t0)
-        result.answers.append(tokens)
+        result.answers.append("".join(pieces))
     result.wall = time.perf_counter() - start_all
     return result
 
@@ -139,7 +138,7 @@ def main() -> int:
         turns = data.turns(args.turns)
         prompts = [model.tokenize(data.render(system, turns[:i], turns[i], shape=shape, workspace_version=i // 3),
                                   special=True) for i in range(args.turns)]
-        never_seen = sum(len(p) - max((_common(p, q) for q in prompts[:i]), default=0) for i, p in enumerate(prompts))
+        never_seen = sum(len(p) - max((len(os.path.commonprefix([p, q])) for q in prompts[:i]), default=0) for i, p in enumerate(prompts))
         print(f"\n## shape {shape}: {len(prompts)} turns, prompts {len(prompts[0])}..{len(prompts[-1])} tokens, "
               f"{sum(map(len, prompts))} sent, {never_seen} never seen before")
         print(f"  {'engine':16} {'computed':>9} {'/never-seen':>11} {'wall s':>8} {'TTFT med ms':>11} "
@@ -158,12 +157,12 @@ def main() -> int:
                 result = run_turns(port, prompts, args.gen, {})
                 reference = None
                 if not args.no_reference and engine == "llama-server":
-                    reference = ["".join(a) for a in run_turns(port, prompts, args.gen, {"cache_prompt": False}).answers]
+                    reference = run_turns(port, prompts, args.gen, {"cache_prompt": False}).answers
             finally:
                 stop(process)
             if not args.no_reference and engine == "pyllamaopt":
                 reference = reference_answers(model, prompts, args.gen)
-            answers = ["".join(a) for a in result.answers]
+            answers = result.answers
             same = "-" if reference is None else f"{sum(a == r for a, r in zip(answers, reference))}/{len(answers)}"
             walls[engine] = result.wall
             print(f"  {engine:16} {result.computed:>9} {result.computed / never_seen:>11.3f} {result.wall:>8.1f} "
@@ -171,13 +170,6 @@ def main() -> int:
         if len(walls) == 2:
             print(f"  wall time pyllamaopt / llama-server: {walls['pyllamaopt'] / walls['llama-server']:.3f}")
     return 0
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 if __name__ == "__main__":
