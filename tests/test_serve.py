@@ -121,9 +121,9 @@ def server(tiny_model_path, tmp_path_factory) -> Iterator[Server]:
 LONG_PROMPT = list(range(10, 10 + 200))
 
 
-def local_greedy(tiny_model, prompt: list[int], max_tokens: int) -> list[int]:
+def local_greedy(tiny_model, prompt: list[int], max_tokens: int | None, n_ctx: int = N_CTX) -> list[int]:
     """What the library itself answers, on a context of its own."""
-    with Context(tiny_model, n_ctx=N_CTX, n_threads=2) as ctx:
+    with Context(tiny_model, n_ctx=n_ctx, n_threads=2) as ctx:
         s = ctx.session()
         s.append(prompt)
         return [t.id for t in s.generate(max_tokens)]
@@ -321,6 +321,94 @@ def test_requests_continue_an_idle_request_session_even_after_its_eviction(tiny_
             scheduler.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_long_prompt_is_computed_in_pieces_between_the_steps_of_other_streams(tiny_model):
+    """While a long prompt is computed, a running generation goes on (its steps between the
+    prompt's pieces), and both answers are those each gets alone: pieces are exact."""
+    long_prompt = [10 + (i * 7) % 500 for i in range(2600)]  # about ten pieces
+
+    async def scenario() -> None:
+        with Context(tiny_model, n_ctx=4096, n_threads=2) as ctx:
+            scheduler = Scheduler()
+            service = Service(ctx, scheduler, Metrics(), max_sessions=2, session_ttl=60)
+            order: list[str] = []
+            sid = await service.create_session(LONG_PROMPT[:40])
+            running = service.generate(sid, GenerateParams(max_tokens=None))
+            first = await running.__anext__()
+
+            async def read_running() -> list:
+                events = [first]
+                async for e in running:
+                    order.append("token")
+                    events.append(e)
+                return events
+
+            reader = asyncio.create_task(read_running())
+            await asyncio.sleep(0)
+            order.append("prompt sent")
+            answer = service.complete(long_prompt, GenerateParams(max_tokens=8))
+            head = await answer.__anext__()
+            order.append("prompt done")
+            rest = [e async for e in answer]
+            running_events = await reader
+            during = order[order.index("prompt sent"):order.index("prompt done")].count("token")
+            assert during >= 8, order  # one whole-prompt step lets through about three
+            assert [head.id] + [e.id for e in rest[:-1]] == local_greedy(tiny_model, long_prompt, 8, n_ctx=4096)
+            assert rest[-1].usage.computed == len(long_prompt)
+            assert [e.id for e in running_events[:-1]] == local_greedy(tiny_model, LONG_PROMPT[:40], None, n_ctx=4096)
+            scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_an_append_cancelled_between_pieces_leaves_the_old_history(tiny_model):
+    """An append is all or nothing: a client that leaves while it is computed in pieces (other
+    work waits) finds the session as it was."""
+    async def scenario() -> None:
+        with Context(tiny_model, n_ctx=4096, n_threads=2) as ctx:
+            scheduler = Scheduler()
+            service = Service(ctx, scheduler, Metrics(), max_sessions=2, session_ttl=60)
+            sid = await service.create_session(LONG_PROMPT[:40])
+            other = await service.create_session(LONG_PROMPT[:40])
+            running = service.generate(other, GenerateParams(max_tokens=None))  # makes the append go in pieces
+            await running.__anext__()
+            append = asyncio.create_task(service.append(sid, [10 + i % 500 for i in range(3000)]))
+            async def prefilling() -> None:
+                while (await service.info(sid))["busy"] != "prefilling":
+                    await asyncio.sleep(0)
+
+            await asyncio.wait_for(prefilling(), 30)  # seen between two pieces
+            append.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await append
+            [e async for e in running]
+            info = await service.info(sid)
+            assert info["tokens"] == LONG_PROMPT[:40] and info["busy"] is None
+            events = [e async for e in service.generate(sid, GenerateParams(max_tokens=5))]
+            assert [e.id for e in events[:-1]] == local_greedy(tiny_model, LONG_PROMPT[:40], 5, n_ctx=4096)
+            scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_approximate_reuse_is_a_server_option_and_answers_say_so(tiny_model_path, tmp_path):
+    """Tier 2, off by default: a prompt changed near its start reuses the rest of the previous
+    request's KV at shifted positions, and its usage says the answer is approximate."""
+    changed = [7, 8, 9] + LONG_PROMPT[1:]
+
+    def second_request(*args: str) -> dict:
+        s = start_server(tiny_model_path, tmp_path, *args)
+        try:
+            client = s.client()
+            client.completions.create(model="m", prompt=LONG_PROMPT, max_tokens=2)
+            return client.completions.create(model="m", prompt=changed, max_tokens=2).model_extra["pyllamaopt"]
+        finally:
+            stop_server(s)
+
+    exact, approximate = second_request(), second_request("--approximate-reuse")
+    assert not exact["approximate"] and exact["computed_tokens"] == len(changed)
+    assert approximate["approximate"] and approximate["computed_tokens"] < len(changed) // 2
 
 
 def test_closed_and_unknown_sessions_are_not_found(server):
