@@ -178,12 +178,12 @@ int32_t llama_opt_context::acquire_seq(std::weak_ptr<llama_opt_seq_owner> owner)
     return seq;
 }
 
-void llama_opt_context::release_seq(int32_t seq, const llama_opt_seq_owner * owner) {
+void llama_opt_context::release_seq(int32_t seq, const llama_opt_seq_owner * owner, bool keep_blocks) {
     slot & sl = slots_[seq];
     if (ctx_ == nullptr || sl.owner_id != owner) {
         return;  // evicted while it was closing: the slot is someone else's now
     }
-    if (pool_ && !sl.blocks.empty()) {
+    if (keep_blocks && pool_ && !sl.blocks.empty()) {
         kv_truncate(seq, sl.blocks.size() * block_);  // keep the pooled complete blocks only
         sl.state = slot_state::cached;
         sl.owner.reset();
@@ -459,6 +459,10 @@ bool llama_opt_context::kv_unpark(int32_t seq, size_t p0, size_t p1, long delta)
 
 void llama_opt_context::kv_clear_parked() {
     llama_memory_seq_rm(llama_get_memory(ctx_), scratch_seq(), -1, -1);
+}
+
+size_t llama_opt_context::kv_end(int32_t seq) const {
+    return (size_t) (llama_memory_seq_pos_max(llama_get_memory(ctx_), seq) + 1);  // -1: none
 }
 
 int32_t llama_opt_context::kv_cell(int32_t seq, size_t pos) const {

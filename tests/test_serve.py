@@ -23,10 +23,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pyllamaopt import Context
+from pyllamaopt import Context, OptConfig
 from pyllamaopt.serve.metrics import Metrics
 from pyllamaopt.serve.scheduler import STREAM_AHEAD, Scheduler
-from pyllamaopt.serve.service import Busy, DoneEvent, GenerateParams, Overloaded, Service
+from pyllamaopt.serve.service import (Busy, DoneEvent, GenerateParams, InvariantViolation, NotFound, Overloaded,
+                                      Service)
 
 N_CTX = 1024
 
@@ -411,6 +412,36 @@ def test_approximate_reuse_is_a_server_option_and_answers_say_so(tiny_model_path
     assert approximate["approximate"] and approximate["computed_tokens"] < len(changed) // 2
 
 
+def test_an_invariant_violation_fails_the_request_closes_the_session_and_keeps_nothing(tiny_model, tmp_path):
+    """003 §2.8: KV removed behind a session's back (a stand-in for a bug) is found after the next
+    operation, counted, and answered with an error that says what to do; the session is gone
+    and none of its KV is saved to disk or reused."""
+    async def scenario() -> None:
+        config = OptConfig(env={}, persist_enabled=True, persist_dir=str(tmp_path / "kv"))
+        with Context(tiny_model, n_ctx=N_CTX, n_threads=2, config=config) as ctx:
+            scheduler = Scheduler()
+            metrics = Metrics()
+            service = Service(ctx, scheduler, metrics, max_sessions=2, session_ttl=60)
+            sid = await service.create_session(LONG_PROMPT)
+            seq = service._sessions[sid].session._core.seq
+            ctx._core._test_kv_remove(seq, 64, 128)
+            with pytest.raises(InvariantViolation, match=r"inv1: .*no KV at position 64.*create a new one"):
+                await service.append(sid, [5])
+            with pytest.raises(NotFound):
+                await service.info(sid)
+            violations = metrics.cache_invariant_violations_total
+            assert violations.labels(kind="inv1")._value.get() == 1
+            assert violations.labels(kind="inv2")._value.get() == 0
+            assert metrics.session_total.labels(outcome="failed")._value.get() == 1
+            assert ctx.persist is not None and ctx.persist.entries() == []
+            fresh = [e async for e in service.complete(LONG_PROMPT, GenerateParams(max_tokens=4))]
+            assert fresh[-1].usage.computed == len(LONG_PROMPT)  # nothing of the failed session reused
+            assert [e.id for e in fresh[:-1]] == local_greedy(tiny_model, LONG_PROMPT, 4)
+            scheduler.stop()
+
+    asyncio.run(scenario())
+
+
 def test_closed_and_unknown_sessions_are_not_found(server):
     sid = server.request("POST", "/v1/sessions", {"tokens": [1, 2, 3]})[1]["session_id"]
     assert server.request("DELETE", f"/v1/sessions/{sid}")[0] == 204
@@ -482,9 +513,12 @@ def test_metrics_parse_and_count_the_work(server):
     out = server.client().completions.create(model="m", prompt=LONG_PROMPT[:70], max_tokens=4)
     after = server.metrics()
     assert after["pyllamaopt_tokens_generated_total"] == before["pyllamaopt_tokens_generated_total"] + 4
-    assert after["generate_prefill_tokens_total"] == before["generate_prefill_tokens_total"] + 70
+    assert after["generate_prefill_tokens_sum"] == before["generate_prefill_tokens_sum"] + 70
+    assert after["generate_prefill_tokens_count"] == before["generate_prefill_tokens_count"] + 1
     computed = out.model_extra["pyllamaopt"]["computed_tokens"]
     assert after["pyllamaopt_prompt_tokens_computed_total"] == before["pyllamaopt_prompt_tokens_computed_total"] + computed
+    assert after["session_history_tokens_count"] == before["session_history_tokens_count"] + 1
+    assert after["cache_invariant_violations_total[('kind', 'inv1')]"] == 0
     for name in ("session_active", "session_kv_live_bytes", "pyllamaopt_queue_depth",
                  "pyllamaopt_time_to_first_token_seconds_count"):
         assert name in after

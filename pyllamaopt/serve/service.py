@@ -85,6 +85,13 @@ class Overloaded(ServiceError):
     kind = "overloaded_error"
 
 
+class InvariantViolation(ServiceError):
+    """The specification's FAILED_PRECONDITION (003 §2.8): a bug surfaced, never papered over."""
+
+    status = 500
+    kind = "invariant_violation"
+
+
 @dataclass
 class GenerateParams:
     max_tokens: int | None = 256
@@ -176,6 +183,7 @@ class Service:
             except BaseException:
                 session.close()
                 raise
+            self._verify(session)
             yield from self._generation(session, len(tokens), params, before, done=self._keep_idle)
 
         def start() -> tuple[Iterator[Any], Any]:
@@ -199,6 +207,7 @@ class Service:
                 session.close()
                 raise
             entry.busy = None
+            self._verify(session, entry, grew_from=0)
             self.metrics.session_total.labels(outcome="created").inc()
             self._update_gauges()
             yield session_id
@@ -282,11 +291,13 @@ class Service:
         def change() -> Iterator[Any]:
             entry = self._entry(session_id, idle=True)
             entry.busy = "prefilling"
+            before = entry.session.n_tokens
             try:
                 yield from self._prefill(entry.session, tokens, sync=sync)
             finally:
                 entry.busy = None
                 entry.last_used = time.monotonic()
+            self._verify(entry.session, entry, grew_from=None if sync else before)
             yield self._info(session_id, entry)
 
         return await self._run_pieces(change)
@@ -370,8 +381,26 @@ class Service:
                     session.sync(old)
             raise
         finally:
-            self.metrics.generate_prefill_tokens.inc(len(tokens))
+            self.metrics.generate_prefill_tokens.observe(len(tokens))
             self.metrics.generate_prefill_duration_seconds.observe(spent)
+
+    def _verify(self, session: Session, entry: _Entry | None = None, *, grew_from: int | None = None) -> None:
+        """The anomaly invariants (003 §2.8) after an operation: INV-1, the session's KV is what its
+        history says; INV-2, an operation that only adds (append, generate) kept the history it
+        started from. A violation is counted, closes the session (its entry: outcome "failed") and
+        fails the request."""
+        what = session.invariant_violation
+        if what is None and grew_from is not None and session.n_tokens < grew_from:
+            what = f"inv2: the history went from {grew_from} to {session.n_tokens} tokens in an operation that only adds"
+        if what is None:
+            return
+        self.metrics.cache_invariant_violations_total.labels(kind=what.split(":")[0]).inc()
+        session.discard()  # neither saved nor kept for reuse
+        session_id = next((sid for sid, e in self._sessions.items() if e is entry), None)
+        if session_id is not None and entry is not None:
+            self._drop(session_id, entry, outcome="failed")
+        raise InvariantViolation(f"internal error: the session's KV cache was found inconsistent ({what}); the session "
+                                 "was closed: create a new one and send its tokens again (and please report this)")
 
     def _piece_end(self, start: int, end: int) -> int:
         """Where a piece of a prompt's prefill that starts at `start` ends: a multiple of the block
@@ -411,6 +440,8 @@ class Service:
         """The events of one generation (after a first PENDING); `before`: the session's counters before
         this request."""
         started = time.perf_counter()
+        history = session.n_tokens
+        self.metrics.session_history_tokens.observe(history)
         try:
             yield PENDING  # see _started
             generation = _typed_errors(lambda: session.generate(params.max_tokens, **params.kwargs()))
@@ -423,6 +454,7 @@ class Service:
                     self.metrics.inter_token_latency_seconds.observe(now - last)
                 last = now
                 yield TokenEvent(token.id, token.text)
+            self._verify(session, entry, grew_from=history)
             stats = session.stats - before
             usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=len(generation.tokens),
                           computed=stats.tokens_prefilled,
