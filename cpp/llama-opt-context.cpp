@@ -198,7 +198,7 @@ void llama_opt_context::close() {
     if (ctx_ && persist_) {
         for (auto & s : slots_) {
             if (auto owner = s.owner.lock()) {
-                owner->on_context_closing();
+                owner->on_kv_leaving();
             }
         }
     }
@@ -292,6 +292,9 @@ bool llama_opt_context::evict_one(int32_t except, bool cached_only) {
         // the slot's owner is alive: an owner being destroyed waits for our lock in its close()
         // and is never chosen (lock() fails)
         std::shared_ptr<llama_opt_seq_owner> owner = slots_[victim].owner.lock();
+        if (persist_) {
+            owner->on_kv_leaving();  // an evicted session stays restorable from disk
+        }
         drop_sequence(victim);
         owner->on_evicted();
         stats_.sessions_evicted += 1;

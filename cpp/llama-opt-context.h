@@ -36,8 +36,9 @@ public:
     // The sequence's KV and pooled blocks are gone (the cache needed the room); the owner must
     // not use the sequence again.
     virtual void on_evicted() = 0;
-    // The context is about to free its KV memory: the last moment to save it (never throws).
-    virtual void on_context_closing() = 0;
+    // The sequence's KV is about to be freed (the context closes, or the cache evicts the
+    // sequence for room): the last moment to save it (never throws).
+    virtual void on_kv_leaving() = 0;
 };
 
 // One row of a decode call: a token of some sequence at some position. Rows of several
@@ -83,7 +84,7 @@ public:
     // the rest of its KV is freed. Nothing happens if `seq` was evicted and is someone else's now.
     void release_seq(int32_t seq, const llama_opt_seq_owner * owner, bool keep_blocks = true);
 
-    // Frees the llama context; owners are told first (on_context_closing).
+    // Frees the llama context; owners are told first (on_kv_leaving).
     void close();
     bool closed() const { return ctx_ == nullptr; }
 

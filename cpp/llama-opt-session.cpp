@@ -71,7 +71,7 @@ void llama_opt_session::on_evicted() {
     evicted_     = true;
 }
 
-void llama_opt_session::on_context_closing() {
+void llama_opt_session::on_kv_leaving() {
     if (!closed()) {
         save_quietly();
     }

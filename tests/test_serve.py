@@ -442,6 +442,29 @@ def test_an_invariant_violation_fails_the_request_closes_the_session_and_keeps_n
     asyncio.run(scenario())
 
 
+def test_a_session_the_kv_cache_evicted_is_not_found_and_its_blocks_come_back_from_disk(tiny_model, tmp_path):
+    """With persistence on, a protocol session evicted for room is saved first: it answers "not
+    found", and a request with its history restores its blocks from disk and answers the same."""
+    async def scenario() -> None:
+        config = OptConfig(env={}, persist_enabled=True, persist_dir=str(tmp_path / "kv"))
+        with Context(tiny_model, n_ctx=256, n_threads=2, n_seq_max=4, config=config) as ctx:
+            scheduler = Scheduler()
+            service = Service(ctx, scheduler, Metrics(), max_sessions=2, session_ttl=60)
+            sid = await service.create_session(LONG_PROMPT)
+            other = await service.create_session(list(range(300, 500)))  # the idle one is evicted for room
+            assert ctx.stats.sessions_evicted == 1
+            with pytest.raises(NotFound, match="evicted"):
+                await service.info(sid)
+            await service.close(other)  # room again (its blocks stay cached, and go first)
+            events = [e async for e in service.complete(LONG_PROMPT, GenerateParams(max_tokens=4))]
+            # the complete blocks below the last chunk, which is computed (it gives the logits)
+            assert events[-1].usage.restored == 2 * ctx.block_size
+            assert [e.id for e in events[:-1]] == local_greedy(tiny_model, LONG_PROMPT, 4)
+            scheduler.stop()
+
+    asyncio.run(scenario())
+
+
 def test_closed_and_unknown_sessions_are_not_found(server):
     sid = server.request("POST", "/v1/sessions", {"tokens": [1, 2, 3]})[1]["session_id"]
     assert server.request("DELETE", f"/v1/sessions/{sid}")[0] == 204
