@@ -273,7 +273,8 @@ bool llama_opt_context::evict_one(int32_t except, bool cached_only) {
         }
         for (size_t seq = 0; seq < slots_.size(); ++seq) {
             const slot & s = slots_[seq];
-            const bool alive = state == slot_state::cached || !s.owner.expired();
+            const std::shared_ptr<llama_opt_seq_owner> owner = s.owner.lock();
+            const bool alive = state == slot_state::cached || (owner && !owner->in_use());
             if ((int32_t) seq != except && s.state == state && alive && (victim < 0 || s.last_use < slots_[victim].last_use)) {
                 victim = (int32_t) seq;
             }

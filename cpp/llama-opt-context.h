@@ -39,6 +39,9 @@ public:
     // The sequence's KV is about to be freed (the context closes, or the cache evicts the
     // sequence for room): the last moment to save it (never throws).
     virtual void on_kv_leaving() = 0;
+    // A generation is going on: the owner is never evicted for room (the one needing room is
+    // told the cache is full instead), so that no stream loses its session midway.
+    virtual bool in_use() const = 0;
 };
 
 // One row of a decode call: a token of some sequence at some position. Rows of several

@@ -115,6 +115,7 @@ public:
 private:
     void on_evicted() override;          // the context took our KV
     void on_kv_leaving() override;  // saves to the disk tier, never throws
+    bool in_use() const override { return generating_; }
 
     void check_open() const;
     void count(uint64_t llama_opt_stats::* counter, uint64_t n);  // ours and the context's statistics

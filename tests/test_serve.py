@@ -465,6 +465,29 @@ def test_a_session_the_kv_cache_evicted_is_not_found_and_its_blocks_come_back_fr
     asyncio.run(scenario())
 
 
+def test_a_generating_session_is_never_evicted_a_prompt_that_needs_its_room_waits(tiny_model):
+    """A prompt that needs the KV of a generation in progress is a 503 (retry), not an eviction
+    that would break the running stream; once the generation ends, the same prompt goes through."""
+    async def scenario() -> None:
+        with Context(tiny_model, n_ctx=256, n_threads=2, n_seq_max=4) as ctx:
+            scheduler = Scheduler()
+            service = Service(ctx, scheduler, Metrics(), max_sessions=2, session_ttl=60)
+            sid = await service.create_session(LONG_PROMPT[:100])
+            running = service.generate(sid, GenerateParams(max_tokens=None))
+            first = await running.__anext__()  # then the reader stalls: the generation stays on
+            other = list(range(300, 460))
+            with pytest.raises(Overloaded, match="generations in progress"):
+                await service.complete(other, GenerateParams(max_tokens=2)).__anext__()
+            rest = [e async for e in running]
+            assert ctx.stats.sessions_evicted == 0
+            assert [first.id] + [e.id for e in rest[:-1]] == local_greedy(tiny_model, LONG_PROMPT[:100], None, n_ctx=256)
+            events = [e async for e in service.complete(other, GenerateParams(max_tokens=2))]
+            assert isinstance(events[-1], DoneEvent) and ctx.stats.sessions_evicted == 1  # idle now: evicted
+            scheduler.stop()
+
+    asyncio.run(scenario())
+
+
 def test_closed_and_unknown_sessions_are_not_found(server):
     sid = server.request("POST", "/v1/sessions", {"tokens": [1, 2, 3]})[1]["session_id"]
     assert server.request("DELETE", f"/v1/sessions/{sid}")[0] == 204

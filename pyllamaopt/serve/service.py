@@ -70,6 +70,10 @@ class BadRequest(ServiceError):
     pass
 
 
+class ContextFull(BadRequest):
+    """More tokens than the context holds (a 400 unless the prompt itself fits: see _prefill)."""
+
+
 class NotFound(ServiceError):
     status = 404
     kind = "not_found_error"
@@ -366,10 +370,17 @@ class Service:
             while True:
                 end = len(target) if whole or not self.scheduler.contended() else self._piece_end(done, len(target))
                 started = time.perf_counter()
-                if sync and first:  # drops what differs
-                    _typed_errors(lambda: session.sync(target[:end]))
-                else:
-                    _typed_errors(lambda: session.append(target[done:end]))
+                try:
+                    if sync and first:  # drops what differs
+                        _typed_errors(lambda: session.sync(target[:end]))
+                    else:
+                        _typed_errors(lambda: session.append(target[done:end]))
+                except ContextFull:
+                    if len(target) > self.context.n_ctx:
+                        raise
+                    # it fits the context: the cells are held by generations in progress (never evicted)
+                    raise Overloaded("the KV cache is full with the KV of generations in progress; retry when "
+                                     "they end, or start the server with a larger --n-ctx") from None
                 spent += time.perf_counter() - started
                 done, first = end, False
                 if done == len(target):
@@ -490,5 +501,7 @@ def _typed_errors(fn: Any) -> Any:
         return fn()
     except (SessionClosedError, SessionEvictedError) as exc:
         raise NotFound(str(exc)) from None
-    except (InvalidTokenError, InvalidArgumentError, ContextOverflowError, GrammarError) as exc:
+    except ContextOverflowError as exc:
+        raise ContextFull(str(exc)) from None
+    except (InvalidTokenError, InvalidArgumentError, GrammarError) as exc:
         raise BadRequest(str(exc)) from None
