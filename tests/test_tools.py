@@ -83,8 +83,10 @@ def test_tool_choice_and_schemas_that_cannot_be_served_are_bad_requests():
     with pytest.raises(BadRequest, match="'rm', which is not among the tools"):
         reply_grammar(TOOLS, ToolChoice("required", "rm"))
     bad = Tool("grep", None, {"type": "object", "properties": {"pattern": {"type": "string", "pattern": "^a+$"}}})
-    with pytest.raises(BadRequest, match=r"tools\[1\] \(grep\): its parameters cannot be used: .*#/properties/pattern"):
-        reply_grammar([WEATHER, bad], ToolChoice())
+    for choice in (ToolChoice(), ToolChoice("none"), ToolChoice("required", "get_weather")):  # called or not
+        with pytest.raises(BadRequest, match=r"tools\[1\] \(grep\): its parameters cannot be used: "
+                                             r".*#/properties/pattern"):
+            reply_grammar([WEATHER, bad], choice)
     template, params = TEMPLATES["chatml"], GenerateParams()
     user = [Turn("user", "hi")]
     for tools, choice, message in (

@@ -12,8 +12,8 @@ llama.cpp's `llama-server` does for such templates; docs/serve.md):
   form (their arguments as the client sent them back: ours, verbatim), an assistant's text as
   the second (when the request has tools), tool results as a user message
       {"tool_results":[{"name":"<tool>","content":"<result>"}, ...]}
-  so that the next request's prompt starts with the previous prompt and answer, token for
-  token, and its KV is reused.
+  so that the next request's prompt starts with the previous prompt and reply, and the
+  previous prompt's KV is reused.
 
 A template that renders ``tools=`` itself gets the definitions that way; the reply and the
 history keep the generic format (we parse no model-specific call syntax).
@@ -214,13 +214,15 @@ def _content(turn: Turn, names: dict[str, str], generic: bool) -> str:
         calls = ",".join(f'{{"name":{compact(c.name)},"arguments":{c.arguments}}}' for c in turn.calls)
         return (turn.text + "\n" if turn.text else "") + f'{{"tool_calls":[{calls}]}}'
     if turn.results:
-        results = ",".join(compact({"name": names[r.call_id], "content": r.content} | ({"is_error": True} if r.is_error
-                                                                                       else {}))
-                           for r in turn.results)
+        results = ",".join(compact(_result(r, names[r.call_id])) for r in turn.results)
         return f'{{"tool_results":[{results}]}}' + ("\n\n" + turn.text if turn.text else "")
     if generic and turn.role == "assistant":
         return compact({"response": turn.text})
     return turn.text
+
+
+def _result(result: ToolResult, name: str) -> dict[str, Any]:
+    return {"name": name, "content": result.content, **({"is_error": True} if result.is_error else {})}
 
 
 # the reply's grammar
@@ -249,16 +251,23 @@ def reply_schema(tools: Sequence[Tool], choice: ToolChoice) -> dict[str, Any]:
 
 def reply_grammar(tools: Sequence[Tool], choice: ToolChoice) -> str:
     """`reply_schema` as GBNF. A parameter schema the grammar engine cannot express is a 400
-    naming its tool."""
+    naming its tool, whether or not tool_choice lets the tool be called this turn."""
     try:
-        return json_schema_to_gbnf(reply_schema(tools, choice))
+        grammar = json_schema_to_gbnf(reply_schema(tools, choice))
     except GrammarError as exc:
-        for i, t in enumerate(tools):  # which tool: each one's parameters alone
-            try:
-                json_schema_to_gbnf(_parameters(t, "#"))
-            except GrammarError as alone:
-                raise BadRequest(f"tools[{i}] ({t.name}): its parameters cannot be used: {alone}") from None
+        _check_parameters(tools)
         raise BadRequest(f"the tools' reply grammar cannot be built: {exc}") from None
+    if choice.mode == "none" or choice.name is not None:  # not every tool was in it
+        _check_parameters(tools)
+    return grammar
+
+
+def _check_parameters(tools: Sequence[Tool]) -> None:
+    for i, t in enumerate(tools):
+        try:
+            json_schema_to_gbnf(_parameters(t, "#"))
+        except GrammarError as exc:
+            raise BadRequest(f"tools[{i}] ({t.name}): its parameters cannot be used: {exc}") from None
 
 
 def _call_schema(tool: Tool, key: str) -> dict[str, Any]:

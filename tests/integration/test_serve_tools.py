@@ -108,19 +108,22 @@ def test_auto_gives_a_valid_call_or_text_and_none_gives_text(served):
     assert choice.finish_reason in ("stop", "length") and not choice.message.content.startswith('{"response"')
 
 
-def test_a_round_trip_reuses_the_first_turns_prompt(served):
-    """Call, result, answer: the second request's prompt starts with the first's prompt and answer
-    (rendered as the exact text the model wrote), so all of the first prompt's KV is reused; the
-    answer's own tokens are computed again, as exact mode does for every generated token
-    (docs/exactness.md)."""
-    client = served.client()
+def round_trip(client: openai.OpenAI, **second: Any) -> tuple[Any, Any]:
+    """A required call, then the request that sends its result back."""
     first = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="required",
                                            parallel_tool_calls=False, max_tokens=60)
     call = one_call(first)
     history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
                      {"role": "tool", "tool_call_id": call.id, "content": RESULT}]
-    second = client.chat.completions.create(model="m", messages=history, tools=TOOLS, tool_choice="none",
-                                            max_tokens=30)
+    return first, client.chat.completions.create(model="m", messages=history, tools=TOOLS, **second)
+
+
+def test_a_round_trip_reuses_the_first_turns_prompt(served):
+    """Call, result, answer: the second request's prompt starts with the first's prompt and answer
+    (rendered as the exact text the model wrote), so all of the first prompt's KV is reused; the
+    answer's own tokens are computed again, as exact mode does for every generated token
+    (docs/exactness.md)."""
+    first, second = round_trip(served.client(), tool_choice="none", max_tokens=30)
     assert isinstance(second.choices[0].message.content, str)
     before, after = first.usage, second.usage
     assert after.prompt_tokens > before.prompt_tokens + before.completion_tokens
@@ -138,13 +141,7 @@ def test_with_generated_tokens_kept_the_round_trip_reuses_the_answer_too(smollm2
     tokenizer does). Not on Gemma 3: under the grammar it spells `{"` as `{` `"` from the start."""
     s = start_server(smollm2_path, tmp_path, env={"LLAMA_OPT_DIFF_REUSE_GENERATED": "1"})
     try:
-        client = s.client()
-        first = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="required",
-                                               parallel_tool_calls=False, max_tokens=60)
-        call = one_call(first)
-        history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-                         {"role": "tool", "tool_call_id": call.id, "content": RESULT}]
-        second = client.chat.completions.create(model="m", messages=history, tools=TOOLS, max_tokens=20)
+        first, second = round_trip(s.client(), max_tokens=20)
         reused = second.usage.prompt_tokens_details.cached_tokens
         assert reused >= first.usage.prompt_tokens + first.usage.completion_tokens - 8
         assert second.model_extra["pyllamaopt"]["approximate"]
