@@ -184,6 +184,9 @@ def test_concurrent_clients_get_the_answers_they_get_alone(server, tiny_model):
 def test_a_model_without_a_chat_template_answers_chat_with_a_400(server):
     with pytest.raises(openai.BadRequestError, match="no chat template"):
         server.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    with pytest.raises(openai.BadRequestError, match="no chat template"):
+        server.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], tools=[tool])
     client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
     with pytest.raises(anthropic.BadRequestError, match="no chat template"):
         client.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "hi"}])

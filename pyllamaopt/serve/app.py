@@ -152,6 +152,8 @@ def _authorized(request: Request, key: str) -> bool:
 class _NoTemplate:
     """Stands in for a model without a chat template: chat routes answer 400 with the reason."""
 
+    takes_tools = False
+
     def __init__(self, why: str) -> None:
         self.why = why
 
