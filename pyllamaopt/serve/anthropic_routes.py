@@ -24,6 +24,7 @@ from .tools import (
     ToolResult,
     Turn,
     arguments_text,
+    text_of,
 )
 from .tools import prompt as tool_prompt
 
@@ -36,18 +37,6 @@ STOP_REASONS = {"eos": "end_turn", "grammar": "end_turn", "interrupted": "end_tu
 
 def error_body(exc: ServiceError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": exc.kind, "message": exc.message}}
-
-
-def _text(content: str | list[dict[str, Any]], where: str) -> str:
-    if isinstance(content, str):
-        return content
-    parts = []
-    for block in content:
-        if block.get("type") != "text" or not isinstance(block.get("text"), str):
-            raise BadRequest(f"{where}: content blocks must be of type 'text' (got {block.get('type')!r}): "
-                             "this server takes text only")
-        parts.append(block["text"])
-    return "".join(parts)
 
 
 def _turn(m: AnthropicMessage, where: str) -> Turn:
@@ -67,7 +56,7 @@ def _turn(m: AnthropicMessage, where: str) -> Turn:
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str):
                 raise BadRequest(f"{at}: a tool_result block needs 'tool_use_id' (a string)")
-            turn.results.append(ToolResult(call_id, _text(block.get("content") or "", f"{at}.content"),
+            turn.results.append(ToolResult(call_id, text_of(block.get("content"), f"{at}.content"),
                                            block.get("is_error") is True))
         else:
             raise BadRequest(f"{at}: a content block of type {kind!r} is not taken here: this server takes text, "
@@ -151,7 +140,7 @@ class _Blocks:
 @router.post("/v1/messages")
 async def messages(body: MessagesRequest, request: Request) -> Any:
     service: Service = request.app.state.service
-    turns = [Turn("system", _text(body.system, "system"))] if body.system else []
+    turns = [Turn("system", text_of(body.system, "system"))] if body.system else []
     turns += [_turn(m, f"messages[{i}]") for i, m in enumerate(body.messages)]
     params = body.params(service.context.n_ctx)
     tools, choice = _tools(body)

@@ -22,6 +22,7 @@ from .tools import (
     ToolResult,
     Turn,
     arguments_text,
+    text_of,
 )
 from .tools import prompt as tool_prompt
 
@@ -83,18 +84,6 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
             "usage": _usage(done.usage), "pyllamaopt": done.usage.as_dict()}
 
 
-def _text_of(message: ChatMessage, where: str) -> str:
-    if message.content is None or isinstance(message.content, str):
-        return message.content or ""
-    parts = []
-    for part in message.content:
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise BadRequest(f"{where}: content parts must be of type 'text' (got {part.get('type')!r}): "
-                             "this server takes text only")
-        parts.append(part["text"])
-    return "".join(parts)
-
-
 def _turns(messages: list[ChatMessage]) -> list[Turn]:
     turns = []
     for i, m in enumerate(messages):
@@ -102,14 +91,15 @@ def _turns(messages: list[ChatMessage]) -> list[Turn]:
         if m.role == "tool":
             if not m.tool_call_id:
                 raise BadRequest(f"{where}: a tool message needs the 'tool_call_id' of the call it answers")
-            turns.append(Turn("user", results=[ToolResult(m.tool_call_id, _text_of(m, where))]))
+            turns.append(Turn("user", results=[ToolResult(m.tool_call_id, text_of(m.content, where))]))
             continue
         if m.tool_calls and m.role != "assistant":
             raise BadRequest(f"{where}: only assistant messages carry tool_calls")
         calls = [ToolCall(c.id, c.function.name, arguments_text(c.function.arguments,
                                                                 f"{where}.tool_calls[{j}].function.arguments"))
                  for j, c in enumerate(m.tool_calls or [])]
-        turns.append(Turn(m.role, _text_of(m, where), calls))
+        # OpenAI's 'developer' messages are its newer name for system messages
+        turns.append(Turn("system" if m.role == "developer" else m.role, text_of(m.content, where), calls))
     return turns
 
 

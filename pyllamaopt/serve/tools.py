@@ -120,6 +120,20 @@ def _free_whitespace(text: str) -> bool:
     return False
 
 
+def text_of(content: str | list[dict[str, Any]] | None, where: str) -> str:
+    """A message's text: a string, or the text of its parts / blocks (OpenAI's and Anthropic's
+    shapes agree on {"type": "text", "text": ...}); other kinds are a 400."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise BadRequest(f"{where}: content parts must be of type 'text' (got {part.get('type')!r}): "
+                             "this server takes text only")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
 def new_call_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
 

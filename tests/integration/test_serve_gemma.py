@@ -64,6 +64,18 @@ def test_chat_streaming_equals_not_streaming(warm):
     assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
 
 
+def test_a_developer_message_is_a_system_message(warm):
+    """OpenAI's newer name for the system role: Gemma's turns have no such role."""
+    client = warm.client()
+    ask = {"role": "user", "content": "Name a colour."}
+    as_developer = client.chat.completions.create(
+        model="gemma", messages=[{"role": "developer", "content": "Answer in one word."}, ask], max_tokens=8)
+    as_system = client.chat.completions.create(
+        model="gemma", messages=[{"role": "system", "content": "Answer in one word."}, ask], max_tokens=8)
+    assert as_developer.choices[0].message.content == as_system.choices[0].message.content
+    assert as_developer.usage.prompt_tokens == as_system.usage.prompt_tokens
+
+
 def test_json_schema_output_is_an_instance(warm):
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
                                                "age": {"type": "integer", "minimum": 0, "maximum": 150}},
