@@ -40,6 +40,8 @@ public:
     // The next token the grammar decides, to be taken without logits: -1 when the model must
     // choose, -2 when the grammar allows nothing. Only with a grammar.
     llama_token next_inferred();
+    // Tokens the grammar already decided are queued: the next one needs no logits.
+    bool has_inferred() const { return !inferred_queue_.empty(); }
     // The token picked from `logits` (n_vocab of them); -1 if the grammar allows none.
     llama_token pick(const std::vector<float> & logits);
     // A token joined the history: the grammar and the sampler chain advance past it.

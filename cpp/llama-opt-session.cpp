@@ -289,8 +289,8 @@ void llama_opt_session::decode_pending_step() {
 
 bool llama_opt_session::plain_step_row(llama_opt_row & row) const {
     if (closed() || !generating_ || n_evaluated_ == 0 || n_evaluated_ + 1 != tokens_.size() ||
-        logits_for_ != n_evaluated_ || sampler_.constrained() || room() == 0) {
-        return false;
+        logits_for_ != n_evaluated_ || sampler_.has_inferred() || room() == 0) {
+        return false;  // (a grammar that may force the next token: the row's logits may go unused, its KV not)
     }
     const llama_opt_config & cfg = ctx_->settings().config;
     if (cfg.memo_enabled &&  // its own step will check a draft

@@ -252,8 +252,8 @@ class Session:
     def prefetch_steps(sessions: Sequence[Session]) -> None:
         """Computes the next decode step of several generating sessions in shared batches, bit for
         bit what each would compute alone; their generations' next tokens then only sample. A
-        session whose next step is something else (a memo draft to check, a grammar) is left to
-        it. For servers that advance many generations in turn."""
+        session whose next step is something else (a memo draft to check, tokens the grammar
+        already decided) is left to it. For servers that advance many generations in turn."""
         _core.prefetch_steps([s._core for s in sessions])
 
     def logits(self) -> np.ndarray:

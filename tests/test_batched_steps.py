@@ -12,13 +12,13 @@ PROMPTS = [list(range(10, 10 + n)) for n in (37, 70, 140)]
 Trace = list[tuple[list[int], list[np.ndarray]]]  # per session: its tokens, and the logits before each
 
 
-def step_alone(model: Model, prompts: list[list[int]], config: OptConfig, steps: int) -> Trace:
+def step_alone(model: Model, prompts: list[list[int]], config: OptConfig, steps: int, **generate: object) -> Trace:
     out = []
     for prompt in prompts:
         with Context(model, n_ctx=2048, n_threads=2, config=config) as ctx:
             s = ctx.session()
             s.append(prompt)
-            g = s.generate(steps)
+            g = s.generate(steps, **generate)
             tokens, logits = [], []
             for _ in range(steps):
                 logits.append(s.logits())  # the pending token's step, alone
@@ -27,14 +27,15 @@ def step_alone(model: Model, prompts: list[list[int]], config: OptConfig, steps:
     return out
 
 
-def step_together(model: Model, prompts: list[list[int]], config: OptConfig, steps: int) -> tuple[Trace, list[int]]:
+def step_together(model: Model, prompts: list[list[int]], config: OptConfig, steps: int,
+                  **generate: object) -> tuple[Trace, list[int]]:
     """The same generations advanced in turn, each round's pending steps prefetched together;
     also the forward passes each round's prefetch took."""
     with Context(model, n_ctx=2048, n_threads=2, config=config) as ctx:
         sessions = [ctx.session() for _ in prompts]
         for s, prompt in zip(sessions, prompts):
             s.append(prompt)
-        generations = [s.generate(steps) for s in sessions]
+        generations = [s.generate(steps, **generate) for s in sessions]
         out: Trace = [([], []) for _ in sessions]
         passes = []
         for _ in range(steps):
@@ -63,6 +64,20 @@ def test_batched_steps_equal_steps_alone(tiny_model, memo):
     assert_same(step_alone(tiny_model, PROMPTS, config, 12), together)
     if not memo:  # the first token follows the prompts' prefill; every later step is one shared pass
         assert passes == [0] + [1] * 11
+
+
+# a schema whose answer leaves the model choices at most steps (a grammar that forces the next
+# token needs no logits: that step is taken without a pass, batched or not)
+NUMBERS = {"type": "array", "items": {"type": "integer"}, "minItems": 3}
+
+
+def test_grammar_constrained_steps_are_batched_too(tiny_model):
+    """Tool calls and JSON answers are constrained: their steps share batches like plain ones,
+    with the same tokens and logits as alone."""
+    config = OptConfig(env={})
+    together, passes = step_together(tiny_model, PROMPTS, config, 12, json_schema=NUMBERS)
+    assert_same(step_alone(tiny_model, PROMPTS, config, 12, json_schema=NUMBERS), together)
+    assert sum(p == 1 for p in passes) >= 6, passes  # most rounds: one pass for the three sessions
 
 
 def test_a_session_that_is_not_generating_is_left_alone(tiny_model):

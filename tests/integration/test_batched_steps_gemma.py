@@ -20,3 +20,16 @@ def test_gemma_batched_steps_equal_steps_alone(gemma):
     together, passes = step_together(gemma, prompts, config, 10)
     assert passes == [0] + [1] * 9  # four sessions' steps, one pass each round
     assert_same(step_alone(gemma, prompts, config, 10), together)
+
+
+def test_gemma_grammar_constrained_steps_batched_equal_steps_alone(gemma):
+    """JSON answers under a schema (as tool calls are): batched, bitwise as alone."""
+    prompts = [gemma.tokenize(text) for text in (
+        'A person as JSON: {"name": "Ada", "age": 36}\nAnother person as JSON:',
+        "The weather in Paris as JSON:")]
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    config = OptConfig(env={}, memo_enabled=False)
+    together, passes = step_together(gemma, prompts, config, 10, json_schema=schema)
+    assert sum(p == 1 for p in passes) >= 5, passes
+    assert_same(step_alone(gemma, prompts, config, 10, json_schema=schema), together)
