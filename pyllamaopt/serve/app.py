@@ -1,8 +1,9 @@
 """The server: settings, the FastAPI app, and what it does at start and stop.
 
-    pyllamaopt serve --model MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY] ...
+    pyllamaopt serve --model MODEL [--host 127.0.0.1] [--port 8080] [--grpc-port PORT] [--api-key KEY] ...
 
-One process owns one Context; the scheduler thread does all compute (scheduler.py); routes are a
+One process owns one Context, whichever transport (HTTP/JSON, and gRPC when --grpc-port is given: same
+host, same API key, same event loop, same service); the scheduler thread does all compute (scheduler.py); routes are a
 few lines over the service (service.py), one file per surface.
 """
 from __future__ import annotations
@@ -38,6 +39,7 @@ class ServeSettings:
     model: str = "gemma3-270m"
     host: str = "127.0.0.1"
     port: int = 8080
+    grpc_port: int | None = None     # the session protocol over gRPC too (grpc_service.py)
     n_ctx: int = 4096
     threads: int | None = None
     api_key: str | None = None
@@ -86,8 +88,15 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sweeper = asyncio.create_task(_expire_idle(service, min(settings.session_ttl / 4, 30.0)))
+        grpc_server = None
+        if settings.grpc_port is not None:
+            from . import grpc_service
+
+            grpc_server = await grpc_service.start(service, settings.host, settings.grpc_port, settings.api_key)
         yield
         sweeper.cancel()
+        if grpc_server is not None:
+            await grpc_server.stop(5)  # calls in flight get 5 s, then are cancelled
         closed = service.close_all()  # with persistence on, sessions are saved as they close
         scheduler.stop()
         context.close()
