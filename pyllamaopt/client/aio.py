@@ -2,16 +2,18 @@
 as the blocking ones, awaited)."""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 import grpc
 
-from ..errors import SessionClosedError
+from ..errors import SessionBusyError, SessionClosedError
 from ..session import Token
 from ..v1 import runtime_pb2 as pb
 from ..v1 import runtime_pb2_grpc
-from .common import Progress, SessionInfo, generate_request, info_of, metadata, to_error
+from .common import CANCEL_SETTLES, Progress, SessionInfo, generate_request, info_of, metadata, to_error
 
 
 class AsyncClient:
@@ -52,19 +54,32 @@ class AsyncRemoteSession:
         self.client = client
         self.id = session_id
         self.closed = False
+        self._cancelled_at = -CANCEL_SETTLES  # when a generation of this object was last cancelled
+
+    async def _call(self, method: str, request: Any) -> Any:
+        """A call of the session's; right after this object cancelled a generation, a "busy" answer
+        (the server stops it between two steps, a moment later) is retried until it settles: as
+        in-process, a generation closed is over."""
+        while True:
+            try:
+                return await self.client._call(method, request)
+            except SessionBusyError:
+                if not self._settling():
+                    raise
+            await asyncio.sleep(0.01)
 
     async def append(self, tokens: Iterable[int]) -> None:
-        await self.client._call("AppendTokens", pb.AppendTokensRequest(session_id=self.id, tokens=list(tokens)))
+        await self._call("AppendTokens", pb.AppendTokensRequest(session_id=self.id, tokens=list(tokens)))
 
     async def sync(self, tokens: Sequence[int]) -> None:
-        await self.client._call("Sync", pb.SyncRequest(session_id=self.id, tokens=list(tokens)))
+        await self._call("Sync", pb.SyncRequest(session_id=self.id, tokens=list(tokens)))
 
     async def fork(self) -> AsyncRemoteSession:
-        answer = await self.client._call("Fork", pb.ForkRequest(session_id=self.id))
+        answer = await self._call("Fork", pb.ForkRequest(session_id=self.id))
         return AsyncRemoteSession(self.client, answer.session_id)
 
     async def info(self) -> SessionInfo:
-        return info_of(await self.client._call("GetSessionInfo", pb.GetSessionInfoRequest(session_id=self.id)))
+        return info_of(await self._call("GetSessionInfo", pb.GetSessionInfoRequest(session_id=self.id)))
 
     def generate(self, max_tokens: int | None = 256, *, temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
@@ -74,7 +89,7 @@ class AsyncRemoteSession:
         block) cancels it on the server."""
         request = generate_request(self.id, max_tokens, temperature, top_k, top_p, min_p, seed, stop, grammar,
                                    json_schema)
-        return AsyncRemoteGeneration(self.client._stub.Generate(request, metadata=self.client._metadata))
+        return AsyncRemoteGeneration(self, lambda: self.client._stub.Generate(request, metadata=self.client._metadata))
 
     async def generate_text(self, max_tokens: int | None = 256, **kwargs: Any) -> str:
         async with self.generate(max_tokens, **kwargs) as generation:
@@ -87,9 +102,12 @@ class AsyncRemoteSession:
             return
         self.closed = True
         try:
-            await self.client._call("CloseSession", pb.CloseSessionRequest(session_id=self.id))
+            await self._call("CloseSession", pb.CloseSessionRequest(session_id=self.id))
         except SessionClosedError:
             pass
+
+    def _settling(self) -> bool:
+        return time.monotonic() - self._cancelled_at < CANCEL_SETTLES
 
     async def __aenter__(self) -> AsyncRemoteSession:
         return self
@@ -99,16 +117,23 @@ class AsyncRemoteSession:
 
 
 class AsyncRemoteGeneration(Progress, AsyncIterator[Token]):
-    def __init__(self, call: Any) -> None:
+    def __init__(self, session: AsyncRemoteSession, start: Callable[[], Any]) -> None:
         super().__init__()
-        self._call = call
+        self._session = session
+        self._start = start
+        self._call = start()
 
     async def __anext__(self) -> Token:
         while self.finish_reason is None:
             try:
                 message = await self._call.read()
             except grpc.aio.AioRpcError as exc:
-                raise to_error(exc) from None
+                error = to_error(exc)
+                if isinstance(error, SessionBusyError) and not self.tokens and self._session._settling():
+                    await asyncio.sleep(0.01)  # see AsyncRemoteSession._call
+                    self._call = self._start()
+                    continue
+                raise error from None
             if message is grpc.aio.EOF:
                 break
             token = self.take(message)
@@ -120,6 +145,7 @@ class AsyncRemoteGeneration(Progress, AsyncIterator[Token]):
         if self.finish_reason is None:
             self.finish_reason = "interrupted"
             self._call.cancel()
+            self._session._cancelled_at = time.monotonic()
 
     async def __aenter__(self) -> AsyncRemoteGeneration:
         return self

@@ -13,6 +13,7 @@ from .. import errors
 from ..session import Token
 from ..v1 import runtime_pb2 as pb
 
+CANCEL_SETTLES = 5.0  # seconds after a cancel during which the session's "busy" answers are retried
 ERROR_KEY = "pyllamaopt-error"  # trailing metadata: the exception class's name (serve/grpc_service.py)
 
 # when the server names no class (or one this version does not know)

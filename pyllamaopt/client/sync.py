@@ -1,16 +1,17 @@
 """The blocking flavour: Client, RemoteSession, RemoteGeneration."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import grpc
 
-from ..errors import SessionClosedError
+from ..errors import SessionBusyError, SessionClosedError
 from ..session import Token
 from ..v1 import runtime_pb2 as pb
 from ..v1 import runtime_pb2_grpc
-from .common import Progress, SessionInfo, generate_request, info_of, metadata, to_error
+from .common import CANCEL_SETTLES, Progress, SessionInfo, generate_request, info_of, metadata, to_error
 
 
 class Client:
@@ -57,18 +58,31 @@ class RemoteSession:
         self.client = client
         self.id = session_id
         self.closed = False
+        self._cancelled_at = -CANCEL_SETTLES  # when a generation of this object was last cancelled
+
+    def _call(self, method: str, request: Any) -> Any:
+        """A call of the session's; right after this object cancelled a generation, a "busy" answer
+        (the server stops it between two steps, a moment later) is retried until it settles: as
+        in-process, a generation closed is over."""
+        while True:
+            try:
+                return self.client._call(method, request)
+            except SessionBusyError:
+                if not self._settling():
+                    raise
+            time.sleep(0.01)
 
     def append(self, tokens: Iterable[int]) -> None:
-        self.client._call("AppendTokens", pb.AppendTokensRequest(session_id=self.id, tokens=list(tokens)))
+        self._call("AppendTokens", pb.AppendTokensRequest(session_id=self.id, tokens=list(tokens)))
 
     def sync(self, tokens: Sequence[int]) -> None:
-        self.client._call("Sync", pb.SyncRequest(session_id=self.id, tokens=list(tokens)))
+        self._call("Sync", pb.SyncRequest(session_id=self.id, tokens=list(tokens)))
 
     def fork(self) -> RemoteSession:
-        return RemoteSession(self.client, self.client._call("Fork", pb.ForkRequest(session_id=self.id)).session_id)
+        return RemoteSession(self.client, self._call("Fork", pb.ForkRequest(session_id=self.id)).session_id)
 
     def info(self) -> SessionInfo:
-        return info_of(self.client._call("GetSessionInfo", pb.GetSessionInfoRequest(session_id=self.id)))
+        return info_of(self._call("GetSessionInfo", pb.GetSessionInfoRequest(session_id=self.id)))
 
     @property
     def tokens(self) -> list[int]:
@@ -87,7 +101,7 @@ class RemoteSession:
         (when the object is dropped, or at once with ``close()`` or a ``with`` block)."""
         request = generate_request(self.id, max_tokens, temperature, top_k, top_p, min_p, seed, stop, grammar,
                                    json_schema)
-        return RemoteGeneration(self.client._stub.Generate(request, metadata=self.client._metadata))
+        return RemoteGeneration(self, lambda: self.client._stub.Generate(request, metadata=self.client._metadata))
 
     def generate_text(self, max_tokens: int | None = 256, **kwargs: Any) -> str:
         with self.generate(max_tokens, **kwargs) as generation:
@@ -101,9 +115,12 @@ class RemoteSession:
             return
         self.closed = True
         try:
-            self.client._call("CloseSession", pb.CloseSessionRequest(session_id=self.id))
+            self._call("CloseSession", pb.CloseSessionRequest(session_id=self.id))
         except SessionClosedError:
             pass
+
+    def _settling(self) -> bool:
+        return time.monotonic() - self._cancelled_at < CANCEL_SETTLES
 
     def __enter__(self) -> RemoteSession:
         return self
@@ -119,9 +136,11 @@ class RemoteGeneration(Progress, Iterator[Token]):
     """Generation's attributes (``tokens``, ``text``, ``finish_reason``, ``stop_string``) and
     ``usage``: what the server counted, after the end."""
 
-    def __init__(self, call: Any) -> None:
+    def __init__(self, session: RemoteSession, start: Callable[[], Any]) -> None:
         super().__init__()
-        self._call = call
+        self._session = session
+        self._start = start
+        self._call = start()
 
     def __next__(self) -> Token:
         while self.finish_reason is None:
@@ -130,9 +149,12 @@ class RemoteGeneration(Progress, Iterator[Token]):
             except StopIteration:
                 break
             except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.CANCELLED and self.finish_reason == "interrupted":
-                    break
-                raise to_error(exc) from None
+                error = to_error(exc)
+                if isinstance(error, SessionBusyError) and not self.tokens and self._session._settling():
+                    time.sleep(0.01)  # see RemoteSession._call
+                    self._call = self._start()
+                    continue
+                raise error from None
             token = self.take(message)
             if token is not None:
                 return token
@@ -143,6 +165,7 @@ class RemoteGeneration(Progress, Iterator[Token]):
         if self.finish_reason is None:
             self.finish_reason = "interrupted"
             self._call.cancel()
+            self._session._cancelled_at = time.monotonic()
 
     def __enter__(self) -> RemoteGeneration:
         return self

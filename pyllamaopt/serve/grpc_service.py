@@ -41,7 +41,7 @@ def status_of(exc: ServiceError) -> grpc.StatusCode:
     return next((STATUS[c] for c in type(exc).__mro__ if c in STATUS), grpc.StatusCode.INVALID_ARGUMENT)
 
 
-class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):  # type: ignore[misc]
+class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
     def __init__(self, service: Service, api_key: str | None) -> None:
         self.service = service
         self.api_key = api_key

@@ -93,7 +93,7 @@ class NotFound(ServiceError):
 class Busy(ServiceError):
     status = 409
     kind = "conflict_error"
-    error = SessionBusyError
+    error: type[PyllamaoptError] = SessionBusyError
 
 
 class SessionsFull(Busy):
@@ -274,7 +274,7 @@ class Service:
             entry.busy = "generating"
             return _started(self._generation(entry.session, 0, params, entry.session.stats, entry=entry)), entry.session
 
-        return self.scheduler.stream(start)
+        return _done_last(self.scheduler.stream(start))
 
     async def expire_idle(self) -> int:
         """Closes sessions idle for longer than the TTL; returns how many."""
@@ -506,6 +506,19 @@ class Service:
         self.metrics.session_active.set(len(self._sessions))
         self.metrics.session_kv_live_bytes.set(self.context.kv_cells_used * self.model.kv_bytes_per_token)
         self.metrics.queue_depth.set(self.scheduler.queue_depth())
+
+
+async def _done_last(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    """`events` with the DoneEvent held until the generation's cleanup has run (the session idle
+    again): a client that reads it may use the session at once without finding it busy."""
+    done = None
+    async for event in events:
+        if isinstance(event, DoneEvent):
+            done = event
+        else:
+            yield event
+    if done is not None:
+        yield done
 
 
 def _started(steps: Iterator[Any]) -> Iterator[Any]:
