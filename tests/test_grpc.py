@@ -285,3 +285,23 @@ def test_raw_stub_status_codes(served):
         assert [e.WhichOneof("event") for e in events] == ["token", "token", "done"]
         assert events[-1].done.usage.completion_tokens == 2
         stub.CloseSession(pb.CloseSessionRequest(session_id=sid), timeout=30)
+
+
+
+def test_chat_tokens_helper(tiny_model):
+    """The opt-in helper: a transformers-like tokenizer's own template; a pyllamaopt model's GGUF
+    template (the synthetic model has none: the error says so; the Gemma path is the chat
+    routes' own, tests/integration)."""
+    from pyllamaopt import ChatTemplateError
+    from pyllamaopt.client import chat_tokens
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+
+    class HFLike:
+        def apply_chat_template(self, messages: list, tokenize: bool, add_generation_prompt: bool) -> list[int]:
+            assert tokenize and add_generation_prompt
+            return [len(m["content"]) for m in messages]
+
+    assert chat_tokens(HFLike(), messages) == [9, 2]
+    with pytest.raises(ChatTemplateError):
+        chat_tokens(tiny_model, messages)
