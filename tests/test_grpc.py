@@ -305,3 +305,18 @@ def test_chat_tokens_helper(tiny_model):
     assert chat_tokens(HFLike(), messages) == [9, 2]
     with pytest.raises(ChatTemplateError):
         chat_tokens(tiny_model, messages)
+
+
+def test_one_service_behind_both_transports(served, client):
+    """A session created over HTTP is the same session over gRPC, and the other way round."""
+    server, _ = served
+    status, body = server.request("POST", "/v1/sessions", {"tokens": [1, 2, 3]})
+    assert status == 201
+    remote = client.session(body["session_id"])
+    remote.append([4])
+    assert remote.tokens == [1, 2, 3, 4]
+    with client.create_session([5, 6]) as session:
+        status, info = server.request("GET", f"/v1/sessions/{session.id}")
+        assert status == 200 and info["tokens"] == [5, 6]
+    remote.close()
+    assert server.request("GET", f"/v1/sessions/{remote.id}")[0] == 404
