@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import filecmp
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -320,3 +322,27 @@ def test_one_service_behind_both_transports(served, client):
         assert status == 200 and info["tokens"] == [5, 6]
     remote.close()
     assert server.request("GET", f"/v1/sessions/{remote.id}")[0] == 404
+
+
+TYPESCRIPT = ROOT / "sdks" / "typescript"
+
+
+def test_typescript_sdk(served):
+    """sdks/typescript's own tests (node --test) against this module's server, over HTTP/JSON."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not on PATH: the TypeScript SDK's tests need Node 20+")
+    run = subprocess.run([node, "--test", "test/"], cwd=TYPESCRIPT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYLLAMAOPT_URL": served[0].url})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "# pass 4" in run.stdout, run.stdout  # every test ran
+
+
+def test_typescript_sdk_types():
+    """The JSDoc types check (tsc --checkJs, strict) where a TypeScript compiler is installed
+    (Debian: apt-get install node-typescript)."""
+    tsc = shutil.which("tsc")
+    if tsc is None:
+        pytest.skip("no tsc on PATH (apt-get install node-typescript)")
+    run = subprocess.run([tsc, "-p", "jsconfig.json"], cwd=TYPESCRIPT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr

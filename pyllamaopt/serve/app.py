@@ -124,7 +124,9 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     def error_response(request: Request, exc: ServiceError) -> JSONResponse:
-        shape = anthropic_routes.error_body if request.url.path == "/v1/messages" else openai_routes.error_body
+        path = request.url.path
+        shape = (anthropic_routes.error_body if path == "/v1/messages" else
+                 session_routes.error_body if path.startswith("/v1/sessions") else openai_routes.error_body)
         return JSONResponse(shape(exc), status_code=exc.status)
 
     @app.exception_handler(ServiceError)

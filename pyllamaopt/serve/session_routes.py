@@ -27,7 +27,9 @@ def _service(request: Request) -> Service:
 
 
 def error_body(exc: ServiceError) -> dict[str, Any]:
-    return {"error": {"message": exc.message, "type": exc.kind}}
+    """The error's message, kind, and the pyllamaopt exception class a client raises for it (the
+    gRPC transport's "pyllamaopt-error" metadata)."""
+    return {"error": {"message": exc.message, "type": exc.kind, "pyllamaopt_error": exc.error.__name__}}
 
 
 @router.post("", status_code=201)
