@@ -194,8 +194,11 @@ def test_every_status_code_is_its_exception(client):
         with pytest.raises(ContextOverflowError):
             client.create_session([7] * (N_CTX + 1))
 
-        # ABORTED: a generation in progress on the session (a paused stream keeps it busy)
-        with session.generate(None) as running:
+        # ABORTED: a generation in progress on the session. A stream's reader that stalls does not
+        # pause it over gRPC (HTTP/2 buffers far more than 16 tokens): a grammar that never ends
+        # keeps each generation going for about a second (5 ms a token), 250 tokens of KV each.
+        slow = {"grammar": "root ::= [a-z] root"}
+        with session.generate(250, **slow) as running:
             next(running)
             with pytest.raises(SessionBusyError) as e:
                 session.append([5])
@@ -204,7 +207,7 @@ def test_every_status_code_is_its_exception(client):
                 list(session.generate(2))
             # RESOURCE_EXHAUSTED: every session slot (--max-sessions 3) taken by a busy session
             with client.create_session(LONG_PROMPT[:40]) as second, client.create_session(LONG_PROMPT[:40]) as third:
-                with second.generate(None) as g2, third.generate(None) as g3:
+                with second.generate(250, **slow) as g2, third.generate(250, **slow) as g3:
                     next(g2), next(g3)
                     with pytest.raises(ServerOverloadedError) as e:
                         client.create_session([3])

@@ -133,6 +133,7 @@ class AsyncRemoteGeneration(Progress, AsyncIterator[Token]):
                     await asyncio.sleep(0.01)  # see AsyncRemoteSession._call
                     self._call = self._start()
                     continue
+                self.failed = True
                 raise error from None
             if message is grpc.aio.EOF:
                 break
@@ -142,7 +143,7 @@ class AsyncRemoteGeneration(Progress, AsyncIterator[Token]):
         raise StopAsyncIteration
 
     async def aclose(self) -> None:
-        if self.finish_reason is None:
+        if self.finish_reason is None and not self.failed:
             self.finish_reason = "interrupted"
             self._call.cancel()
             self._session._cancelled_at = time.monotonic()

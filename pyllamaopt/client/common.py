@@ -96,6 +96,7 @@ class Progress:
         self.finish_reason: str | None = None
         self.stop_string: str | None = None
         self.usage: Usage | None = None
+        self.failed = False  # the call ended in an error: nothing left to cancel
 
     def take(self, message: pb.GenerateResponse) -> Token | None:
         if message.HasField("token"):

@@ -154,6 +154,7 @@ class RemoteGeneration(Progress, Iterator[Token]):
                     time.sleep(0.01)  # see RemoteSession._call
                     self._call = self._start()
                     continue
+                self.failed = True
                 raise error from None
             token = self.take(message)
             if token is not None:
@@ -162,7 +163,7 @@ class RemoteGeneration(Progress, Iterator[Token]):
 
     def close(self) -> None:
         """Stops the generation on the server (``finish_reason`` 'interrupted' unless it was over)."""
-        if self.finish_reason is None:
+        if self.finish_reason is None and not self.failed:
             self.finish_reason = "interrupted"
             self._call.cancel()
             self._session._cancelled_at = time.monotonic()

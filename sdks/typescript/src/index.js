@@ -294,6 +294,7 @@ export class RemoteGeneration {
     this.finishReason = null;
     /** @type {Usage | null} */
     this.usage = null;
+    this.failed = false; // the request ended in an error
     this.controller = new AbortController();
     if (options.signal) options.signal.addEventListener("abort", () => this.cancel(), { once: true });
   }
@@ -317,7 +318,7 @@ export class RemoteGeneration {
 
   /** Stops the generation on the server (finishReason "interrupted" unless it was over). */
   cancel() {
-    if (this.finishReason !== null) return;
+    if (this.finishReason !== null || this.failed) return;
     this.finishReason = "interrupted";
     this.session.cancelledAt = Date.now();
     this.controller.abort();
@@ -325,6 +326,19 @@ export class RemoteGeneration {
 
   /** @returns {AsyncGenerator<Token, void, undefined>} */
   async *[Symbol.asyncIterator]() {
+    try {
+      yield* this.events();
+    } catch (err) {
+      if (this.finishReason === "interrupted" && err instanceof Error && err.name === "AbortError") return;
+      this.failed = true; // nothing left to cancel
+      throw err;
+    } finally {
+      this.cancel(); // left early (break, throw): cancel on the server; a no-op after the end
+    }
+  }
+
+  /** @returns {AsyncGenerator<Token, void, undefined>} */
+  async *events() {
     const path = `/v1/sessions/${encodeURIComponent(this.session.id)}/generate`;
     let response;
     for (;;) {
@@ -340,35 +354,28 @@ export class RemoteGeneration {
     const reader = response.body.getReader();
     const decoder = new TextDecoder();
     let buffered = "";
-    try {
-      for (;;) {
-        const { done, value } = await reader.read();
-        if (done) break;
-        buffered += decoder.decode(value, { stream: true });
-        let end;
-        while ((end = buffered.indexOf("\n\n")) >= 0) {
-          const event = buffered.slice(0, end);
-          buffered = buffered.slice(end + 2);
-          for (const line of event.split("\n")) {
-            if (!line.startsWith("data: ")) continue;
-            const data = JSON.parse(line.slice(6));
-            if (data.error) throw toError(200, data); // after the stream started: the last event
-            if (data.finish_reason !== undefined) {
-              this.finishReason = data.finish_reason;
-              this.usage = data.usage;
-            } else {
-              this.tokens.push(data.token);
-              this.text += data.text;
-              yield { id: data.token, text: data.text };
-            }
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      buffered += decoder.decode(value, { stream: true });
+      let end;
+      while ((end = buffered.indexOf("\n\n")) >= 0) {
+        const event = buffered.slice(0, end);
+        buffered = buffered.slice(end + 2);
+        for (const line of event.split("\n")) {
+          if (!line.startsWith("data: ")) continue;
+          const data = JSON.parse(line.slice(6));
+          if (data.error) throw toError(200, data); // after the stream started: the last event
+          if (data.finish_reason !== undefined) {
+            this.finishReason = data.finish_reason;
+            this.usage = data.usage;
+          } else {
+            this.tokens.push(data.token);
+            this.text += data.text;
+            yield { id: data.token, text: data.text };
           }
         }
       }
-    } catch (err) {
-      if (this.finishReason === "interrupted" && err instanceof Error && err.name === "AbortError") return;
-      throw err;
-    } finally {
-      this.cancel(); // left early (break, throw): cancel on the server; a no-op after the end
     }
   }
 }

@@ -124,7 +124,9 @@ test("errors are the pyllamaopt classes", async () => {
   await assert.rejects(session.append([5, 10 ** 7]), InvalidTokenError);
   await assert.rejects(greedy(session, -1), InvalidArgumentError);
   await assert.rejects(session.append(new Array(2000).fill(7)), ContextOverflowError);
-  const running = session.generate({ maxTokens: null });
+  // a grammar that never ends keeps the generation going for about a second (a stalled reader does not
+  // pause it: the connection buffers far more than the server's 16 tokens ahead)
+  const running = session.generate({ maxTokens: 250, grammar: "root ::= [a-z] root" });
   const iterator = running[Symbol.asyncIterator]();
   await iterator.next();
   await assert.rejects(session.append([5]), (err) => err instanceof SessionBusyError && err.status === 409);
