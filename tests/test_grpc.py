@@ -29,6 +29,11 @@ from pyllamaopt.serve.service import Service
 from test_serve import LONG_PROMPT, N_CTX, Server, free_port, local_greedy, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
+# A generation that does not end by itself (the grammar allows no end of text) and takes about 5 ms a
+# token on the tiny model: SLOW_TOKENS of it last about a second, long enough to cancel it or to find
+# its session busy (a fast one, 34 tokens in 8 ms, would be over first).
+SLOW = "root ::= [a-z] root"
+SLOW_TOKENS = 250
 
 
 def grpc_server(model: Path, tmp_path: Path, *args: str) -> tuple[Server, str]:
@@ -122,7 +127,7 @@ def test_cancel_mid_stream_keeps_the_session_usable(client, tiny_model):
     (between two steps) and the session takes the next call, its history as before the generation."""
     prompt = LONG_PROMPT[:40]
     with client.create_session(tokens=prompt) as session:
-        with session.generate(None) as generation:
+        with session.generate(SLOW_TOKENS, grammar=SLOW) as generation:
             first = [next(generation).id for _ in range(3)]
         assert generation.finish_reason == "interrupted"
         deadline = time.monotonic() + 10
@@ -130,10 +135,11 @@ def test_cancel_mid_stream_keeps_the_session_usable(client, tiny_model):
             assert time.monotonic() < deadline, "the generation did not stop after the cancel"
             time.sleep(0.05)
         generated = info.stats["tokens_generated"]
+        assert 3 <= generated < SLOW_TOKENS // 2, f"it did not stop early: {generated} tokens"
         time.sleep(0.3)
         assert session.info().stats["tokens_generated"] == generated, "it kept generating"
         history = session.tokens  # what was generated before the cancel took effect stays, as in-process
-        assert history[:len(prompt) + 3] == prompt + first == prompt + local_greedy(tiny_model, prompt, 3)
+        assert history[:len(prompt)] == prompt and len(history) == len(prompt) + generated
         assert [t.id for t in session.generate(3)] == local_greedy(tiny_model, history, 3)
 
 
@@ -142,17 +148,17 @@ def test_cancel_mid_stream_async(served, tiny_model):
 
     async def scenario() -> tuple[list[int], list[int], list[int]]:
         async with AsyncClient(served[1], timeout=60) as c, await c.create_session(tokens=prompt) as session:
-            async with session.generate(None) as generation:
+            async with session.generate(SLOW_TOKENS, grammar=SLOW) as generation:
                 first = [(await generation.__anext__()).id for _ in range(2)]
             deadline = time.monotonic() + 10
-            while (await session.info()).busy is not None:
+            while (info := await session.info()).busy is not None:
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.05)
-            history = (await session.info()).tokens
-            return first, history, [t.id async for t in session.generate(2)]
+            assert info.stats["tokens_generated"] < SLOW_TOKENS // 2, "it did not stop early"
+            return first, info.tokens, [t.id async for t in session.generate(2)]
 
     first, history, again = asyncio.run(scenario())
-    assert history[:len(prompt) + 2] == prompt + first == prompt + local_greedy(tiny_model, prompt, 2)
+    assert history[:len(prompt) + 2] == prompt + first
     assert again == local_greedy(tiny_model, history, 2)
 
 
@@ -197,8 +203,8 @@ def test_every_status_code_is_its_exception(client):
         # ABORTED: a generation in progress on the session. A stream's reader that stalls does not
         # pause it over gRPC (HTTP/2 buffers far more than 16 tokens): a grammar that never ends
         # keeps each generation going for about a second (5 ms a token), 250 tokens of KV each.
-        slow = {"grammar": "root ::= [a-z] root"}
-        with session.generate(250, **slow) as running:
+        slow = {"grammar": SLOW}
+        with session.generate(SLOW_TOKENS, **slow) as running:
             next(running)
             with pytest.raises(SessionBusyError) as e:
                 session.append([5])
@@ -207,7 +213,7 @@ def test_every_status_code_is_its_exception(client):
                 list(session.generate(2))
             # RESOURCE_EXHAUSTED: every session slot (--max-sessions 3) taken by a busy session
             with client.create_session(LONG_PROMPT[:40]) as second, client.create_session(LONG_PROMPT[:40]) as third:
-                with second.generate(250, **slow) as g2, third.generate(250, **slow) as g3:
+                with second.generate(SLOW_TOKENS, **slow) as g2, third.generate(SLOW_TOKENS, **slow) as g3:
                     next(g2), next(g3)
                     with pytest.raises(ServerOverloadedError) as e:
                         client.create_session([3])
