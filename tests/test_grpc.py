@@ -355,3 +355,11 @@ def test_typescript_sdk_types():
         pytest.skip("no tsc on PATH (apt-get install node-typescript)")
     run = subprocess.run([tsc, "-p", "jsconfig.json"], cwd=TYPESCRIPT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_grpc_port_must_differ_from_the_http_port():
+    from pyllamaopt.serve import ServeSettings
+
+    with pytest.raises(SystemExit, match="--grpc-port"):
+        ServeSettings(port=8080, grpc_port=8080).check()
+    ServeSettings(port=8080, grpc_port=50051).check()

@@ -2,9 +2,9 @@
 
     pyllamaopt serve --model MODEL [--host 127.0.0.1] [--port 8080] [--grpc-port PORT] [--api-key KEY] ...
 
-One process owns one Context, whichever transport (HTTP/JSON, and gRPC when --grpc-port is given: same
-host, same API key, same event loop, same service); the scheduler thread does all compute (scheduler.py); routes are a
-few lines over the service (service.py), one file per surface.
+One process owns one Context, whichever the transport (HTTP/JSON, and gRPC with --grpc-port: the same
+host, API key, event loop and service); the scheduler thread does all compute (scheduler.py); routes
+are a few lines over the service (service.py), one file per surface.
 """
 from __future__ import annotations
 
@@ -58,6 +58,8 @@ class ServeSettings:
             raise SystemExit("pyllamaopt serve: --max-sessions must be between 1 and 200")
         if self.session_ttl <= 0:
             raise SystemExit("pyllamaopt serve: --session-ttl must be a positive number of seconds")
+        if self.grpc_port is not None and (not 0 < self.grpc_port < 65536 or self.grpc_port == self.port):
+            raise SystemExit("pyllamaopt serve: --grpc-port must be a port number other than --port")
 
 
 def _is_loopback(host: str) -> bool:

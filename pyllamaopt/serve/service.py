@@ -1,4 +1,4 @@
-"""The session service: everything the transports (HTTP routes, later gRPC) share.
+"""The session service: everything the transports (HTTP routes, gRPC) share.
 
 It knows nothing of HTTP. Each operation validates its input, runs on the scheduler thread,
 and raises a ``ServiceError`` with a status a transport maps to its own (HTTP 4xx, gRPC codes).
@@ -372,7 +372,7 @@ class Service:
         idle = [(e.last_used, sid) for sid, e in self._sessions.items() if not e.busy and sid != keep]
         if not idle:
             raise SessionsFull(f"all {self.max_sessions} sessions are busy; retry later or start the server "
-                       "with a larger --max-sessions")
+                               "with a larger --max-sessions")
         _, sid = min(idle)
         self._drop(sid, self._sessions[sid], outcome="evicted", evicted_reason="lru")
 
