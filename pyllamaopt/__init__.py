@@ -14,6 +14,7 @@ from .chat import Chat, ChatTemplate
 from .config import OptConfig, features, fields
 from .context import Context
 from .errors import (
+    AuthenticationError,
     ChatTemplateError,
     ConfigError,
     ContextOverflowError,
@@ -23,9 +24,13 @@ from .errors import (
     GrammarError,
     InvalidArgumentError,
     InvalidTokenError,
+    InvariantViolationError,
     ModelLoadError,
     ModelNotFoundError,
     PyllamaoptError,
+    ServerError,
+    ServerOverloadedError,
+    SessionBusyError,
     SessionClosedError,
     SessionEvictedError,
 )
@@ -50,4 +55,5 @@ __all__ = [
     "GrammarError",
     "InvalidArgumentError", "InvalidTokenError", "ModelLoadError", "ModelNotFoundError", "PyllamaoptError",
     "SessionClosedError", "SessionEvictedError",
+    "AuthenticationError", "InvariantViolationError", "ServerError", "ServerOverloadedError", "SessionBusyError",
 ]

@@ -65,3 +65,30 @@ class GrammarError(PyllamaoptError, ValueError):
 class DeltaError(PyllamaoptError, ValueError):
     """Bad input to the GGUF delta tool (pyllamaopt.delta): not a GGUF file, a missing or
     unsupported matrix, a rank out of range, a parent model that does not match..."""
+
+
+class ServerError(PyllamaoptError):
+    """An answer of a pyllamaopt server that no local operation gives (raised by pyllamaopt.client,
+    which raises the classes above for the rest: SessionClosedError for an unknown, closed, expired
+    or evicted session, InvalidTokenError, ContextOverflowError...). ``code``: the gRPC status code's
+    name, or the HTTP status."""
+
+    code: str | None = None
+
+
+class SessionBusyError(ServerError):
+    """The session has a generation (or a prefill) in progress: one at a time; retry when it ends."""
+
+
+class ServerOverloadedError(ServerError):
+    """The server has no room now (its KV cache held by generations in progress, or every session
+    slot busy): retry later, or start it with a larger --n-ctx or --max-sessions."""
+
+
+class InvariantViolationError(ServerError):
+    """The server found a session's KV inconsistent (specification 003 §2.8: a bug, please report
+    it); the session was closed: create a new one and send its tokens again."""
+
+
+class AuthenticationError(ServerError):
+    """The server requires an API key and the call did not carry the right one."""

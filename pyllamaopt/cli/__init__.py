@@ -99,12 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server and the session protocol",
                        description="Serves the model over HTTP: OpenAI-compatible /v1/chat/completions and "
-                                   "/v1/completions, the session protocol under /v1/sessions, /metrics, /health.")
+                                   "/v1/completions, the session protocol under /v1/sessions (and over gRPC with "
+                                   "--grpc-port), /metrics, /health.")
     model_args(p)
     p.add_argument("--host", default=os.environ.get("LLAMA_OPT_SERVE_HOST") or "127.0.0.1",
                    help="address to bind (default: $LLAMA_OPT_SERVE_HOST or 127.0.0.1; others need --api-key)")
     p.add_argument("--port", type=int, default=_env_int("LLAMA_OPT_SERVE_PORT", 8080),
                    help="port (default: $LLAMA_OPT_SERVE_PORT or 8080)")
+    p.add_argument("--grpc-port", type=int, default=_env_int("LLAMA_OPT_SERVE_GRPC_PORT", None),
+                   help="also serve the session protocol over gRPC on this port, same host and API key "
+                        "(default: $LLAMA_OPT_SERVE_GRPC_PORT or off)")
     p.add_argument("--api-key", default=os.environ.get("LLAMA_OPT_SERVE_API_KEY") or None,
                    help="require this key (Authorization: Bearer KEY, or x-api-key)")
     p.add_argument("--max-sessions", type=int, default=_env_int("LLAMA_OPT_SERVE_MAX_SESSIONS", 16),

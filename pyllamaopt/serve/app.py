@@ -1,9 +1,10 @@
 """The server: settings, the FastAPI app, and what it does at start and stop.
 
-    pyllamaopt serve --model MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY] ...
+    pyllamaopt serve --model MODEL [--host 127.0.0.1] [--port 8080] [--grpc-port PORT] [--api-key KEY] ...
 
-One process owns one Context; the scheduler thread does all compute (scheduler.py); routes are a
-few lines over the service (service.py), one file per surface.
+One process owns one Context, whichever the transport (HTTP/JSON, and gRPC with --grpc-port: the same
+host, API key, event loop and service); the scheduler thread does all compute (scheduler.py); routes
+are a few lines over the service (service.py), one file per surface.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ class ServeSettings:
     model: str = "gemma3-270m"
     host: str = "127.0.0.1"
     port: int = 8080
+    grpc_port: int | None = None     # the session protocol over gRPC too (grpc_service.py)
     n_ctx: int = 4096
     threads: int | None = None
     api_key: str | None = None
@@ -56,6 +58,8 @@ class ServeSettings:
             raise SystemExit("pyllamaopt serve: --max-sessions must be between 1 and 200")
         if self.session_ttl <= 0:
             raise SystemExit("pyllamaopt serve: --session-ttl must be a positive number of seconds")
+        if self.grpc_port is not None and (not 0 < self.grpc_port < 65536 or self.grpc_port == self.port):
+            raise SystemExit("pyllamaopt serve: --grpc-port must be a port number other than --port")
 
 
 def _is_loopback(host: str) -> bool:
@@ -86,8 +90,15 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         sweeper = asyncio.create_task(_expire_idle(service, min(settings.session_ttl / 4, 30.0)))
+        grpc_server = None
+        if settings.grpc_port is not None:
+            from . import grpc_service
+
+            grpc_server = await grpc_service.start(service, settings.host, settings.grpc_port, settings.api_key)
         yield
         sweeper.cancel()
+        if grpc_server is not None:
+            await grpc_server.stop(5)  # calls in flight get 5 s, then are cancelled
         closed = service.close_all()  # with persistence on, sessions are saved as they close
         scheduler.stop()
         context.close()
@@ -115,7 +126,9 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     def error_response(request: Request, exc: ServiceError) -> JSONResponse:
-        shape = anthropic_routes.error_body if request.url.path == "/v1/messages" else openai_routes.error_body
+        path = request.url.path
+        shape = (anthropic_routes.error_body if path == "/v1/messages" else
+                 session_routes.error_body if path.startswith("/v1/sessions") else openai_routes.error_body)
         return JSONResponse(shape(exc), status_code=exc.status)
 
     @app.exception_handler(ServiceError)

@@ -150,9 +150,17 @@ class Tokens(BaseModel):
 
 
 class SessionGenerateRequest(Sampling):
+    """A generation of the session protocol, over HTTP (this body) and gRPC (its fields, copied)."""
+
     max_tokens: int | None = Field(256, ge=0)
     stream: bool = False
     response_format: dict[str, Any] | None = None
+    grammar: str | None = Field(None, description="GBNF with a root rule (not with response_format)")
+
+    def generate_params(self, n_ctx: int) -> GenerateParams:
+        p = self.params(self.max_tokens, n_ctx, self.response_format)
+        p.grammar = self.grammar
+        return p
 
 
 def _json_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | bool | None:

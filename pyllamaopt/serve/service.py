@@ -1,4 +1,4 @@
-"""The session service: everything the transports (HTTP routes, later gRPC) share.
+"""The session service: everything the transports (HTTP routes, gRPC) share.
 
 It knows nothing of HTTP. Each operation validates its input, runs on the scheduler thread,
 and raises a ``ServiceError`` with a status a transport maps to its own (HTTP 4xx, gRPC codes).
@@ -37,6 +37,10 @@ from ..errors import (
     GrammarError,
     InvalidArgumentError,
     InvalidTokenError,
+    InvariantViolationError,
+    PyllamaoptError,
+    ServerOverloadedError,
+    SessionBusyError,
     SessionClosedError,
     SessionEvictedError,
 )
@@ -56,14 +60,18 @@ PREFILL_PIECE = 256
 
 
 class ServiceError(Exception):
-    """An error a client caused or must handle; ``status`` is its HTTP-style status."""
+    """An error a client caused or must handle; ``status`` is its HTTP-style status, ``error`` the
+    pyllamaopt exception class a client library raises for it (the engine's own, when it raised one)."""
 
     status = 400
     kind = "invalid_request_error"
+    error: type[PyllamaoptError] = InvalidArgumentError
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, error: type[PyllamaoptError] | None = None) -> None:
         super().__init__(message)
         self.message = message
+        if error is not None:
+            self.error = error
 
 
 class BadRequest(ServiceError):
@@ -73,20 +81,32 @@ class BadRequest(ServiceError):
 class ContextFull(BadRequest):
     """More tokens than the context holds (a 400 unless the prompt itself fits: see _prefill)."""
 
+    error = ContextOverflowError
+
 
 class NotFound(ServiceError):
     status = 404
     kind = "not_found_error"
+    error = SessionClosedError
 
 
 class Busy(ServiceError):
     status = 409
     kind = "conflict_error"
+    error: type[PyllamaoptError] = SessionBusyError
+
+
+class SessionsFull(Busy):
+    """Every session slot (--max-sessions) is taken by a busy session: a 409 like Busy, but over gRPC
+    a RESOURCE_EXHAUSTED (it is the server that is full, not this session that is busy)."""
+
+    error = ServerOverloadedError
 
 
 class Overloaded(ServiceError):
     status = 503
     kind = "overloaded_error"
+    error = ServerOverloadedError
 
 
 class InvariantViolation(ServiceError):
@@ -94,6 +114,7 @@ class InvariantViolation(ServiceError):
 
     status = 500
     kind = "invariant_violation"
+    error = InvariantViolationError
 
 
 @dataclass
@@ -253,7 +274,7 @@ class Service:
             entry.busy = "generating"
             return _started(self._generation(entry.session, 0, params, entry.session.stats, entry=entry)), entry.session
 
-        return self.scheduler.stream(start)
+        return _done_last(self.scheduler.stream(start))
 
     async def expire_idle(self) -> int:
         """Closes sessions idle for longer than the TTL; returns how many."""
@@ -350,8 +371,8 @@ class Service:
             return
         idle = [(e.last_used, sid) for sid, e in self._sessions.items() if not e.busy and sid != keep]
         if not idle:
-            raise Busy(f"all {self.max_sessions} sessions are busy; retry later or start the server "
-                       "with a larger --max-sessions")
+            raise SessionsFull(f"all {self.max_sessions} sessions are busy; retry later or start the server "
+                               "with a larger --max-sessions")
         _, sid = min(idle)
         self._drop(sid, self._sessions[sid], outcome="evicted", evicted_reason="lru")
 
@@ -487,6 +508,19 @@ class Service:
         self.metrics.queue_depth.set(self.scheduler.queue_depth())
 
 
+async def _done_last(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    """`events` with the DoneEvent held until the generation's cleanup has run (the session idle
+    again): a client that reads it may use the session at once without finding it busy."""
+    done = None
+    async for event in events:
+        if isinstance(event, DoneEvent):
+            done = event
+        else:
+            yield event
+    if done is not None:
+        yield done
+
+
 def _started(steps: Iterator[Any]) -> Iterator[Any]:
     """A generator whose first item is PENDING, advanced past it: closing it from now on runs its
     cleanup (a generator never started runs none), even if a client that left at once means the
@@ -500,8 +534,8 @@ def _typed_errors(fn: Any) -> Any:
     try:
         return fn()
     except (SessionClosedError, SessionEvictedError) as exc:
-        raise NotFound(str(exc)) from None
+        raise NotFound(str(exc), type(exc)) from None
     except ContextOverflowError as exc:
         raise ContextFull(str(exc)) from None
     except (InvalidTokenError, InvalidArgumentError, GrammarError) as exc:
-        raise BadRequest(str(exc)) from None
+        raise BadRequest(str(exc), type(exc)) from None

@@ -4,7 +4,7 @@
     POST   /v1/sessions/{id}/tokens      {"tokens": [...]}  append     -> session info
     POST   /v1/sessions/{id}/sync        {"tokens": [...]}  set history (our extension)
     POST   /v1/sessions/{id}/fork                           -> {"session_id": "..."} (our extension)
-    POST   /v1/sessions/{id}/generate    sampling fields as OpenAI names them; "stream": SSE of
+    POST   /v1/sessions/{id}/generate    sampling fields as OpenAI names them, "grammar"; "stream": SSE of
                                          {"token", "text"} events, then {"finish_reason", "usage"}
     GET    /v1/sessions/{id}                                GetSessionInfo
     DELETE /v1/sessions/{id}                                CloseSession
@@ -27,7 +27,9 @@ def _service(request: Request) -> Service:
 
 
 def error_body(exc: ServiceError) -> dict[str, Any]:
-    return {"error": {"message": exc.message, "type": exc.kind}}
+    """The error's message, kind, and the pyllamaopt exception class a client raises for it (the
+    gRPC transport's "pyllamaopt-error" metadata)."""
+    return {"error": {"message": exc.message, "type": exc.kind, "pyllamaopt_error": exc.error.__name__}}
 
 
 @router.post("", status_code=201)
@@ -64,7 +66,7 @@ async def close(session_id: str, request: Request) -> Response:
 @router.post("/{session_id}/generate")
 async def generate(session_id: str, body: SessionGenerateRequest, request: Request) -> Any:
     service = _service(request)
-    params = body.params(body.max_tokens, service.context.n_ctx, body.response_format)
+    params = body.generate_params(service.context.n_ctx)
     events = await started(service.generate(session_id, params))
     if body.stream:
         def chunk(event: Event) -> list[dict[str, Any]]:

@@ -1,0 +1,365 @@
+"""The session protocol over gRPC: `pyllamaopt serve --grpc-port` as a real process on loopback
+ports, driven by pyllamaopt.client (the real grpcio client, sync and asyncio flavours): INV-3
+through the SDK, cancellation, TTL eviction, every status code mapped to its exception, API keys;
+and the committed stubs are what grpcio-tools generates from the .proto."""
+from __future__ import annotations
+
+import asyncio
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from pyllamaopt import (AuthenticationError, Context, ContextOverflowError, GrammarError, InvalidArgumentError,
+                        InvalidTokenError, InvariantViolationError, OptConfig, ServerOverloadedError,
+                        SessionBusyError, SessionClosedError)
+from pyllamaopt.client import AsyncClient, Client
+from pyllamaopt.serve import grpc_service
+from pyllamaopt.serve.metrics import Metrics
+from pyllamaopt.serve.scheduler import Scheduler
+from pyllamaopt.serve.service import Service
+
+from test_serve import LONG_PROMPT, N_CTX, Server, free_port, local_greedy, start_server, stop_server
+
+ROOT = Path(__file__).resolve().parent.parent
+# A generation that does not end by itself (the grammar allows no end of text) and takes about 5 ms a
+# token on the tiny model: SLOW_TOKENS of it last about a second, long enough to cancel it or to find
+# its session busy (a fast one, 34 tokens in 8 ms, would be over first).
+SLOW = "root ::= [a-z] root"
+SLOW_TOKENS = 250
+
+
+def grpc_server(model: Path, tmp_path: Path, *args: str) -> tuple[Server, str]:
+    port = free_port()
+    return start_server(model, tmp_path, "--grpc-port", str(port), *args), f"127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_path, tmp_path_factory) -> Iterator[tuple[Server, str]]:
+    server, address = grpc_server(tiny_model_path, tmp_path_factory.mktemp("grpc"), "--max-sessions", "3")
+    yield server, address
+    stop_server(server)
+
+
+@pytest.fixture
+def client(served) -> Iterator[Client]:
+    with Client(served[1], timeout=60) as c:
+        yield c
+
+
+def test_stubs_are_current(tmp_path):
+    """The committed pyllamaopt/v1/*_pb2*.py are what grpcio-tools makes of the .proto (regenerate:
+    pyllamaopt/v1/__init__.py says how)."""
+    grpc_tools = pytest.importorskip("grpc_tools")
+    del grpc_tools
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-Iproto", f"--python_out={tmp_path}",
+                    f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", "proto/pyllamaopt/v1/runtime.proto"],
+                   cwd=ROOT, check=True)
+    names = ["runtime_pb2.py", "runtime_pb2.pyi", "runtime_pb2_grpc.py"]
+    _, mismatch, errors = filecmp.cmpfiles(tmp_path / "pyllamaopt" / "v1", ROOT / "pyllamaopt" / "v1", names, shallow=False)
+    assert not mismatch and not errors, f"stale generated stubs: {mismatch + errors}; regenerate them"
+
+
+def test_inv3_through_the_sdk(served, client, tiny_model):
+    """INV-3: a history given as initial tokens, as one append, or as many appends generates the
+    same tokens, the library's own answer."""
+    prompt = LONG_PROMPT
+    expected = local_greedy(tiny_model, prompt, 12)
+    with client.create_session(tokens=prompt) as initial, client.create_session() as one, \
+            client.create_session() as many:
+        one.append(prompt)
+        for i in range(0, len(prompt), 37):
+            many.append(prompt[i:i + 37])
+        answers = []
+        for session in (initial, one, many):
+            assert session.tokens == prompt
+            generation = session.generate(12)
+            answers.append([t.id for t in generation])
+            assert generation.finish_reason == "length" and generation.tokens == answers[-1]
+            assert generation.usage is not None and generation.usage.completion_tokens == 12
+    assert answers == [expected] * 3
+
+
+def test_inv3_through_the_async_sdk(served, tiny_model):
+    prompt = LONG_PROMPT[:150]
+    expected = local_greedy(tiny_model, prompt, 8)
+
+    async def scenario() -> list[list[int]]:
+        async with AsyncClient(served[1], timeout=60) as c:
+            answers = []
+            for how in ("initial", "one", "many"):
+                async with await c.create_session(tokens=prompt if how == "initial" else []) as session:
+                    if how == "one":
+                        await session.append(prompt)
+                    elif how == "many":
+                        for i in range(0, len(prompt), 50):
+                            await session.append(prompt[i:i + 50])
+                    assert (await session.info()).tokens == prompt
+                    answers.append([t.id async for t in session.generate(8)])
+            return answers
+
+    assert asyncio.run(scenario()) == [expected] * 3
+
+
+def test_sync_fork_text_and_stop(client, tiny_model):
+    with client.create_session(tokens=LONG_PROMPT[:100]) as session:
+        session.sync(LONG_PROMPT[:70] + [3, 4])
+        info = session.info()
+        assert info.tokens == LONG_PROMPT[:70] + [3, 4] and info.busy is None and info.kv_bytes > 0
+        with session.fork() as forked:
+            assert forked.id != session.id and forked.tokens == info.tokens
+            forked.append([5])
+            assert session.n_tokens == 72 and forked.n_tokens == 73
+        with Context(tiny_model, n_ctx=N_CTX, n_threads=2) as ctx, ctx.session() as local:
+            local.append(LONG_PROMPT[:70] + [3, 4])
+            assert session.generate_text(6) == local.generate_text(6)
+
+
+def test_cancel_mid_stream_keeps_the_session_usable(client, tiny_model):
+    """CANCELLED end to end: leaving a generation cancels the call; the server stops generating
+    (between two steps) and the session takes the next call, its history as before the generation."""
+    prompt = LONG_PROMPT[:40]
+    with client.create_session(tokens=prompt) as session:
+        with session.generate(SLOW_TOKENS, grammar=SLOW) as generation:
+            first = [next(generation).id for _ in range(3)]
+        assert generation.finish_reason == "interrupted"
+        deadline = time.monotonic() + 10
+        while (info := session.info()).busy is not None:
+            assert time.monotonic() < deadline, "the generation did not stop after the cancel"
+            time.sleep(0.05)
+        generated = info.stats["tokens_generated"]
+        assert 3 <= generated < SLOW_TOKENS // 2, f"it did not stop early: {generated} tokens"
+        time.sleep(0.3)
+        assert session.info().stats["tokens_generated"] == generated, "it kept generating"
+        history = session.tokens  # what was generated before the cancel took effect stays, as in-process
+        assert history[:len(prompt)] == prompt and len(history) == len(prompt) + generated
+        assert [t.id for t in session.generate(3)] == local_greedy(tiny_model, history, 3)
+
+
+def test_cancel_mid_stream_async(served, tiny_model):
+    prompt = LONG_PROMPT[:40]
+
+    async def scenario() -> tuple[list[int], list[int], list[int]]:
+        async with AsyncClient(served[1], timeout=60) as c, await c.create_session(tokens=prompt) as session:
+            async with session.generate(SLOW_TOKENS, grammar=SLOW) as generation:
+                first = [(await generation.__anext__()).id for _ in range(2)]
+            deadline = time.monotonic() + 10
+            while (info := await session.info()).busy is not None:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            assert info.stats["tokens_generated"] < SLOW_TOKENS // 2, "it did not stop early"
+            return first, info.tokens, [t.id async for t in session.generate(2)]
+
+    first, history, again = asyncio.run(scenario())
+    assert history[:len(prompt) + 2] == prompt + first
+    assert again == local_greedy(tiny_model, history, 2)
+
+
+def test_every_status_code_is_its_exception(client):
+    def code(exc_info: pytest.ExceptionInfo) -> str:
+        return exc_info.value.code  # type: ignore[no-any-return]
+
+    # NOT_FOUND: never created, closed
+    with pytest.raises(SessionClosedError) as e:
+        client.session("no-such-session").info()
+    assert code(e) == "NOT_FOUND"
+    closed = client.create_session([1, 2])
+    closed.close()
+    with pytest.raises(SessionClosedError):
+        client.session(closed.id).append([3])
+    with pytest.raises(SessionClosedError):
+        list(client.session(closed.id).generate(2))
+
+    with client.create_session(tokens=LONG_PROMPT[:40]) as session:
+        # INVALID_ARGUMENT: a token outside the vocabulary, a bad sampling value, a bad schema; the session unchanged
+        with pytest.raises(InvalidTokenError) as e:
+            session.append([5, 10**7])
+        assert code(e) == "INVALID_ARGUMENT"
+        with pytest.raises(InvalidArgumentError, match="temperature"):
+            list(session.generate(2, temperature=-1))
+        with pytest.raises(InvalidArgumentError, match="max_tokens"):
+            list(session.generate(-1))
+        with pytest.raises(GrammarError) as e:
+            list(session.generate(2, json_schema={"type": 5}))
+        assert code(e) == "INVALID_ARGUMENT"
+        with pytest.raises(GrammarError):
+            list(session.generate(2, grammar="root ::= ("))
+        assert session.tokens == LONG_PROMPT[:40]
+
+        # RESOURCE_EXHAUSTED: a history longer than the context
+        with pytest.raises(ContextOverflowError) as e:
+            session.append([7] * N_CTX)
+        assert code(e) == "RESOURCE_EXHAUSTED"
+        with pytest.raises(ContextOverflowError):
+            client.create_session([7] * (N_CTX + 1))
+
+        # ABORTED: a generation in progress on the session. A stream's reader that stalls does not
+        # pause it over gRPC (HTTP/2 buffers far more than 16 tokens): a grammar that never ends
+        # keeps each generation going for about a second (5 ms a token), 250 tokens of KV each.
+        slow = {"grammar": SLOW}
+        with session.generate(SLOW_TOKENS, **slow) as running:
+            next(running)
+            with pytest.raises(SessionBusyError) as e:
+                session.append([5])
+            assert code(e) == "ABORTED"
+            with pytest.raises(SessionBusyError):
+                list(session.generate(2))
+            # RESOURCE_EXHAUSTED: every session slot (--max-sessions 3) taken by a busy session
+            with client.create_session(LONG_PROMPT[:40]) as second, client.create_session(LONG_PROMPT[:40]) as third:
+                with second.generate(SLOW_TOKENS, **slow) as g2, third.generate(SLOW_TOKENS, **slow) as g3:
+                    next(g2), next(g3)
+                    with pytest.raises(ServerOverloadedError) as e:
+                        client.create_session([3])
+                    assert code(e) == "RESOURCE_EXHAUSTED"
+
+
+def test_invariant_violation_is_failed_precondition(tiny_model, tmp_path):
+    """003 §2.8 through gRPC: KV removed behind a session's back (the test hook of test_serve) is
+    found by the next operation; FAILED_PRECONDITION, InvariantViolationError, the session gone.
+    The server runs in this process (the hook needs its Context), the client is the real one."""
+    async def scenario() -> None:
+        config = OptConfig(env={})
+        with Context(tiny_model, n_ctx=N_CTX, n_threads=2, config=config) as ctx:
+            scheduler = Scheduler()
+            service = Service(ctx, scheduler, Metrics(), max_sessions=2, session_ttl=60)
+            port = free_port()
+            server = await grpc_service.start(service, "127.0.0.1", port, None)
+            try:
+                async with AsyncClient(f"127.0.0.1:{port}", timeout=60) as c:
+                    session = await c.create_session(LONG_PROMPT)
+                    ctx._core._test_kv_remove(service._sessions[session.id].session._core.seq, 64, 128)
+                    with pytest.raises(InvariantViolationError, match="inv1") as e:
+                        await session.append([5])
+                    assert e.value.code == "FAILED_PRECONDITION"  # type: ignore[attr-defined]
+                    with pytest.raises(SessionClosedError):
+                        await session.info()
+            finally:
+                await server.stop(None)
+                scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_ttl_eviction_and_api_key(tiny_model_path, tmp_path):
+    """NOT_FOUND after the TTL; with --api-key, UNAUTHENTICATED without it (both flavours)."""
+    server, address = grpc_server(tiny_model_path, tmp_path, "--session-ttl", "1", "--api-key", "sekret")
+    try:
+        with Client(address, timeout=60) as anonymous:
+            with pytest.raises(AuthenticationError) as e:
+                anonymous.create_session([1])
+            assert e.value.code == "UNAUTHENTICATED"  # type: ignore[attr-defined]
+        with Client(address, api_key="wrong", timeout=60) as wrong:
+            with pytest.raises(AuthenticationError):
+                list(wrong.session("x").generate(1))
+
+        async def async_unauthenticated() -> None:
+            async with AsyncClient(address, timeout=60) as c:
+                with pytest.raises(AuthenticationError):
+                    await c.create_session([1])
+
+        asyncio.run(async_unauthenticated())
+        with Client(address, api_key="sekret", timeout=60) as c:
+            session = c.create_session([1, 2, 3])
+            assert session.n_tokens == 3
+            time.sleep(2.0)  # idle beyond the TTL; the sweeper runs every TTL/4
+            with pytest.raises(SessionClosedError) as e:
+                session.info()
+            assert e.value.code == "NOT_FOUND"  # type: ignore[attr-defined]
+            session.close()  # closing what is gone is not an error
+    finally:
+        stop_server(server)
+
+
+def test_raw_stub_status_codes(served):
+    """Without the SDK: what any gRPC client sees (the status code and the metadata naming the error)."""
+    from pyllamaopt.v1 import runtime_pb2 as pb
+    from pyllamaopt.v1 import runtime_pb2_grpc
+
+    with grpc.insecure_channel(served[1]) as channel:
+        stub = runtime_pb2_grpc.RuntimeStub(channel)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.GetSessionInfo(pb.GetSessionInfoRequest(session_id="nope"), timeout=30)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert dict(e.value.trailing_metadata())["pyllamaopt-error"] == "SessionClosedError"
+        with pytest.raises(grpc.RpcError) as e:
+            stub.CreateSession(pb.CreateSessionRequest(tokens=[10**7]), timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        sid = stub.CreateSession(pb.CreateSessionRequest(tokens=[1, 2, 3]), timeout=30).session_id
+        events = list(stub.Generate(pb.GenerateRequest(session_id=sid, max_tokens=2), timeout=30))
+        assert [e.WhichOneof("event") for e in events] == ["token", "token", "done"]
+        assert events[-1].done.usage.completion_tokens == 2
+        stub.CloseSession(pb.CloseSessionRequest(session_id=sid), timeout=30)
+
+
+
+def test_chat_tokens_helper(tiny_model):
+    """The opt-in helper: a transformers-like tokenizer's own template; a pyllamaopt model's GGUF
+    template (the synthetic model has none: the error says so; the Gemma path is the chat
+    routes' own, tests/integration)."""
+    from pyllamaopt import ChatTemplateError
+    from pyllamaopt.client import chat_tokens
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+
+    class HFLike:
+        def apply_chat_template(self, messages: list, tokenize: bool, add_generation_prompt: bool) -> list[int]:
+            assert tokenize and add_generation_prompt
+            return [len(m["content"]) for m in messages]
+
+    assert chat_tokens(HFLike(), messages) == [9, 2]
+    with pytest.raises(ChatTemplateError):
+        chat_tokens(tiny_model, messages)
+
+
+def test_one_service_behind_both_transports(served, client):
+    """A session created over HTTP is the same session over gRPC, and the other way round."""
+    server, _ = served
+    status, body = server.request("POST", "/v1/sessions", {"tokens": [1, 2, 3]})
+    assert status == 201
+    remote = client.session(body["session_id"])
+    remote.append([4])
+    assert remote.tokens == [1, 2, 3, 4]
+    with client.create_session([5, 6]) as session:
+        status, info = server.request("GET", f"/v1/sessions/{session.id}")
+        assert status == 200 and info["tokens"] == [5, 6]
+    remote.close()
+    assert server.request("GET", f"/v1/sessions/{remote.id}")[0] == 404
+
+
+TYPESCRIPT = ROOT / "sdks" / "typescript"
+
+
+def test_typescript_sdk(served):
+    """sdks/typescript's own tests (node --test) against this module's server, over HTTP/JSON."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not on PATH: the TypeScript SDK's tests need Node 20+")
+    run = subprocess.run([node, "--test", "test/"], cwd=TYPESCRIPT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYLLAMAOPT_URL": served[0].url})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "# pass 4" in run.stdout, run.stdout  # every test ran
+
+
+def test_typescript_sdk_types():
+    """The JSDoc types check (tsc --checkJs, strict) where a TypeScript compiler is installed
+    (Debian: apt-get install node-typescript)."""
+    tsc = shutil.which("tsc")
+    if tsc is None:
+        pytest.skip("no tsc on PATH (apt-get install node-typescript)")
+    run = subprocess.run([tsc, "-p", "jsconfig.json"], cwd=TYPESCRIPT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_grpc_port_must_differ_from_the_http_port():
+    from pyllamaopt.serve import ServeSettings
+
+    with pytest.raises(SystemExit, match="--grpc-port"):
+        ServeSettings(port=8080, grpc_port=8080).check()
+    ServeSettings(port=8080, grpc_port=50051).check()
