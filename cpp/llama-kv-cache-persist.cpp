@@ -126,23 +126,19 @@ struct fd_guard {
     }
 };
 
+// Creates dir and its missing parents 0700 (the entries hold prompts' token ids in plain).
 bool make_dirs(const std::string & dir, std::string & why) {
     std::string path;
     for (size_t i = 0; i <= dir.size(); ++i) {
         if (i == dir.size() || (dir[i] == '/' && i > 0)) {
             path = dir.substr(0, i);
-            if (mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
-                why = errno_text("cannot create " + path);
+            if (mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+                why = errno_text("cannot create " + path) + "; set LLAMA_OPT_PERSIST_DIR (persist_dir) to a directory you can write";
                 return false;
             }
         }
     }
-    struct stat st;
-    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-        why = dir + " is not a directory";
-        return false;
-    }
-    return true;
+    return llama_opt_persist_check_dir(dir, why);
 }
 
 std::vector<std::string> dir_files(const std::string & dir) {
@@ -176,11 +172,49 @@ uint64_t meta_checksum(file_header h, const std::vector<llama_token> & tokens, c
 
 llama_opt_persist_store::llama_opt_persist_store(std::string dir) : dir_(std::move(dir)) {}
 
+bool llama_opt_persist_prepare_dir(const std::string & dir, std::string & why) {
+    return make_dirs(dir, why);
+}
+
+bool llama_opt_persist_check_dir(const std::string & dir, std::string & why) {
+    struct stat st;
+    if (stat(dir.c_str(), &st) != 0) {
+        why = errno_text("cannot use " + dir) + "; set LLAMA_OPT_PERSIST_DIR (persist_dir) to a directory you can write";
+        return false;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        why = dir + " is not a directory; remove it or set LLAMA_OPT_PERSIST_DIR (persist_dir) to a directory";
+        return false;
+    }
+    if (st.st_uid != geteuid()) {
+        why = dir + " is owned by another user (uid " + std::to_string(st.st_uid) + "): whoever owns it can plant KV "
+              "that passes every checksum; set LLAMA_OPT_PERSIST_DIR (persist_dir) to a directory of your own";
+        return false;
+    }
+    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+        why = dir + " is writable by other users: they could plant KV that passes every checksum; "
+              "run `chmod 700 " + dir + "` (and clear it with `pyllamaopt cache clean --all --dir " + dir + "` if you do not trust it)";
+        return false;
+    }
+    if ((st.st_mode & 0077) != 0 && chmod(dir.c_str(), 0700) != 0) {
+        // readable by others (0755 from older versions): ours, so tightened, since the entries hold prompts
+        why = errno_text("cannot make " + dir + " private") + "; run `chmod 700 " + dir + "`";
+        return false;
+    }
+    return true;
+}
+
 bool llama_opt_persist_store::read_header(const std::string & path, llama_opt_persist_entry & e,
                                           std::vector<llama_token> * tokens) const {
     e      = llama_opt_persist_entry();
     e.path = path;
-    fd_guard f{ open(path.c_str(), O_RDONLY | O_CLOEXEC) };
+    struct stat lst;
+    if (lstat(path.c_str(), &lst) == 0 && !S_ISREG(lst.st_mode)) {
+        // never followed out of the directory: cleanup() and verify(remove=True) unlink the link itself
+        e.problem = S_ISLNK(lst.st_mode) ? "a symbolic link (not followed)" : "not a regular file";
+        return false;
+    }
+    fd_guard f{ open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW) };
     struct stat st;
     if (f.fd < 0 || fstat(f.fd, &st) != 0) {
         e.problem = errno_text("cannot read");
@@ -282,7 +316,7 @@ uint32_t llama_opt_persist_store::load(const llama_opt_persist_entry & e, uint32
                                        uint8_t * dst, std::string & why, llama_opt_persist_miss & miss) const {
     const uint64_t block_bytes = (uint64_t) e.layout.block_size * e.layout.bytes_per_token;
     miss = llama_opt_persist_miss::none;
-    fd_guard f{ open(e.path.c_str(), O_RDONLY | O_CLOEXEC) };
+    fd_guard f{ open(e.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW) };
     if (f.fd < 0) {
         why  = errno_text("cannot open " + e.path);
         miss = llama_opt_persist_miss::not_stored;  // another process cleaned it up
@@ -359,7 +393,7 @@ bool llama_opt_persist_store::save(const llama_opt_persist_layout & layout, cons
     const std::string path = dir_ + "/" + name;
     const std::string tmp  = dir_ + "/" + TMP_PREFIX + name + "." + std::to_string(getpid()) + "." + std::to_string(counter++);
 
-    fd_guard f{ open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644) };
+    fd_guard f{ open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600) };
     if (f.fd < 0) {
         why = errno_text("cannot write in " + dir_);
         return false;
@@ -441,7 +475,7 @@ std::string llama_opt_persist_store::verify(const std::string & path) const {
     }
     const uint64_t block_bytes = (uint64_t) e.layout.block_size * e.layout.bytes_per_token;
     std::vector<uint8_t> block(block_bytes);
-    fd_guard f{ open(path.c_str(), O_RDONLY | O_CLOEXEC) };
+    fd_guard f{ open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW) };
     for (size_t k = 0; k < e.checksums.size(); ++k) {
         if (f.fd < 0 || !pread_all(f.fd, block.data(), block_bytes, e.data_offset + k * block_bytes)) {
             return "short read in block " + std::to_string(k);
@@ -459,7 +493,7 @@ size_t llama_opt_persist_store::cleanup(int64_t max_age_s, uint64_t max_bytes, c
     for (const std::string & name : dir_files(dir_)) {
         struct stat st;
         const std::string path = dir_ + "/" + name;
-        if (starts_with(name, TMP_PREFIX) && stat(path.c_str(), &st) == 0 && now - (int64_t) st.st_mtime > TMP_STALE_S) {
+        if (starts_with(name, TMP_PREFIX) && lstat(path.c_str(), &st) == 0 && now - (int64_t) st.st_mtime > TMP_STALE_S) {
             removed += unlink(path.c_str()) == 0;  // left by a save that was killed
         }
     }
@@ -470,7 +504,7 @@ size_t llama_opt_persist_store::cleanup(int64_t max_age_s, uint64_t max_bytes, c
         total += e.file_size;
     }
     for (const auto & e : entries) {
-        const bool broken = !e.problem.empty() && e.problem.rfind("cannot read", 0) != 0;
+        const bool broken = !e.problem.empty() && e.problem.rfind("cannot read", 0) != 0 && e.problem != "not a regular file";
         const bool old    = max_age_s > 0 && now - e.mtime > max_age_s;
         const bool over   = max_bytes > 0 && total > max_bytes;
         if ((broken || old || over) && e.path != keep && remove(e.path)) {
@@ -495,7 +529,9 @@ uint64_t llama_opt_file_hash(const std::string & path, const std::string & memo_
              (unsigned long long) st.st_size, (long long) st.st_mtim.tv_sec, (long) st.st_mtim.tv_nsec,
              (long long) st.st_ctim.tv_sec, (long) st.st_ctim.tv_nsec, path.c_str());
     const std::string memo = memo_dir + "/file-hashes";
-    if (FILE * f = fopen(memo.c_str(), "r")) {
+    struct stat mst;
+    const bool memo_ok = lstat(memo.c_str(), &mst) == 0 && S_ISREG(mst.st_mode);  // never a link
+    if (FILE * f = memo_ok ? fopen(memo.c_str(), "r") : nullptr) {
         char line[sizeof(key) + 32];
         unsigned long long found = 0;
         bool hit = false;
@@ -535,7 +571,7 @@ uint64_t llama_opt_file_hash(const std::string & path, const std::string & memo_
     }
     std::string ignored;
     if (make_dirs(memo_dir, ignored)) {
-        fd_guard out{ open(memo.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) };
+        fd_guard out{ open(memo.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600) };
         const std::string line = hex(h) + " " + key + "\n";
         if (out.fd >= 0 && write(out.fd, line.data(), line.size()) < 0) {
             // a memo we cannot write only costs reading the file again next time

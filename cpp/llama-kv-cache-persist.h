@@ -60,7 +60,8 @@ enum class llama_opt_persist_miss { none, not_stored, incompatible, corrupt };
 
 class llama_opt_persist_store {
 public:
-    // The directory is created by the first save (which reports if it cannot be).
+    // The directory is created (0700) by the first save, which reports if it cannot be or if
+    // llama_opt_persist_check_dir refuses it; entries are 0600.
     explicit llama_opt_persist_store(std::string dir);
 
     const std::string & dir() const { return dir_; }
@@ -114,6 +115,15 @@ private:
 
     bool read_header(const std::string & path, llama_opt_persist_entry & entry, std::vector<llama_token> * tokens) const;
 };
+
+// Checks that dir is a directory of this user's that no other user can write (a writer there
+// can plant KV that passes every checksum: integrity is not authenticity), as OpenSSH does for
+// key directories; one readable by others (0755, from older versions) is tightened to 0700.
+// False, and why (with what to do), otherwise.
+bool llama_opt_persist_check_dir(const std::string & dir, std::string & why);
+
+// Creates dir (0700) if it is missing, then llama_opt_persist_check_dir.
+bool llama_opt_persist_prepare_dir(const std::string & dir, std::string & why);
 
 // The default directory: $XDG_CACHE_HOME/pyllamaopt/kv, else ~/.cache/pyllamaopt/kv.
 std::string llama_opt_persist_default_dir();

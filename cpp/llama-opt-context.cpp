@@ -113,6 +113,12 @@ void llama_opt_context::open_persist_store() {
         "|align=" + std::to_string(align_) + "|row_align=" + std::to_string(row_align());
     const std::string dir  = cfg.persist_dir.empty() ? llama_opt_persist_default_dir() : cfg.persist_dir;
     const auto        dims = model_->head_dims();
+    std::string       why;
+    if (!llama_opt_persist_prepare_dir(dir, why)) {  // said now, not at the first save
+        llama_free(ctx_);
+        ctx_ = nullptr;
+        throw llama_opt_error(llama_opt_errc::config, "persist_dir: " + why, "persist_dir");
+    }
     try {
         persist_layout_.model_hash = llama_opt_file_hash(model_->path(), dir);
     } catch (const std::exception & e) {

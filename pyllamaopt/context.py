@@ -28,7 +28,7 @@ class Context:
     n_ctx       KV cells shared by all sessions of the context
     n_batch     tokens per forward pass when prefilling
     n_seq_max   sessions open at once
-    n_threads   compute threads (default: all hardware threads)
+    n_threads   compute threads; None or 0: all hardware threads (the default)
     flash_attn  flash attention on/off; fixed per context, since numerics depend on it
     swa_full    keep all tokens of sliding-window layers (needed to reuse long prefixes)
     config      OptConfig (default: defaults + LLAMA_OPT_* environment)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import codecs
+import math
+import numbers
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,21 @@ class Token:
 
     id: int
     text: str
+
+
+def _check_sampling(temperature: object, top_k: object, top_p: object, min_p: object) -> None:
+    """InvalidArgumentError for a sampling value out of its range (objects: the caller may pass anything)."""
+    # bool is an int: refused, as a True top_k is a mistake, not 1
+    for name, value, low_open, high in (("temperature", temperature, False, math.inf), ("top_p", top_p, True, 1.0),
+                                        ("min_p", min_p, False, 1.0)):
+        x = math.nan if isinstance(value, bool) or not isinstance(value, numbers.Real) else float(value)
+        ok = (0 < x if low_open else 0 <= x) and x <= high and math.isfinite(x)
+        if not ok:
+            where = {"temperature": "a finite number >= 0 (0: greedy)",
+                     "top_p": "in (0, 1] (1: off)", "min_p": "in [0, 1] (0: off)"}[name]
+            raise InvalidArgumentError(f"{name} must be {where}, got {value!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or not 0 <= int(top_k) < 2**31:
+        raise InvalidArgumentError(f"top_k must be an integer >= 0 (0: off), got {top_k!r}")
 
 
 class Generation(Iterator[Token]):
@@ -218,9 +235,7 @@ class Session:
                 f"'until done'), got {max_tokens!r}")
         if seed is not None and not (isinstance(seed, int) and 0 <= seed < 0xFFFFFFFF):
             raise InvalidArgumentError(f"seed must be an integer in [0, 2**32 - 1), got {seed!r}")
-        for name, value in (("temperature", temperature), ("top_p", top_p), ("min_p", min_p)):
-            if not isinstance(value, (int, float)) or not value >= 0:
-                raise InvalidArgumentError(f"{name} must be a number >= 0, got {value!r}")
+        _check_sampling(temperature, top_k, top_p, min_p)
         stops = [stop] if isinstance(stop, str) else list(stop)
         if any(not isinstance(s, str) or not s for s in stops):
             raise InvalidArgumentError("stop must be a non-empty string or a list of them")

@@ -667,14 +667,21 @@ def test_foreign_files_are_ignored_and_only_bad_entries_cleaned(tiny_model, tmp_
 # --- failing saves --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["under_a_file", "is_a_file"])
+@pytest.mark.parametrize("where", ["replaced_by_a_file", "made_writable_by_others"])
 def test_an_unwritable_directory_fails_saves_and_the_session_goes_on(tiny_model, tmp_path, capfd, where):
-    """persist_dir cannot be created (its parent is a file) or is a file: every save fails,
-    is counted and says why on stderr, once; nothing else changes."""
-    (tmp_path / "file").write_text("not a directory")
-    directory = tmp_path / "file" / "kv" if where == "under_a_file" else tmp_path / "file"
+    """persist_dir becomes unusable after the context was made (one that is unusable already is
+    refused when the context is made: test_the_directory_is_checked_when_the_context_is_made):
+    every save fails, is counted and says why on stderr, once; nothing else changes."""
+    directory = tmp_path / "file"
     tokens = text_tokens(tiny_model, 700)
     with persistent(tiny_model, directory) as ctx:
+        if where == "replaced_by_a_file":
+            for p in directory.iterdir():
+                p.unlink()
+            directory.rmdir()
+            directory.write_text("not a directory")
+        else:
+            directory.chmod(0o777)
         s = ctx.session()
         s.append(tokens)
         capfd.readouterr()
@@ -692,7 +699,10 @@ def test_an_unwritable_directory_fails_saves_and_the_session_goes_on(tiny_model,
         t = ctx.session()
         t.append(tokens)
         check_exact(t, tiny_model, tokens)
-    assert (tmp_path / "file").read_text() == "not a directory"
+    if where == "replaced_by_a_file":
+        assert directory.read_text() == "not a directory"
+    else:
+        assert list(directory.iterdir()) == [directory / "file-hashes"]  # nothing written
 
 
 @pytest.mark.parametrize("fail_after", [1, 200, 4096 + 3, 100_000])
@@ -968,3 +978,64 @@ def test_default_directory_comes_from_the_configuration(tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMA_OPT_PERSIST_DIRR", str(tmp_path / "typo"))
     with pytest.raises(ConfigError, match="LLAMA_OPT_PERSIST_DIRR"):
         PersistStore()
+
+
+# --- issue 20: permissions and symbolic links -------------------------------------------------
+
+def test_the_directory_is_private_and_entries_are_0600(tiny_model, tmp_path):
+    directory = tmp_path / "a" / "kv"
+    path = save_history(tiny_model, directory, text_tokens(tiny_model, 2 * BLOCK))
+    assert directory.stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "a").stat().st_mode & 0o777 == 0o700  # created parents too
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert (directory / "file-hashes").stat().st_mode & 0o777 == 0o600
+
+
+def test_the_directory_is_checked_when_the_context_is_made(tiny_model, tmp_path):
+    a_file = tmp_path / "not-a-dir"
+    a_file.write_text("x")
+    with pytest.raises(ConfigError, match="not a directory"):
+        persistent(tiny_model, a_file)
+    with pytest.raises(ConfigError, match="cannot create"):
+        persistent(tiny_model, a_file / "kv")
+    assert a_file.read_text() == "x"
+
+
+def test_a_directory_others_can_write_is_refused_with_the_chmod_hint(tiny_model, tmp_path):
+    directory = tmp_path / "kv"
+    directory.mkdir()
+    directory.chmod(0o777)
+    with pytest.raises(ConfigError, match=re.escape(f"chmod 700 {directory}")):
+        persistent(tiny_model, directory)
+    assert directory.stat().st_mode & 0o777 == 0o777  # not changed behind the user's back
+    directory.chmod(0o770)
+    with pytest.raises(ConfigError, match="writable by other users"):
+        persistent(tiny_model, directory)
+
+
+def test_an_older_0755_directory_is_tightened(tiny_model, tmp_path):
+    directory = tmp_path / "kv"
+    directory.mkdir()
+    directory.chmod(0o755)
+    persistent(tiny_model, directory).close()
+    assert directory.stat().st_mode & 0o777 == 0o700
+
+
+def test_symbolic_links_are_never_followed(tiny_model, tmp_path):
+    directory = tmp_path / "kv"
+    tokens = text_tokens(tiny_model, 2 * BLOCK)
+    entry = save_history(tiny_model, directory, tokens)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.llkv"
+    victim.write_bytes(entry.read_bytes()[:100])  # broken: would be removed if the link were followed
+    link = directory / "zz-link.llkv"
+    link.symlink_to(victim)
+    store = PersistStore(directory)
+    problems = {e.path.name: e.problem for e in store.entries()}
+    assert problems["zz-link.llkv"] == "a symbolic link (not followed)"
+    assert store.verify(remove=True) == {link: "a symbolic link (not followed)"}
+    assert not link.is_symlink() and victim.exists()
+    link.symlink_to(victim)
+    assert store.clean() == 1
+    assert not link.is_symlink() and victim.exists() and entry.exists()

@@ -112,6 +112,19 @@ def test_bad_sampling_arguments(tiny_context):
             s.generate(5, **kwargs)
 
 
+@pytest.mark.parametrize("kwargs", [{"top_p": 2}, {"top_p": 0}, {"top_p": -0.5}, {"top_k": -1}, {"top_k": 2.5},
+                                    {"top_k": True}, {"min_p": 1.5}, {"min_p": -0.1},
+                                    {"temperature": float("inf")}, {"temperature": "0.5"}])
+def test_out_of_range_sampling_values_are_refused(tiny_context, kwargs):
+    """Issue 20: top_p=2, top_p <= 0 and a negative top_k were accepted silently."""
+    s = tiny_context.session()
+    s.append_text(PROMPT)
+    name = next(iter(kwargs))
+    with pytest.raises(InvalidArgumentError, match=name):
+        s.generate(5, **kwargs)
+    assert len(list(s.generate(3, top_p=1, top_k=0, min_p=0))) <= 3  # the edges are valid: "off"
+
+
 def test_stop_strings_end_generation_and_are_removed(tiny_context):
     s = tiny_context.session()
     s.append_text(PROMPT)

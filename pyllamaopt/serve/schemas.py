@@ -18,8 +18,8 @@ class _Body(BaseModel):
 
 class Sampling(_Body):
     temperature: float | None = Field(None, ge=0, description="default 0: greedy (reproducible answers)")
-    top_p: float | None = Field(None, ge=0, le=1)
-    top_k: int | None = None
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0, le=1)
     seed: int | None = Field(None, ge=0, lt=2**32 - 1)
     stop: str | list[str] | None = None
@@ -132,8 +132,8 @@ class MessagesRequest(_Body):
     system: str | list[dict[str, Any]] | None = None
     max_tokens: int = Field(ge=0)
     temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, ge=0, le=1)
-    top_k: int | None = None
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
     stop_sequences: list[str] | None = None
     stream: bool = False
     tools: list[AnthropicTool] | None = None

@@ -239,7 +239,37 @@ static void test_a_file_rewritten_with_its_mtime_restored_is_hashed_again() {
     CHECK(llama_opt_file_hash(file, dir) == llama_opt_checksum("weights v2", 10, 0));
 }
 
+static void test_permissions_and_links() {  // issue 20
+    const std::string dir = fresh_dir("kv");
+    llama_opt_persist_store store(dir);
+    const context c = make(3, 1);
+    std::string why;
+    CHECK(store.save(layout(), c.tokens, c.chain, c.rows.data(), why));
+    struct stat st;
+    CHECK(stat(dir.c_str(), &st) == 0 && (st.st_mode & 0777) == 0700);
+    const auto entries = store.list();
+    CHECK(entries.size() == 1 && stat(entries[0].path.c_str(), &st) == 0 && (st.st_mode & 0777) == 0600);
+    chmod(dir.c_str(), 0775);
+    CHECK(!llama_opt_persist_check_dir(dir, why) && why.find("chmod 700 " + dir) != std::string::npos);
+    CHECK(!store.save(layout(), c.tokens, c.chain, c.rows.data(), why));  // refused before writing
+    chmod(dir.c_str(), 0755);
+    CHECK(llama_opt_persist_check_dir(dir, why) && stat(dir.c_str(), &st) == 0 && (st.st_mode & 0777) == 0700);
+    CHECK(!llama_opt_persist_check_dir(entries[0].path, why) && why.find("not a directory") != std::string::npos);
+    const std::string target = dir + "/../outside.llkv";
+    { std::ofstream(target) << "x"; }
+    const std::string link = dir + "/zz.llkv";
+    CHECK(symlink(target.c_str(), link.c_str()) == 0);
+    bool seen = false;
+    for (const auto & e : store.list()) {
+        seen = seen || (e.path == link && e.problem == "a symbolic link (not followed)");
+    }
+    CHECK(seen);
+    CHECK(store.cleanup(0, 0) == 1);
+    CHECK(access(link.c_str(), F_OK) != 0 && access(target.c_str(), F_OK) == 0 && store.list().size() == 1);
+}
+
 int main() {
+    test_permissions_and_links();
     test_the_budget_keeps_the_entry_just_saved();
     test_a_file_rewritten_with_its_mtime_restored_is_hashed_again();
     test_file_hash_is_remembered_per_file_version();
