@@ -743,15 +743,20 @@ def test_formats():
     ({"type": "string", "format": "email"}, "format 'email'"),
     ({"type": "string", "nullable": True}, "null"),
     ({"type": "strin"}, "unknown type"),
-    ({"type": "string", "maxLenght": 3}, "unknown keyword 'maxLenght'"),
+    ({"type": "string", "maxLenght": 3}, "unknown keyword 'maxLenght' looks like a misspelling of 'maxLength'"),
+    ({"type": "object", "additonalProperties": False}, "misspelling of 'additionalProperties'"),
+    ({"anyof": [{"type": "null"}]}, "misspelling of 'anyOf'"),
+    ({"type:": "string"}, "misspelling of 'type'"),
+    ({"type": "array", "itens": {"type": "string"}}, "misspelling of 'items'"),
+    ({"type": "object", "requires": ["a"]}, "misspelling of 'required'"),
     ({"type": "number", "minimum": 0.5}, "non-integer bound"),
     ({"type": "number", "multipleOf": 0.01}, "multipleOf"),
     ({"type": "integer", "multipleOf": 2}, "multipleOf"),
     ({"type": "object", "properties": {"a": {}}, "minProperties": 1}, "minProperties"),
     ({"type": "object", "maxProperties": 2}, "maxProperties"),
-    ({"$ref": "https://example.com/s.json"}, "not a local reference"),
+    ({"$ref": "https://example.com/s.json"}, "refers to another document"),
     ({"$ref": "#/$defs/missing"}, "does not resolve"),
-    ({"$ref": "#foo"}, "anchor"),
+    ({"$ref": "#foo"}, "anchor that no subschema declares"),
     ({"enum": ["2024-01-01"], "format": "date"}, "'enum'/'const' cannot be combined with ['format']"),
     ({"enum": []}, "admits no value"),
     (False, "admits no value"),
@@ -784,6 +789,44 @@ def test_annotations_and_extensions_are_ignored():
                  "type": "object", "properties": {"a": {"type": "integer", "description": "n", "deprecated": True}},
                  "required": ["a"], "$defs": {"unused": {"pattern": "never converted"}}}
     assert json_schema_to_gbnf(annotated) == json_schema_to_gbnf(plain)
+    # keywords JSON Schema does not define are annotations (as seen in JSONSchemaBench): draft-04
+    # 'id', Snowplow's 'self', hyper-schema 'links', Kubernetes '_format', vendor keys; words that
+    # only resemble a keyword ('cost', 'note', 'form', 'href', 'ip', 'item') are not typos
+    wild = {"id": "http://example.com/s#", "self": {"vendor": "com.acme", "name": "ev", "format": "jsonschema",
+                                                     "version": "1-0-0"},
+            "links": [{"rel": "self", "href": "/a"}], "name": "n", "version": 2, "esriDocumentation": {"x": 1},
+            "type": "object", "properties": {"a": {"type": "integer", "_format": "int32", "_uniqueItems": True,
+                                                   "cost": 5, "note": "n", "form": "f", "href": "h", "ip": 1,
+                                                   "item": 2, "readonly": True, "propertyOrder": 3}},
+            "required": ["a"]}
+    assert json_schema_to_gbnf(wild) == json_schema_to_gbnf(plain)
+
+
+def test_ids_and_anchors_resolve_references():
+    base = "http://example.com/root.json"
+    draft4 = {"$schema": "http://json-schema.org/draft-04/schema#", "id": base, "type": "object",
+              "definitions": {"a": {"id": "a.json", "type": "integer"}, "b": {"id": "#bee", "type": "boolean"}},
+              "properties": {"x": {"$ref": "a.json"}, "y": {"$ref": "#bee"}, "z": {"$ref": base + "#/definitions/a"},
+                             "w": {"$ref": "http://example.com/a.json"}},
+              "required": ["x", "y", "z", "w"]}
+    assert accepts(draft4, '{"x":1,"y":true,"z":2,"w":3}') and not accepts(draft4, '{"x":"1","y":true,"z":2,"w":3}')
+    modern = {"$id": "https://example.com/schemas/order", "type": "array",
+              "$defs": {"item": {"$anchor": "item", "type": "string", "maxLength": 2},
+                        "nested": {"$id": "nested/", "$defs": {"n": {"$anchor": "n", "const": 7}}}},
+              "prefixItems": [{"$ref": "#item"}, {"$ref": "nested/#n"}, {"$ref": "/schemas/order#/$defs/item"}],
+              "items": False}
+    assert accepts(modern, '["ab",7,"c"]') and not accepts(modern, '["abc",7,"c"]')
+    assert not accepts(modern, '["ab",8,"c"]')
+    draft7 = {"definitions": {"c": {"$id": "#cee", "type": "null"}}, "$ref": "#cee"}
+    assert accepts(draft7, "null") and not accepts(draft7, "1")
+    # an identifier inside data (an enum value, an example) is not a schema's
+    data = {"$defs": {"e": {"enum": [{"$id": "#fake", "v": 1}]}, "t": {"const": 1}},
+            "anyOf": [{"$ref": "#/$defs/e"}, {"$ref": "#/$defs/t"}], "examples": [{"$anchor": "fake"}]}
+    assert accepts(data, '{"$id":"#fake","v":1}') and accepts(data, "1")
+    with pytest.raises(GrammarError, match="anchor that no subschema declares"):
+        json_schema_to_gbnf({"examples": [{"$anchor": "fake"}], "$ref": "#fake"})
+    with pytest.raises(GrammarError, match="another document"):
+        json_schema_to_gbnf({"$id": "http://example.com/a", "$ref": "http://example.com/b"})
 
 
 def test_unsatisfiable_branches_are_dropped_not_errors():

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..errors import GrammarError
 from .json_values import _ALL_KINDS, _json_key, _json_kind
-from .schema import (_ANNOTATIONS, _TYPES, _Unsat, _check_keywords, _err, _kinds_of_type, _resolve,
+from .schema import (_TYPES, _constrains, _Unsat, _check_keywords, _err, _kinds_of_type, _resolve,
                      _schema_types)
 
 
@@ -24,7 +24,7 @@ def _flatten_all_of(root: Any, schema: Any, path: str, out: list, refs: tuple, t
                 raise _err(path, f"'{key}' inside 'allOf' (or beside '$ref') is not supported: it "
                                  "would forbid what the other members allow; move it to the "
                                  "schema that holds the 'allOf'")
-    rest = {k: v for k, v in schema.items() if k not in ("allOf", "$ref") and k not in _ANNOTATIONS}
+    rest = {k: v for k, v in schema.items() if k not in ("allOf", "$ref") and _constrains(k)}
     if "$ref" in schema:
         ref = schema["$ref"]
         if ref in refs:

@@ -12,9 +12,10 @@ from .composition import _check_exclusive, _merge_all_of
 from .gbnf import EMPTY, Node, _alt, _gbnf_char, _is_atom, _lit, _opt, _r, _seq
 from .json_values import _json_key, _json_kind, _json_text
 from .numbers import MAX_EXP_DIGITS, MAX_INT_DIGITS, _INT_MAX, _frac_opt, _int_range, _magnitudes, _uint
+from .refs import local_refs
 from .rules import _Rules
-from .schema import (_ANNOTATIONS, _ARRAY_KEYWORDS, _NUMBER_KEYWORDS, _OBJECT_KEYWORDS, _STRING_KEYWORDS,
-                     _VALUE_CHECKS, _Unsat, _as_count, _as_number, _bounds, _check_keywords, _err,
+from .schema import (_ARRAY_KEYWORDS, _NUMBER_KEYWORDS, _OBJECT_KEYWORDS, _STRING_KEYWORDS,
+                     _VALUE_CHECKS, _Unsat, _as_count, _as_number, _bounds, _check_keywords, _constrains, _err,
                      _kinds_of_type, _pointer_escape, _resolve, _schema_types, _value_ok)
 
 #: compact=False: at most this many whitespace characters between two tokens
@@ -114,7 +115,7 @@ class _Converter(_Rules):
         _check_keywords(schema, path)
         if "$ref" in schema:
             ref = schema["$ref"]
-            rest = {k: v for k, v in schema.items() if k != "$ref" and k not in _ANNOTATIONS}
+            rest = {k: v for k, v in schema.items() if k != "$ref" and _constrains(k)}
             if rest:  # constraints beside $ref apply as well
                 # (they stay the containing schema: unevaluatedProperties sees through the allOf)
                 return self.gen({**rest, "allOf": [{"$ref": ref}, *rest.get("allOf", ())]}, hint, path)
@@ -180,7 +181,7 @@ class _Converter(_Rules):
     def gen_alternatives(self, schema: dict, key: str, hint: str, path: str) -> Node:
         alts = schema[key]
         rest = {k: v for k, v in schema.items() if k != key}
-        constrained = any(k not in _ANNOTATIONS for k in rest)
+        constrained = any(_constrains(k) for k in rest)
         if constrained:  # S and (A or B) = (S and A) or (S and B)
             alts = [{**rest, "allOf": [a, *rest.get("allOf", ())]} for a in alts]
         if key == "oneOf":
@@ -200,7 +201,7 @@ class _Converter(_Rules):
     # ---- enum / const
 
     def gen_enum(self, schema: dict, hint: str, path: str) -> Node:
-        others = [k for k in schema if k not in ("enum", "const", "type") and k not in _ANNOTATIONS
+        others = [k for k in schema if k not in ("enum", "const", "type") and _constrains(k)
                   and k not in _VALUE_CHECKS]
         if others:
             raise _err(path, f"'enum'/'const' cannot be combined with {others}: list only the values that "
@@ -515,6 +516,7 @@ def json_schema_to_gbnf(schema: Union[dict, bool], *, compact: bool = True) -> s
     """
     if not isinstance(schema, (dict, bool)):
         raise GrammarError(f"a JSON Schema must be a dict or a bool, got {type(schema).__name__}")
+    schema = local_refs(schema)
     conv = _Converter(schema, bool(compact))
     try:
         name = conv.alloc("root")

@@ -12,11 +12,13 @@ from ..errors import GrammarError
 from .json_values import _json_kind
 
 
-# keywords that only annotate: ignored
+# keywords that only annotate (known to JSON Schema or common in the wild): ignored. Any other
+# keyword not in _SUPPORTED / _UNSUPPORTED is an annotation too (JSON Schema: unknown keywords
+# are annotations), unless it looks like a typo of a keyword that constrains (_typo_of).
 
 
 _ANNOTATIONS = frozenset({
-    "title", "description", "examples", "example", "default", "$schema", "$id", "$comment",
+    "title", "description", "examples", "example", "default", "$schema", "$id", "id", "$comment",
     "deprecated", "readOnly", "writeOnly", "discriminator", "contentMediaType", "contentEncoding",
     "contentSchema", "$anchor", "$dynamicAnchor", "$recursiveAnchor", "$vocabulary", "$defs",
     "definitions",
@@ -53,6 +55,50 @@ _UNSUPPORTED = {
     "$recursiveRef": "use a plain '$ref' to '#/$defs/...'",
     "nullable": "this is OpenAPI 3.0, not JSON Schema: write \"type\": [..., \"null\"]",
 }
+
+
+def _constrains(key: str) -> bool:
+    """Whether a keyword constrains the value (else it annotates, and is ignored)."""
+    return key in _SUPPORTED or key in _UNSUPPORTED
+
+
+def _osa_distance(a: str, b: str) -> int:
+    """Edit distance with adjacent transpositions (optimal string alignment)."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[-1]
+
+
+def _typo_of(key: str) -> str | None:
+    """The constraining keyword ``key`` is likely a misspelling of, if any: the same but for
+    case or a trailing ':' / '"' / space; for keywords of 6 or 7 letters one edit away, for
+    longer ones two (an edit: a letter inserted, dropped, changed, or two swapped); for 5-letter
+    ones (items, const) one edit but no letter dropped (`cost` is a word); for short ones (type,
+    enum, not, if...) only two letters swapped. Keys starting with '_', '$', '@' or
+    'x-' are deliberate extensions, never typos."""
+    if key[:1] in ("_", "$", "@") or key.startswith("x-"):
+        return None
+    bare = key.rstrip(': "')
+    for word in sorted(_SUPPORTED | set(_UNSUPPORTED)):
+        if word.startswith("$"):
+            continue
+        if bare.lower() == word.lower():
+            return word
+        n = len(word)
+        if n <= 4:
+            if len(bare) == n and sorted(bare) == sorted(word) and _osa_distance(bare, word) == 1:
+                return word
+        elif (n > 5 or len(bare) >= n) and abs(len(bare) - n) <= 2 \
+                and _osa_distance(bare, word) <= (1 if n <= 7 else 2):
+            return word
+    return None
 
 
 _OBJECT_KEYWORDS = ("properties", "required", "additionalProperties", "unevaluatedProperties",
@@ -118,12 +164,14 @@ def _check_keywords(schema: dict, path: str) -> None:
     for key in schema:
         if not isinstance(key, str):
             raise _err(path, f"keyword {key!r} is not a string")
-        if key in _ANNOTATIONS or key in _SUPPORTED or key.startswith("x-"):
+        if key in _SUPPORTED or key in _ANNOTATIONS:
             continue
         if key in _UNSUPPORTED:
             raise _err(path, f"keyword '{key}' is not supported: {_UNSUPPORTED[key]}")
-        raise _err(path, f"unknown keyword '{key}': the converter cannot tell whether it constrains "
-                         "the value. Remove it (or prefix it with 'x-' if it only annotates)")
+        meant = _typo_of(key)
+        if meant is not None:
+            raise _err(path, f"unknown keyword '{key}' looks like a misspelling of '{meant}', which would "
+                             f"then not be enforced: correct it (or prefix it with 'x-' if it only annotates)")
     for key in ("anyOf", "oneOf", "allOf"):
         if key in schema and (not isinstance(schema[key], list) or not schema[key]):
             raise _err(path, f"'{key}' must be a non-empty list of schemas")
@@ -156,13 +204,13 @@ def _resolve(root: Any, ref: Any, path: str) -> Any:
     if not isinstance(ref, str):
         raise _err(path, f"'$ref' must be a string, got {ref!r}")
     if not ref.startswith("#"):
-        raise _err(path, f"'$ref': {ref!r} is not a local reference; only references into the same "
-                         "schema ('#/$defs/Name', '#/definitions/Name', '#') are supported: inline the "
-                         "referenced schema under '$defs'")
+        raise _err(path, f"'$ref': {ref!r} refers to another document; only references into the same "
+                         "schema are resolved ('#/$defs/Name', '#anchor', or a '$id' the schema declares): "
+                         "inline the referenced schema under '$defs'")
     fragment = unquote(ref[1:])
     if fragment and not fragment.startswith("/"):
-        raise _err(path, f"'$ref': {ref!r} names an anchor; anchors are not supported, use a JSON "
-                         "pointer such as '#/$defs/Name'")
+        raise _err(path, f"'$ref': {ref!r} names an anchor that no subschema declares ('$anchor', or "
+                         "'$id'/'id' \"#name\"); declare it or use a JSON pointer such as '#/$defs/Name'")
     node: Any = root
     for part in fragment.split("/")[1:] if fragment else []:
         part = part.replace("~1", "/").replace("~0", "~")
