@@ -28,6 +28,8 @@ from .errors import (
     PyllamaoptError,
     SessionClosedError,
     SessionEvictedError,
+    UnenforceableSchemaError,
+    UnsupportedRegexError,
 )
 from .model import Model
 from .persist import PersistEntry, PersistStore
@@ -49,5 +51,5 @@ __all__ = [
     "ChatTemplateError", "ConfigError", "ContextOverflowError", "DecodeError", "DeltaError", "FeatureUnavailableError",
     "GrammarError",
     "InvalidArgumentError", "InvalidTokenError", "ModelLoadError", "ModelNotFoundError", "PyllamaoptError",
-    "SessionClosedError", "SessionEvictedError",
+    "SessionClosedError", "SessionEvictedError", "UnenforceableSchemaError", "UnsupportedRegexError",
 ]

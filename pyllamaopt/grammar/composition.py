@@ -98,6 +98,8 @@ def _merge_all_of(root: Any, schema: dict, path: str) -> dict:
                 merged[key] = max(old, value) if key == "exclusiveMinimum" else min(old, value)
             elif key in ("unevaluatedProperties", "unevaluatedItems"):
                 merged[key] = {"allOf": [old, value]}
+            elif key == "patternProperties" and isinstance(old, dict) and isinstance(value, dict):
+                merged[key] = {**old, **{k: _all_of([old[k], v]) if k in old else v for k, v in value.items()}}
             elif key == "uniqueItems":
                 merged[key] = old or value
             elif _json_key(old) != _json_key(value):

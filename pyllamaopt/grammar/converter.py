@@ -3,16 +3,18 @@ grammar; and json_schema_to_gbnf, the entry point."""
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 from typing import Any, Union
 from urllib.parse import unquote
 
-from ..errors import GrammarError
-from .composition import _check_exclusive, _merge_all_of
+from ..errors import GrammarError, UnenforceableSchemaError, UnsupportedRegexError
+from .composition import _all_of, _check_exclusive, _merge_all_of
 from .gbnf import EMPTY, Node, _alt, _gbnf_char, _is_atom, _lit, _opt, _r, _seq
 from .json_values import _json_key, _json_kind, _json_text
 from .numbers import MAX_EXP_DIGITS, MAX_INT_DIGITS, _INT_MAX, _frac_opt, _int_range, _magnitudes, _uint
 from .refs import local_refs
+from .regex import Regex, may_overlap, parse_regex, regex_node
 from .rules import _Rules
 from .schema import (_ARRAY_KEYWORDS, _NUMBER_KEYWORDS, _OBJECT_KEYWORDS, _STRING_KEYWORDS,
                      _VALUE_CHECKS, _Unsat, _as_count, _as_number, _bounds, _check_keywords, _constrains, _err,
@@ -206,6 +208,8 @@ class _Converter(_Rules):
         if others:
             raise _err(path, f"'enum'/'const' cannot be combined with {others}: list only the values that "
                              "satisfy the other keywords")
+        if "pattern" in schema:
+            self.regex(schema["pattern"], path, "pattern")  # parsed here: an error names the place
         if "const" in schema:
             values = [schema["const"]]
             if "enum" in schema:
@@ -254,6 +258,20 @@ class _Converter(_Rules):
         if hi is not None and hi < lo:
             raise _Unsat(path, f"maxLength {hi} < minLength {lo}")
         fmt = schema.get("format")
+        if "pattern" in schema:
+            if fmt is not None:
+                raise _err(path, f"'pattern' and 'format' {fmt!r} together cannot be expressed (a grammar for "
+                                 "the strings matching both is not built): keep one of them")
+            regex = self.regex(schema["pattern"], path, "pattern")
+            if not regex.admits_length(lo, hi):
+                raise _Unsat(path, f"'pattern' {regex.source!r} matches no string of {lo} to {hi} characters")
+            node = regex_node(regex, lo, hi, self.rep, self.define, hint)
+            if node is None:
+                raise UnenforceableSchemaError(
+                    f"JSON Schema at {path}: 'pattern' {regex.source!r} cannot be combined with minLength/"
+                    f"maxLength ({lo}..{hi}): the converter fits lengths only by changing the counts of "
+                    "repetitions; write the length into the pattern ('[a-z]{1,8}') instead", "pattern", path)
+            return self.define(hint, node)
         if fmt is not None:
             if fmt not in SUPPORTED_FORMATS:
                 raise _err(path, f"format {fmt!r} is not supported (supported: {', '.join(SUPPORTED_FORMATS)}); "
@@ -352,20 +370,31 @@ class _Converter(_Rules):
             raise _Unsat(path, "no number lies between minimum and maximum")
         return self.define(hint, _alt(*alts))
 
+    def regex(self, pattern: Any, path: str, keyword: str) -> Regex:
+        try:
+            return parse_regex(pattern)
+        except UnsupportedRegexError as e:
+            raise UnsupportedRegexError(f"JSON Schema at {path}: {e}", e.construct, keyword, path) from None
+
     # ---- objects
 
     def gen_object(self, schema: dict, hint: str, path: str) -> Node:
         props = schema.get("properties", {})
         required = schema.get("required", [])
+        patterns = [(self.regex(p, f"{path}/patternProperties", "patternProperties"), sub)
+                    for p, sub in schema.get("patternProperties", {}).items()]
         addl = schema.get("additionalProperties")
         if addl is None:
             addl = schema.get("unevaluatedProperties")
         if addl is None:  # absent: none when properties are listed (canonical form), else anything
-            addl = False if "properties" in schema else True
+            addl = False if "properties" in schema or patterns else True
         names = list(props) + [r for r in required if r not in props]
         fields: list[tuple[Node, bool]] = []
         for name in names:
-            sub = props[name] if name in props else addl
+            # a declared name is checked by its properties schema and by every pattern it matches;
+            # additionalProperties only applies to names that are neither
+            matching = [sub for rx, sub in patterns if re.search(rx.python(), name)]
+            sub = _all_of([props[name] if name in props else (True if matching else addl), *matching])
             is_req = name in required
             sub_path = f"{path}/properties/{_pointer_escape(name)}"
             try:
@@ -375,15 +404,18 @@ class _Converter(_Rules):
                     raise _Unsat(sub_path, f"required property {name!r} admits no value ({e})") from None
                 continue
             fields.append((_seq(_lit(_json_text(name)), self.colon(), value), is_req))
-        extra: Node | None = None
-        if addl is not False:
+        extras: list[Node] = []
+        if patterns:
+            extras = self.pattern_extras(patterns, names, hint, path)
+        elif addl is not False:
             try:
                 value = self.gen(addl, f"{hint}-value", f"{path}/additionalProperties")
             except _Unsat:
                 pass  # no value is allowed: no other properties
             else:
                 key = self.key_excluding(names, f"{hint}-key") if names else self.string()
-                extra = self.simple(_seq(key, self.colon(), value), f"{hint}-extra")
+                extras.append(_seq(key, self.colon(), value))
+        extra = self.simple(_alt(*extras), f"{hint}-extra") if extras else None
         n_req = sum(1 for _, r in fields if r)
         if "minProperties" in schema:
             m = _as_count(schema["minProperties"], path, "minProperties")
@@ -399,6 +431,33 @@ class _Converter(_Rules):
                                  "properties); drop it, or set 'additionalProperties': false and list at "
                                  f"most {m} properties")
         return self.define(hint, self.object_body(fields, extra, hint))
+
+    def pattern_extras(self, patterns: list[tuple[Regex, Any]], names: list[str], hint: str, path: str
+                       ) -> list[Node]:
+        """The other properties an object with patternProperties has: for each pattern, keys that
+        match it, with values of its schema and of the schemas of the patterns the key may match
+        too. Keys that match no pattern are not produced (a narrowing, whatever
+        additionalProperties says), nor keys of a pattern that a declared name also matches
+        (unless every key matches it): they could repeat a declared key."""
+        out = []
+        for i, (rx, sub) in enumerate(patterns):
+            if rx.universal:
+                key = self.key_excluding(names, f"{hint}-key") if names else self.string()
+            elif any(re.search(rx.python(), n) for n in names):
+                continue
+            else:
+                found = regex_node(rx, 0, None, self.rep, self.define, f"{hint}-key")
+                if found is None:
+                    continue
+                key = found
+            others = [s for j, (ry, s) in enumerate(patterns) if j != i and may_overlap(rx, ry)]
+            try:
+                value = self.gen(_all_of([sub, *others]), f"{hint}-value",
+                                 f"{path}/patternProperties/{_pointer_escape(rx.source)}")
+            except _Unsat:
+                continue
+            out.append(_seq(key, self.colon(), value))
+        return out
 
     def object_body(self, fields: list[tuple[Node, bool]], extra: Node | None, hint: str) -> Node:
         comma = self.comma()

@@ -4,12 +4,14 @@ errors."""
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 from typing import Any
 from urllib.parse import unquote
 
 from ..errors import GrammarError
 from .json_values import _json_kind
+from .regex import parse_regex
 
 
 # keywords that only annotate (known to JSON Schema or common in the wild): ignored. Any other
@@ -30,6 +32,7 @@ _SUPPORTED = frozenset({
     "minProperties", "maxProperties", "items", "prefixItems", "additionalItems", "unevaluatedItems",
     "minItems", "maxItems", "uniqueItems", "anyOf", "oneOf", "allOf", "$ref", "minLength",
     "maxLength", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+    "pattern", "patternProperties",
 })
 
 
@@ -37,10 +40,6 @@ _SUPPORTED = frozenset({
 
 
 _UNSUPPORTED = {
-    "pattern": "regular expressions are not converted; drop 'pattern' and check the string after "
-               "generation, or list the allowed values with 'enum'",
-    "patternProperties": "drop it and list the keys under 'properties', or use 'additionalProperties' "
-                         "with a schema",
     "propertyNames": "drop it and list the keys under 'properties'",
     "dependentRequired": "make the properties required, or split the alternatives with 'anyOf'",
     "dependentSchemas": "split the alternatives with 'anyOf'",
@@ -102,14 +101,14 @@ def _typo_of(key: str) -> str | None:
 
 
 _OBJECT_KEYWORDS = ("properties", "required", "additionalProperties", "unevaluatedProperties",
-                    "minProperties", "maxProperties")
+                    "minProperties", "maxProperties", "patternProperties")
 
 
 _ARRAY_KEYWORDS = ("items", "prefixItems", "additionalItems", "unevaluatedItems", "minItems", "maxItems",
                    "uniqueItems")
 
 
-_STRING_KEYWORDS = ("minLength", "maxLength", "format")
+_STRING_KEYWORDS = ("minLength", "maxLength", "format", "pattern")
 
 
 _NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
@@ -181,6 +180,9 @@ def _check_keywords(schema: dict, path: str) -> None:
         req = schema["required"]
         if not isinstance(req, list) or any(not isinstance(x, str) for x in req) or len(set(req)) != len(req):
             raise _err(path, "'required' must be a list of distinct property names")
+    if "patternProperties" in schema and (not isinstance(schema["patternProperties"], dict)
+                                          or any(not isinstance(k, str) for k in schema["patternProperties"])):
+        raise _err(path, "'patternProperties' must be an object mapping regular expressions to schemas")
     if "properties" in schema and (not isinstance(schema["properties"], dict)
                                    or any(not isinstance(k, str) for k in schema["properties"])):
         raise _err(path, "'properties' must be an object mapping names to schemas")
@@ -260,7 +262,7 @@ def _bounds(schema: dict, path: str) -> tuple:
 
 
 _VALUE_CHECKS = frozenset({"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
-                           "required", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+                           "required", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "pattern"})
 
 
 def _value_ok(v: Any, schema: dict, path: str) -> bool:
@@ -268,6 +270,8 @@ def _value_ok(v: Any, schema: dict, path: str) -> bool:
     kind = _json_kind(v)
     if kind == "string":
         n = len(v)
+        if "pattern" in schema and not re.search(parse_regex(schema["pattern"]).python(), v):
+            return False
         return schema.get("minLength", 0) <= n and ("maxLength" not in schema or n <= schema["maxLength"])
     if kind == "array":
         n = len(v)
