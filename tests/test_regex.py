@@ -173,3 +173,64 @@ def test_pattern_properties_in_the_wild():
               "patternProperties": {"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$": {"type": "string", "maxLength": 4}},
               "additionalProperties": False}
     check_sound(labels)
+
+
+# --------------------------------------------------------------------------------------
+# formats (pyllamaopt/grammar/formats.py): what the grammar produces passes jsonschema's format
+# checks (jsonschema[format]: rfc3987, fqdn, rfc3339-validator, isoduration, ipaddress...)
+
+FORMAT_CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
+FORMAT_EXAMPLES = {
+    "date": (["2024-02-29", "0001-01-01"], ["2023-02-29", "2024-13-01", "24-01-01"]),
+    "time": (["23:59:59Z", "00:00:00.5+05:30"], ["24:00:00Z", "12:00:00"]),
+    "date-time": (["2025-03-14T10:00:00Z"], ["2025-03-14 10:00:00Z", "2025-03-14T10:00:00"]),
+    "duration": (["P1D", "PT1H30M", "P1Y2M3DT4H5M6S", "P3W"], ["P", "PT", "P1H", "1D", "P1DT"]),
+    "uuid": (["123e4567-e89b-12d3-a456-426614174000"], ["123e4567e89b12d3a456426614174000"]),
+    "ipv4": (["192.168.0.1", "0.0.0.0", "255.255.255.255"], ["256.1.1.1", "01.1.1.1", "1.2.3"]),
+    "ipv6": (["::", "::1", "fe80::1", "2001:db8::8a2e:370:7334", "::ffff:192.0.2.1", "1:2:3:4:5:6:7:8"],
+             ["1:2:3:4:5:6:7:8:9", ":1", "1::2::3", "12345::"]),
+    "hostname": (["example.com", "a", "x-1.y"], ["-a.com", "a..b", "a_b.com", "a-.com"]),
+    "email": (["joe.bloggs@example.com", "a+b@x"], ["joe", "@x.com", "a@b@c", "a..b@x"]),
+    "uri": (["https://example.com/a/b?x=1#f", "urn:isbn:0451450523", "mailto:a@b.c", "http://[::1]:8080/"],
+            ["//example.com", "example.com", "http://a b", "1http://x"]),
+    "uri-reference": (["/a/b", "../x", "https://x.org", "?q=1", ""], ["a b", "%zz"]),
+    "json-pointer": (["", "/a/0", "/~0~1"], ["a", "/~2"]),
+    "relative-json-pointer": (["0", "1/a", "2#"], ["-1", "01", "/a"]),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMAT_EXAMPLES))
+def test_formats_produce_valid_strings(fmt):
+    schema = {"type": "string", "format": fmt}
+    g = grammar(schema)
+    good, bad = FORMAT_EXAMPLES[fmt]
+    for text in good:
+        assert g.matches(dumps(text)), text
+    for text in bad:
+        assert not g.matches(dumps(text)), text
+    rnd = random.Random(fmt)
+    for _ in range(60):
+        value = json.loads(g.sample(rnd, budget=rnd.choice([20, 60, 200])))
+        jsonschema.validate(value, schema, format_checker=FORMAT_CHECKER)
+    for bounds in ({"maxLength": 20}, {"minLength": 12, "maxLength": 30}):
+        try:
+            bounded = grammar({**schema, **bounds})
+        except GrammarError:
+            continue  # a format whose strings cannot be fitted to these lengths
+        for _ in range(20):
+            value = json.loads(bounded.sample(rnd, budget=rnd.choice([20, 60, 200])))
+            jsonschema.validate(value, {**schema, **bounds}, format_checker=FORMAT_CHECKER)
+
+
+def test_format_aliases_and_annotations():
+    # a format whose strings include another's uses the other's grammar; "url" is read as "uri"
+    assert json_schema_to_gbnf({"type": "string", "format": "iri"}) == json_schema_to_gbnf(
+        {"type": "string", "format": "uri"})
+    assert json_schema_to_gbnf({"type": "string", "format": "url"}) == json_schema_to_gbnf(
+        {"type": "string", "format": "uri"})
+    # a format JSON Schema does not define only annotates
+    for fmt in ("int32", "path", "topic", "byte"):
+        assert json_schema_to_gbnf({"type": "string", "format": fmt}) == json_schema_to_gbnf({"type": "string"})
+    # enum values are filtered by the format
+    g = grammar({"enum": ["2024-01-01", "soon", 1], "format": "date"})
+    assert g.matches('"2024-01-01"') and g.matches("1") and not g.matches('"soon"')

@@ -10,6 +10,8 @@ from urllib.parse import unquote
 
 from ..errors import GrammarError, UnenforceableSchemaError, UnsupportedRegexError
 from .composition import _all_of, _check_exclusive, _merge_all_of
+from .formats import ALIASES, FORMATS, format_pattern
+from .formats import UNENFORCEABLE as UNENFORCEABLE_FORMATS
 from .gbnf import EMPTY, Node, _alt, _gbnf_char, _is_atom, _lit, _opt, _r, _seq
 from .json_values import _json_key, _json_kind, _json_text
 from .numbers import MAX_EXP_DIGITS, MAX_INT_DIGITS, _INT_MAX, _frac_opt, _int_range, _magnitudes, _uint
@@ -22,8 +24,8 @@ from .schema import (_ARRAY_KEYWORDS, _NUMBER_KEYWORDS, _OBJECT_KEYWORDS, _STRIN
 
 #: compact=False: at most this many whitespace characters between two tokens
 MAX_WS = 24
-#: string formats with a precise grammar
-SUPPORTED_FORMATS = ("date", "time", "date-time", "uuid")
+#: string formats with a grammar (a canonical subset of their strings: formats.py)
+SUPPORTED_FORMATS = tuple(sorted({*FORMATS, *ALIASES}))
 _HEX = "[0-9a-fA-F]"
 
 
@@ -34,6 +36,7 @@ class _Converter(_Rules):
         self.compact = compact
         self.ref_rules: dict[str, str] = {}
         self.unsat_refs: dict[str, str] = {}
+        self.regex_nodes: dict[tuple, Node | None] = {}
 
     # ---- whitespace and punctuation
 
@@ -258,72 +261,35 @@ class _Converter(_Rules):
         if hi is not None and hi < lo:
             raise _Unsat(path, f"maxLength {hi} < minLength {lo}")
         fmt = schema.get("format")
-        if "pattern" in schema:
-            if fmt is not None:
-                raise _err(path, f"'pattern' and 'format' {fmt!r} together cannot be expressed (a grammar for "
-                                 "the strings matching both is not built): keep one of them")
-            regex = self.regex(schema["pattern"], path, "pattern")
-            if not regex.admits_length(lo, hi):
-                raise _Unsat(path, f"'pattern' {regex.source!r} matches no string of {lo} to {hi} characters")
-            node = regex_node(regex, lo, hi, self.rep, self.define, hint)
-            if node is None:
-                raise UnenforceableSchemaError(
-                    f"JSON Schema at {path}: 'pattern' {regex.source!r} cannot be combined with minLength/"
-                    f"maxLength ({lo}..{hi}): the converter fits lengths only by changing the counts of "
-                    "repetitions; write the length into the pattern ('[a-z]{1,8}') instead", "pattern", path)
-            return self.define(hint, node)
-        if fmt is not None:
-            if fmt not in SUPPORTED_FORMATS:
-                raise _err(path, f"format {fmt!r} is not supported (supported: {', '.join(SUPPORTED_FORMATS)}); "
-                                 "drop 'format' and check the value after generation")
-            fmin, fmax = {"date": (10, 10), "uuid": (36, 36), "time": (9, 24), "date-time": (20, 35)}[fmt]
-            if lo > fmin or (hi is not None and hi < fmax):
-                raise _err(path, f"minLength/maxLength cannot be combined with format {fmt!r} (its values have "
-                                 f"{fmin} to {fmax} characters); drop minLength/maxLength")
-            return self.format_rule(fmt)
-        if lo == 0 and hi is None:
-            return self.string()
-        return self.define(hint, _seq(_lit('"'), self.rep(self.char(), lo, hi, "char"), _lit('"')))
-
-    def format_rule(self, fmt: str) -> Node:
-        d, d9 = ("cls", "[0-9]"), ("cls", "[1-9]")
-
-        def date() -> Node:
-            year = _alt(_seq(d9, _r(d, 3, 3)),
-                        _seq(_lit("0"), _alt(_seq(d9, _r(d, 2, 2)),
-                                             _seq(_lit("0"), _alt(_seq(d9, d), _seq(_lit("0"), d9))))))
-            leap_yy = _alt(_seq(_lit("0"), ("cls", "[48]")), _seq(("cls", "[2468]"), ("cls", "[048]")),
-                           _seq(("cls", "[13579]"), ("cls", "[26]")))
-            leap = _alt(_seq(_r(d, 2, 2), leap_yy), _seq(leap_yy, _lit("00")))
-            d28 = _alt(_seq(_lit("0"), d9), _seq(_lit("1"), d), _seq(_lit("2"), ("cls", "[0-8]")))
-            d30 = _alt(_seq(_lit("0"), d9), _seq(("cls", "[12]"), d), _lit("30"))
-            d31 = _alt(_seq(_lit("0"), d9), _seq(("cls", "[12]"), d), _seq(_lit("3"), ("cls", "[01]")))
-            m31 = _alt(_seq(_lit("0"), ("cls", "[13578]")), _seq(_lit("1"), ("cls", "[02]")))
-            m30 = _alt(_seq(_lit("0"), ("cls", "[469]")), _lit("11"))
-            y = self.define("year", year)
-            ly = self.define("leap-year", leap)
-            return _alt(_seq(y, _lit("-"), _alt(_seq(m31, _lit("-"), d31), _seq(m30, _lit("-"), d30),
-                                                 _seq(_lit("02-"), d28))),
-                        _seq(ly, _lit("-02-29")))
-
-        def time() -> Node:
-            hour = _alt(_seq(("cls", "[01]"), d), _seq(_lit("2"), ("cls", "[0-3]")))
-            minute = _seq(("cls", "[0-5]"), d)
-            offset = _alt(_lit("Z"), _seq(("cls", "[-+]"), hour, _lit(":"), minute))
-            return _seq(hour, _lit(":"), minute, _lit(":"), minute, _opt(_seq(_lit("."), _r(d, 1, 9))), offset)
-
-        if fmt == "date":
-            return self.shared_rule("date", lambda: _seq(_lit('"'), self.shared_rule("date-value", date), _lit('"')))
-        if fmt == "time":
-            return self.shared_rule("time", lambda: _seq(_lit('"'), self.shared_rule("time-value", time), _lit('"')))
-        if fmt == "date-time":
-            return self.shared_rule("date-time", lambda: _seq(
-                _lit('"'), self.shared_rule("date-value", date), _lit("T"), self.shared_rule("time-value", time),
-                _lit('"')))
-        h = ("cls", "[0-9a-f]")
-        return self.shared_rule("uuid", lambda: _seq(
-            _lit('"'), _r(h, 8, 8), _lit("-"), _r(h, 4, 4), _lit("-"), _r(h, 4, 4), _lit("-"), _r(h, 4, 4),
-            _lit("-"), _r(h, 12, 12), _lit('"')))
+        if fmt in UNENFORCEABLE_FORMATS:
+            raise UnenforceableSchemaError(f"JSON Schema at {path}: format {fmt!r} is not produced by a grammar "
+                                           "(drop it and check the value after generation)", "format", path)
+        fmt_pattern = format_pattern(fmt)  # None: a format that only annotates
+        if "pattern" in schema and fmt_pattern is not None:
+            raise UnenforceableSchemaError(f"JSON Schema at {path}: 'pattern' and format {fmt!r} together cannot "
+                                           "be expressed (the strings matching both): keep one of them",
+                                           "format", path)
+        keyword = "pattern" if "pattern" in schema else "format"
+        source = schema["pattern"] if "pattern" in schema else fmt_pattern
+        if source is None:
+            if lo == 0 and hi is None:
+                return self.string()
+            return self.define(hint, _seq(_lit('"'), self.rep(self.char(), lo, hi, "char"), _lit('"')))
+        regex = self.regex(source, path, keyword)
+        what = f"'pattern' {source!r}" if keyword == "pattern" else f"format {fmt!r}"
+        if not regex.admits_length(lo, hi):
+            raise _Unsat(path, f"{what} matches no string of {lo} to {hi} characters")
+        name = hint if keyword == "pattern" else ALIASES.get(str(fmt), str(fmt))
+        key = (source, lo, hi, name)
+        if key not in self.regex_nodes:  # the same pattern or format again: the same rules
+            self.regex_nodes[key] = regex_node(regex, lo, hi, self.rep, self.define, name)
+        node = self.regex_nodes[key]
+        if node is None:
+            raise UnenforceableSchemaError(
+                f"JSON Schema at {path}: {what} cannot be combined with minLength/maxLength ({lo}..{hi}): the "
+                "converter fits lengths only by changing the counts of repetitions; write the length into the "
+                "pattern ('[a-z]{1,8}') instead", keyword, path)
+        return self.define(name, node)
 
     def gen_number(self, t: str, schema: dict, hint: str, path: str) -> Node:
         lo, hi = _bounds(schema, path)

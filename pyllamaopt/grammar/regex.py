@@ -569,6 +569,7 @@ def _class_text(ranges: Ranges) -> str:
     return f"[{body(ranges)}]"
 
 
+@functools.lru_cache(maxsize=4096)
 def json_char_node(ranges: Ranges) -> Node:
     """The JSON string spellings of one character of the set: the character itself, or, for
     '"', '\\' and control characters, its escape (one canonical spelling each: the short

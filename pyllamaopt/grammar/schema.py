@@ -11,6 +11,7 @@ from urllib.parse import unquote
 
 from ..errors import GrammarError
 from .json_values import _json_kind
+from .formats import format_pattern
 from .regex import parse_regex
 
 
@@ -189,6 +190,8 @@ def _check_keywords(schema: dict, path: str) -> None:
     for key in ("additionalProperties", "unevaluatedProperties", "additionalItems", "unevaluatedItems"):
         if key in schema and not isinstance(schema[key], (bool, dict)):
             raise _err(path, f"'{key}' must be a schema (an object or a boolean)")
+    if "format" in schema and not isinstance(schema["format"], str):
+        raise _err(path, f"'format' must be a string, got {schema['format']!r}")
     if "uniqueItems" in schema and not isinstance(schema["uniqueItems"], bool):
         raise _err(path, "'uniqueItems' must be a boolean")
     for key in ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"):
@@ -262,7 +265,8 @@ def _bounds(schema: dict, path: str) -> tuple:
 
 
 _VALUE_CHECKS = frozenset({"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
-                           "required", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "pattern"})
+                           "required", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "pattern",
+                           "format"})
 
 
 def _value_ok(v: Any, schema: dict, path: str) -> bool:
@@ -270,8 +274,9 @@ def _value_ok(v: Any, schema: dict, path: str) -> bool:
     kind = _json_kind(v)
     if kind == "string":
         n = len(v)
-        if "pattern" in schema and not re.search(parse_regex(schema["pattern"]).python(), v):
-            return False
+        for source in (schema.get("pattern"), format_pattern(schema.get("format"))):
+            if source is not None and not re.search(parse_regex(source).python(), v):
+                return False
         return schema.get("minLength", 0) <= n and ("maxLength" not in schema or n <= schema["maxLength"])
     if kind == "array":
         n = len(v)
