@@ -855,3 +855,72 @@ def test_the_checker_refuses_what_llama_cpp_refuses():
     with pytest.raises(GBNFSyntaxError):
         parse_gbnf('root ::= ("a" "b"){3000}\n')
     assert parse_gbnf('root ::= "a"{0,2001}\n').matches("a" * 2100)  # llama.cpp: n > 2000 means unbounded
+
+
+# --------------------------------------------------------------------------------------
+# strict=False: what a grammar cannot enforce is left out (and listed), the rest is enforced
+
+RELAXABLE = [  # (schema, the keyword left out, the schema without it: what the grammar enforces)
+    ({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3}, "uniqueItems": True, "maxItems": 3},
+     "uniqueItems", {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3}, "maxItems": 3}),
+    ({"oneOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 3}]}, "oneOf",
+     {"anyOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 3}]}),
+    ({"type": "object", "properties": {"a": {"type": "boolean"}}, "not": {"required": ["a"]}}, "not",
+     {"type": "object", "properties": {"a": {"type": "boolean"}}}),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "dependentRequired": {"a": ["b"]}}, "dependentRequired",
+     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}),
+    ({"type": "number", "minimum": 0.5, "maximum": 3}, "minimum", {"type": "number", "minimum": 0, "maximum": 3}),
+    ({"type": "number", "minimum": 0, "maximum": 9, "multipleOf": 0.25}, "multipleOf",
+     {"type": "number", "minimum": 0, "maximum": 9}),
+    ({"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}}, "minProperties": 1},
+     "minProperties", {"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}}}),
+    ({"type": "string", "pattern": "^(?!x)[a-z]{1,4}$"}, "pattern", {"type": "string"}),
+    ({"type": "string", "format": "email", "pattern": "^[a-z]+$"}, "format", {"type": "string", "pattern": "^[a-z]+$"}),
+    ({"type": "string", "format": "uri-template"}, "format", {"type": "string"}),
+    ({"type": "object", "properties": {"x": {"$ref": "https://example.com/other.json"}}, "required": ["x"]}, "$ref",
+     {"type": "object", "properties": {"x": True}, "required": ["x"]}),
+    ({"enum": [[1, 2], [3]], "items": {"maximum": 2}}, "items", {"enum": [[1, 2], [3]]}),
+    ({"type": "string", "pattern": "^(?:a|bc)$", "minLength": 2}, "pattern", {"type": "string", "pattern": "^(?:a|bc)$"}),
+]
+
+
+@pytest.mark.parametrize("schema, keyword, enforced", RELAXABLE, ids=[k for _, k, _ in RELAXABLE])
+def test_strict_refuses_and_non_strict_relaxes(schema, keyword, enforced):
+    import jsonschema
+
+    from pyllamaopt.errors import UnenforceableSchemaError
+    from pyllamaopt.grammar import compile_json_schema
+
+    with pytest.raises(UnenforceableSchemaError) as info:
+        compile_json_schema(schema)
+    assert info.value.keyword == keyword and info.value.path is not None
+    relaxed = compile_json_schema(schema, strict=False)
+    assert not relaxed.exact and [r.keyword for r in relaxed.relaxed] == [keyword]
+    assert relaxed.relaxed[0].reason == str(info.value)
+    g = parse_gbnf(relaxed.gbnf)
+    full = jsonschema.Draft202012Validator(schema)
+    rnd = random.Random(keyword)
+    for _ in range(30):
+        text = g.sample(rnd, budget=rnd.choice([20, 60, 150]))
+        jsonschema.validate(json.loads(text), enforced)  # everything else is enforced
+        check = relaxed.check(text)
+        if keyword == "$ref":
+            assert check.valid is None and "could not be checked" in check.error  # jsonschema cannot either
+        elif keyword != "format":  # (jsonschema's check of these formats is covered in test_regex.py)
+            assert check.valid == full.is_valid(json.loads(text)), text
+
+
+def test_non_strict_exact_schemas_are_exact():
+    from pyllamaopt.grammar import compile_json_schema
+
+    for name in NAMES:
+        compiled = compile_json_schema(BY_NAME[name], strict=False)
+        assert compiled.exact and compiled.gbnf == json_schema_to_gbnf(BY_NAME[name])
+    assert compile_json_schema({"type": "integer"}).check("12").valid is True
+    bad = compile_json_schema({"type": "integer"}).check("1.5")
+    assert bad.valid is False and "not of type 'integer'" in bad.error
+    assert compile_json_schema({"type": "integer"}).check("1 2").valid is False  # not one JSON value
+    # multipleOf on the decimal value (jsonschema alone would divide floats: 0.07 / 0.01 = 7.000000000000001)
+    assert compile_json_schema({"multipleOf": 0.01}, strict=False).check("0.07").valid is True
+    assert compile_json_schema({"multipleOf": 0.01}, strict=False).check("0.075").valid is False

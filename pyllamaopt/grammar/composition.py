@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import GrammarError
+from ..errors import GrammarError, UnenforceableSchemaError
 from .json_values import _ALL_KINDS, _json_key, _json_kind
-from .schema import (_TYPES, _constrains, _Unsat, _check_keywords, _err, _kinds_of_type, _resolve,
-                     _schema_types)
+from .schema import (_TYPES, Relax, _constrains, _raise, _Unsat, _check_keywords, _err, _kinds_of_type,
+                     _resolve, _schema_types, _unenforceable)
 
 
-def _flatten_all_of(root: Any, schema: Any, path: str, out: list, refs: tuple, top: bool) -> None:
+def _flatten_all_of(root: Any, schema: Any, path: str, out: list, refs: tuple, top: bool, relax: Relax) -> None:
     if schema is True:
         return
     if schema is False:
@@ -21,25 +21,31 @@ def _flatten_all_of(root: Any, schema: Any, path: str, out: list, refs: tuple, t
     if not top:
         for key in ("unevaluatedProperties", "unevaluatedItems"):
             if key in schema and schema[key] is not True:
-                raise _err(path, f"'{key}' inside 'allOf' (or beside '$ref') is not supported: it "
-                                 "would forbid what the other members allow; move it to the "
-                                 "schema that holds the 'allOf'")
+                relax(_unenforceable(path, key, f"'{key}' inside 'allOf' (or beside '$ref') is not supported: "
+                                                "it would forbid what the other members allow; move it to the "
+                                                "schema that holds the 'allOf'"))
+                schema = {k: v for k, v in schema.items() if k != key}
     rest = {k: v for k, v in schema.items() if k not in ("allOf", "$ref") and _constrains(k)}
     if "$ref" in schema:
         ref = schema["$ref"]
         if ref in refs:
             raise _err(path, f"'$ref' {ref!r} includes itself through 'allOf'/'$ref' without "
                              "an enclosing object or array: the schema has no finite instance")
-        _flatten_all_of(root, _resolve(root, ref, path), ref, out, refs + (ref,), False)
+        try:
+            target = _resolve(root, ref, path)
+        except UnenforceableSchemaError as e:  # another document: not checked here
+            relax(e)
+        else:
+            _flatten_all_of(root, target, ref, out, refs + (ref,), False, relax)
     for i, sub in enumerate(schema.get("allOf", ())):
-        _flatten_all_of(root, sub, f"{path}/allOf/{i}", out, refs, False)
+        _flatten_all_of(root, sub, f"{path}/allOf/{i}", out, refs, False, relax)
     if rest:
         out.append(rest)
 
 
-def _merge_all_of(root: Any, schema: dict, path: str) -> dict:
+def _merge_all_of(root: Any, schema: dict, path: str, relax: Relax = _raise) -> dict:
     parts: list[dict] = []
-    _flatten_all_of(root, schema, path, parts, (), True)
+    _flatten_all_of(root, schema, path, parts, (), True, relax)
     merged: dict[str, Any] = {}
     deferred: list[dict] = []
     obj_parts = []  # (properties, additionalProperties or True) of each member
@@ -102,9 +108,10 @@ def _merge_all_of(root: Any, schema: dict, path: str) -> dict:
                 merged[key] = {**old, **{k: _all_of([old[k], v]) if k in old else v for k, v in value.items()}}
             elif key == "uniqueItems":
                 merged[key] = old or value
-            elif _json_key(old) != _json_key(value):
-                raise _err(path, f"'allOf' members give '{key}' different values ({old!r} and {value!r}); "
-                                 "they cannot be merged: write one schema with the combined constraint")
+            elif _json_key(old) != _json_key(value):  # the first value is kept
+                relax(_unenforceable(path, key, f"'allOf' members give '{key}' different values ({old!r} and "
+                                                f"{value!r}); they cannot be merged: write one schema with the "
+                                                "combined constraint"))
     if obj_parts:
         # a key of one member is checked by the other members' properties, or else by
         # their additionalProperties (absent: anything)
@@ -146,14 +153,16 @@ def _check_exclusive(root: Any, alts: list, path: str) -> None:
                 alt = _merge_all_of(root, alt, path)
         except _Unsat:
             alt = False
+        except GrammarError:
+            alt = {}  # not merged: may overlap anything
         views.append(alt)
     for i in range(len(views)):
         for j in range(i + 1, len(views)):
             if not _disjoint(root, views[i], views[j], 0):
-                raise _err(path, f"'oneOf' alternatives {i} and {j} may both match the same value, and a "
-                                 "grammar cannot enforce 'exactly one'. Use 'anyOf' if that is acceptable, "
-                                 "or make them exclusive: different types, or a required property "
-                                 "with a different 'const'/'enum' in each")
+                raise _unenforceable(path, "oneOf", f"'oneOf' alternatives {i} and {j} may both match the same "
+                                     "value, and a grammar cannot enforce 'exactly one'. Use 'anyOf' if that is "
+                                     "acceptable, or make them exclusive: different types, or a required "
+                                     "property with a different 'const'/'enum' in each")
 
 
 def _view(root: Any, schema: Any, depth: int) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
+from dataclasses import dataclass
 from typing import Any, Union
 from urllib.parse import unquote
 
@@ -18,9 +19,10 @@ from .numbers import MAX_EXP_DIGITS, MAX_INT_DIGITS, _INT_MAX, _frac_opt, _int_r
 from .refs import local_refs
 from .regex import Regex, may_overlap, parse_regex, regex_node
 from .rules import _Rules
-from .schema import (_ARRAY_KEYWORDS, _NUMBER_KEYWORDS, _OBJECT_KEYWORDS, _STRING_KEYWORDS,
+from .schema import (_ARRAY_KEYWORDS, _NUMBER_KEYWORDS, _OBJECT_KEYWORDS, _STRING_KEYWORDS, _SUPPORTED, _UNSUPPORTED,
                      _VALUE_CHECKS, _Unsat, _as_count, _as_number, _bounds, _check_keywords, _constrains, _err,
-                     _kinds_of_type, _pointer_escape, _resolve, _schema_types, _value_ok)
+                     _kinds_of_type, _pointer_escape, _resolve, _schema_types, _unenforceable, _value_ok)
+from .validation import SchemaCheck, check_text, validator
 
 #: compact=False: at most this many whitespace characters between two tokens
 MAX_WS = 24
@@ -29,14 +31,34 @@ SUPPORTED_FORMATS = tuple(sorted({*FORMATS, *ALIASES}))
 _HEX = "[0-9a-fA-F]"
 
 
+@dataclass(frozen=True)
+class Relaxation:
+    """A constraint of the schema that the grammar does not enforce (strict=False): where it
+    is (a JSON pointer), its keyword, and why."""
+
+    path: str
+    keyword: str
+    reason: str
+
+
 class _Converter(_Rules):
-    def __init__(self, root: Any, compact: bool) -> None:
+    def __init__(self, root: Any, compact: bool, strict: bool = True) -> None:
         super().__init__()
         self.root = root
         self.compact = compact
+        self.strict = strict
+        self.relaxed: dict[tuple[str, str], Relaxation] = {}
         self.ref_rules: dict[str, str] = {}
         self.unsat_refs: dict[str, str] = {}
         self.regex_nodes: dict[tuple, Node | None] = {}
+
+    def relax(self, err: UnenforceableSchemaError) -> None:
+        """strict: refuse the constraint; else leave it to the check of the finished output."""
+        if self.strict:
+            raise err
+        key = (err.path or "#", err.keyword or "?")
+        if key not in self.relaxed:
+            self.relaxed[key] = Relaxation(key[0], key[1], str(err))
 
     # ---- whitespace and punctuation
 
@@ -118,6 +140,9 @@ class _Converter(_Rules):
         if not isinstance(schema, dict):
             raise _err(path, f"a schema must be an object or a boolean, got {type(schema).__name__}")
         _check_keywords(schema, path)
+        for key in schema:
+            if key in _UNSUPPORTED:
+                self.relax(_unenforceable(path, key, f"keyword '{key}' is not supported: {_UNSUPPORTED[key]}"))
         if "$ref" in schema:
             ref = schema["$ref"]
             rest = {k: v for k, v in schema.items() if k != "$ref" and _constrains(k)}
@@ -129,7 +154,7 @@ class _Converter(_Rules):
             if key in schema:
                 return self.gen_alternatives(schema, key, hint, path)
         if "allOf" in schema:
-            return self.gen(_merge_all_of(self.root, schema, path), hint, path)
+            return self.gen(_merge_all_of(self.root, schema, path, self.relax), hint, path)
         if "enum" in schema or "const" in schema:
             return self.gen_enum(schema, hint, path)
         types = self.types(schema, path)
@@ -164,7 +189,11 @@ class _Converter(_Rules):
     # ---- $ref
 
     def ref(self, ref: str, path: str) -> Node:
-        target = _resolve(self.root, ref, path)
+        try:
+            target = _resolve(self.root, ref, path)
+        except UnenforceableSchemaError as e:  # another document: any value, checked afterwards
+            self.relax(e)
+            return self.any_value()
         if ref in self.unsat_refs:
             raise _Unsat(path, self.unsat_refs[ref])
         if ref in self.ref_rules:
@@ -190,7 +219,10 @@ class _Converter(_Rules):
         if constrained:  # S and (A or B) = (S and A) or (S and B)
             alts = [{**rest, "allOf": [a, *rest.get("allOf", ())]} for a in alts]
         if key == "oneOf":
-            _check_exclusive(self.root, alts, path)
+            try:
+                _check_exclusive(self.root, alts, path)
+            except UnenforceableSchemaError as e:  # relaxed: as anyOf
+                self.relax(e)
         branches = []
         last: _Unsat | None = None
         for i, alt in enumerate(alts):
@@ -206,13 +238,16 @@ class _Converter(_Rules):
     # ---- enum / const
 
     def gen_enum(self, schema: dict, hint: str, path: str) -> Node:
-        others = [k for k in schema if k not in ("enum", "const", "type") and _constrains(k)
+        others = [k for k in schema if k not in ("enum", "const", "type") and k in _SUPPORTED
                   and k not in _VALUE_CHECKS]
         if others:
-            raise _err(path, f"'enum'/'const' cannot be combined with {others}: list only the values that "
-                             "satisfy the other keywords")
+            self.relax(_unenforceable(path, others[0], f"'enum'/'const' cannot be combined with {others}: list "
+                                                       "only the values that satisfy the other keywords"))
         if "pattern" in schema:
-            self.regex(schema["pattern"], path, "pattern")  # parsed here: an error names the place
+            try:
+                self.regex(schema["pattern"], path, "pattern")  # parsed here: an error names the place
+            except UnsupportedRegexError as e:  # relaxed: the values are not filtered by it
+                self.relax(e)
         if "const" in schema:
             values = [schema["const"]]
             if "enum" in schema:
@@ -261,35 +296,46 @@ class _Converter(_Rules):
         if hi is not None and hi < lo:
             raise _Unsat(path, f"maxLength {hi} < minLength {lo}")
         fmt = schema.get("format")
-        if fmt in UNENFORCEABLE_FORMATS:
-            raise UnenforceableSchemaError(f"JSON Schema at {path}: format {fmt!r} is not produced by a grammar "
-                                           "(drop it and check the value after generation)", "format", path)
         fmt_pattern = format_pattern(fmt)  # None: a format that only annotates
+        if fmt in UNENFORCEABLE_FORMATS:
+            self.relax(_unenforceable(path, "format", f"format {fmt!r} is not produced by a grammar (drop it and "
+                                                      "check the value after generation)"))
         if "pattern" in schema and fmt_pattern is not None:
-            raise UnenforceableSchemaError(f"JSON Schema at {path}: 'pattern' and format {fmt!r} together cannot "
-                                           "be expressed (the strings matching both): keep one of them",
-                                           "format", path)
+            self.relax(_unenforceable(path, "format", f"'pattern' and format {fmt!r} together cannot be "
+                                                      "expressed (the strings matching both): keep one of them"))
+            fmt_pattern = None  # relaxed: the pattern is enforced
+        regex: Regex | None = None
         keyword = "pattern" if "pattern" in schema else "format"
         source = schema["pattern"] if "pattern" in schema else fmt_pattern
-        if source is None:
+        if source is not None:
+            try:
+                regex = self.regex(source, path, keyword)
+            except UnsupportedRegexError as e:  # relaxed: a string without the pattern
+                self.relax(e)
+        if regex is None:
             if lo == 0 and hi is None:
                 return self.string()
             return self.define(hint, _seq(_lit('"'), self.rep(self.char(), lo, hi, "char"), _lit('"')))
-        regex = self.regex(source, path, keyword)
         what = f"'pattern' {source!r}" if keyword == "pattern" else f"format {fmt!r}"
         if not regex.admits_length(lo, hi):
             raise _Unsat(path, f"{what} matches no string of {lo} to {hi} characters")
         name = hint if keyword == "pattern" else ALIASES.get(str(fmt), str(fmt))
-        key = (source, lo, hi, name)
+        node = self.regex_rules(regex, lo, hi, name)
+        if node is None:
+            self.relax(_unenforceable(
+                path, keyword, f"{what} cannot be combined with minLength/maxLength ({lo}..{hi}): the converter fits "
+                "lengths only by changing the counts of repetitions; write the length into the pattern "
+                "('[a-z]{1,8}') instead"))
+            node = self.regex_rules(regex, 0, None, name)  # relaxed: the lengths are not enforced
+        if node is None:
+            raise _Unsat(path, f"{what} matches no string")
+        return self.define(name, node)
+
+    def regex_rules(self, regex: Regex, lo: int, hi: int | None, name: str) -> Node | None:
+        key = (regex.source, lo, hi, name)
         if key not in self.regex_nodes:  # the same pattern or format again: the same rules
             self.regex_nodes[key] = regex_node(regex, lo, hi, self.rep, self.define, name)
-        node = self.regex_nodes[key]
-        if node is None:
-            raise UnenforceableSchemaError(
-                f"JSON Schema at {path}: {what} cannot be combined with minLength/maxLength ({lo}..{hi}): the "
-                "converter fits lengths only by changing the counts of repetitions; write the length into the "
-                "pattern ('[a-z]{1,8}') instead", keyword, path)
-        return self.define(name, node)
+        return self.regex_nodes[key]
 
     def gen_number(self, t: str, schema: dict, hint: str, path: str) -> Node:
         lo, hi = _bounds(schema, path)
@@ -298,9 +344,9 @@ class _Converter(_Rules):
             if m <= 0:
                 raise _err(path, "'multipleOf' must be > 0")
             if not (t == "integer" and (1 / m).denominator == 1):
-                raise _err(path, f"'multipleOf' {schema['multipleOf']!r} is not supported (only when every "
-                                 "integer is a multiple, e.g. 1 with type integer); drop it and check the "
-                                 "value after generation")
+                self.relax(_unenforceable(path, "multipleOf", f"'multipleOf' {schema['multipleOf']!r} is not "
+                                          "supported (only when every integer is a multiple, e.g. 1 with type "
+                                          "integer); drop it and check the value after generation"))
         if t == "integer":
             if lo is None and hi is None:
                 return self.integer()
@@ -317,8 +363,14 @@ class _Converter(_Rules):
             return self.number()
         for b in (lo, hi):
             if b is not None and b[0].denominator != 1:
-                raise _err(path, f"a non-integer bound ({float(b[0])!r}) on a number is not supported; use "
-                                 "integer bounds (such as 0 and 1) or scale the quantity")
+                self.relax(_unenforceable(path, "minimum" if b is lo else "maximum",
+                                          f"a non-integer bound ({float(b[0])!r}) on a number is not supported; "
+                                          "use integer bounds (such as 0 and 1) or scale the quantity"))
+        # relaxed: a fractional bound widened to the next integer outward
+        if lo is not None and lo[0].denominator != 1:
+            lo = (Fraction(math.floor(lo[0])), False)
+        if hi is not None and hi[0].denominator != 1:
+            hi = (Fraction(math.ceil(hi[0])), False)
         limit = Fraction(_INT_MAX + 1)
         if lo is None or lo[0] < -limit:
             lo = (-limit, True)
@@ -347,8 +399,12 @@ class _Converter(_Rules):
     def gen_object(self, schema: dict, hint: str, path: str) -> Node:
         props = schema.get("properties", {})
         required = schema.get("required", [])
-        patterns = [(self.regex(p, f"{path}/patternProperties", "patternProperties"), sub)
-                    for p, sub in schema.get("patternProperties", {}).items()]
+        patterns = []
+        for p, sub in schema.get("patternProperties", {}).items():
+            try:
+                patterns.append((self.regex(p, f"{path}/patternProperties", "patternProperties"), sub))
+            except UnsupportedRegexError as e:  # relaxed: keys of that pattern are not produced
+                self.relax(e)
         addl = schema.get("additionalProperties")
         if addl is None:
             addl = schema.get("unevaluatedProperties")
@@ -386,16 +442,17 @@ class _Converter(_Rules):
         if "minProperties" in schema:
             m = _as_count(schema["minProperties"], path, "minProperties")
             if m > n_req:
-                raise _err(path, f"'minProperties' {m} is more than the {n_req} required properties; the "
-                                 "grammar cannot count optional ones: list enough properties in 'required'")
+                self.relax(_unenforceable(path, "minProperties", f"'minProperties' {m} is more than the {n_req} "
+                                          "required properties; the grammar cannot count optional ones: list "
+                                          "enough properties in 'required'"))
         if "maxProperties" in schema:
             m = _as_count(schema["maxProperties"], path, "maxProperties")
             if extra is not None or m < len(fields):
                 if m < n_req:
                     raise _Unsat(path, f"'maxProperties' {m} is less than the required properties")
-                raise _err(path, f"'maxProperties' {m} cannot be expressed (the object may have more "
-                                 "properties); drop it, or set 'additionalProperties': false and list at "
-                                 f"most {m} properties")
+                self.relax(_unenforceable(path, "maxProperties", f"'maxProperties' {m} cannot be expressed (the "
+                                          "object may have more properties); drop it, or set "
+                                          f"'additionalProperties': false and list at most {m} properties"))
         return self.define(hint, self.object_body(fields, extra, hint))
 
     def pattern_extras(self, patterns: list[tuple[Regex, Any]], names: list[str], hint: str, path: str
@@ -487,8 +544,9 @@ class _Converter(_Rules):
         if hi is not None and hi < lo:
             raise _Unsat(path, f"maxItems {hi} < minItems {lo}")
         if schema.get("uniqueItems") is True and (hi is None or hi > 1):
-            raise _err(path, "'uniqueItems': true is not supported (a grammar cannot compare items); drop it "
-                             "and check after generation, or use 'prefixItems' with distinct 'const's")
+            self.relax(_unenforceable(path, "uniqueItems", "'uniqueItems': true is not supported (a grammar "
+                                      "cannot compare items); drop it and check after generation, or use "
+                                      "'prefixItems' with distinct 'const's"))
         heads: list[Node] = []
         for i, sub in enumerate(prefix):
             if hi is not None and i >= hi:
@@ -527,32 +585,75 @@ class _Converter(_Rules):
         return self.bracket("[", _seq(*parts), False, "]")
 
 
-def json_schema_to_gbnf(schema: Union[dict, bool], *, compact: bool = True) -> str:
-    """The GBNF grammar (llama.cpp's format, rule ``root``) of the canonical JSON texts of the
-    instances of ``schema``.
+class SchemaGrammar:
+    """A JSON Schema compiled to a grammar (``compile_json_schema``): ``gbnf`` the grammar,
+    ``relaxed`` the constraints it does not enforce (strict=False; empty when ``exact``), and
+    ``check(text)``, the finished output checked against the whole schema."""
+
+    def __init__(self, schema: Any, gbnf: str, strict: bool, relaxed: tuple[Relaxation, ...]) -> None:
+        self.schema = schema
+        self.gbnf = gbnf
+        self.strict = strict
+        self.relaxed = relaxed
+        self._validator: Any = None
+
+    @property
+    def exact(self) -> bool:
+        """Whether the grammar enforces the whole schema (every output it allows is valid)."""
+        return not self.relaxed
+
+    def check(self, text: str) -> SchemaCheck:
+        """Whether ``text`` is an instance of the schema (jsonschema; see validation.py)."""
+        if self._validator is None:
+            try:
+                self._validator = validator(self.schema)
+            except Exception as e:  # noqa: BLE001 - a schema jsonschema cannot load
+                return SchemaCheck(None, f"the schema could not be loaded by jsonschema: {type(e).__name__}: {e}")
+        return check_text(self._validator, text)
+
+    def __repr__(self) -> str:
+        return f"SchemaGrammar({len(self.gbnf)} characters of GBNF, strict={self.strict}, relaxed={len(self.relaxed)})"
+
+
+def compile_json_schema(schema: Union[dict, bool], *, compact: bool = True, strict: bool = True) -> SchemaGrammar:
+    """The grammar of the canonical JSON texts of the instances of ``schema``, and what it does
+    not enforce.
 
     compact  True: no whitespace at all (``{"a":1,"b":[1,2]}``), which forces the most tokens;
              False: up to 24 whitespace characters (space, tab, newline, CR) around each
              ``{ } [ ] : ,`` (never before or after the whole value), so pretty-printed output
              (``json.dumps(x, indent=2)``) is accepted too.
+    strict   True: a constraint a grammar cannot enforce (``uniqueItems: true``, an overlapping
+             ``oneOf``, ``not``, a lookahead in a pattern...) raises UnenforceableSchemaError.
+             False: the grammar enforces everything else (exactly) and ``relaxed`` lists what it
+             left out; check the output with ``check`` (Session.generate does:
+             ``Generation.schema_valid``).
 
-    Raises GrammarError for an invalid schema, an unsatisfiable one, or one that uses a keyword
-    the converter cannot express exactly (docs/structured-output.md lists them).
+    Raises GrammarError for an invalid or unsatisfiable schema, and UnenforceableSchemaError
+    (with strict) as above; docs/structured-output.md lists what is enforced.
     """
     if not isinstance(schema, (dict, bool)):
         raise GrammarError(f"a JSON Schema must be a dict or a bool, got {type(schema).__name__}")
+    original = schema
     schema = local_refs(schema)
-    conv = _Converter(schema, bool(compact))
+    conv = _Converter(schema, bool(compact), bool(strict))
     try:
         name = conv.alloc("root")
         conv.ref_rules["#"] = name
         conv.define("root", conv.gen(schema, "root", "#"), "root")
-        return conv.finish()
+        gbnf = conv.finish()
     except _Unsat as e:
         raise GrammarError(f"the JSON Schema admits no value: {e}. Fix the schema (a required property "
                            "or type that cannot be satisfied)") from None
     except RecursionError:
         raise GrammarError("the JSON Schema is nested too deeply to convert") from None
+    return SchemaGrammar(original, gbnf, bool(strict), tuple(conv.relaxed.values()))
+
+
+def json_schema_to_gbnf(schema: Union[dict, bool], *, compact: bool = True, strict: bool = True) -> str:
+    """The GBNF grammar (llama.cpp's format, rule ``root``) of the canonical JSON texts of the
+    instances of ``schema``: ``compile_json_schema(...).gbnf`` (see there)."""
+    return compile_json_schema(schema, compact=compact, strict=strict).gbnf
 
 
 #: any JSON value, compact canonical form (what ``json_schema=True`` uses)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import unquote
 
-from ..errors import GrammarError
+from ..errors import GrammarError, UnenforceableSchemaError
 from .json_values import _json_kind
 from .formats import format_pattern
 from .regex import parse_regex
@@ -129,6 +129,20 @@ def _err(path: str, msg: str) -> GrammarError:
     return GrammarError(f"JSON Schema at {path}: {msg}")
 
 
+def _unenforceable(path: str, keyword: str, msg: str) -> UnenforceableSchemaError:
+    """A constraint a grammar cannot enforce: refused with strict=True, else left to the check
+    of the finished output."""
+    return UnenforceableSchemaError(f"JSON Schema at {path}: {msg}", keyword, path)
+
+
+#: what the converter does with an UnenforceableSchemaError: raise it (strict) or note it
+Relax = Callable[[UnenforceableSchemaError], None]
+
+
+def _raise(err: UnenforceableSchemaError) -> None:
+    raise err
+
+
 def _kinds_of_type(t: str) -> set[str]:
     return {"integer", "fraction"} if t == "number" else {t}
 
@@ -167,7 +181,7 @@ def _check_keywords(schema: dict, path: str) -> None:
         if key in _SUPPORTED or key in _ANNOTATIONS:
             continue
         if key in _UNSUPPORTED:
-            raise _err(path, f"keyword '{key}' is not supported: {_UNSUPPORTED[key]}")
+            continue  # the converter refuses or relaxes it
         meant = _typo_of(key)
         if meant is not None:
             raise _err(path, f"unknown keyword '{key}' looks like a misspelling of '{meant}', which would "
@@ -209,7 +223,7 @@ def _resolve(root: Any, ref: Any, path: str) -> Any:
     if not isinstance(ref, str):
         raise _err(path, f"'$ref' must be a string, got {ref!r}")
     if not ref.startswith("#"):
-        raise _err(path, f"'$ref': {ref!r} refers to another document; only references into the same "
+        raise _unenforceable(path, "$ref", f"'$ref': {ref!r} refers to another document; only references into the same "
                          "schema are resolved ('#/$defs/Name', '#anchor', or a '$id' the schema declares): "
                          "inline the referenced schema under '$defs'")
     fragment = unquote(ref[1:])
@@ -275,7 +289,11 @@ def _value_ok(v: Any, schema: dict, path: str) -> bool:
     if kind == "string":
         n = len(v)
         for source in (schema.get("pattern"), format_pattern(schema.get("format"))):
-            if source is not None and not re.search(parse_regex(source).python(), v):
+            try:
+                regex = parse_regex(source) if source is not None else None
+            except GrammarError:  # an untranslatable pattern: refused or relaxed by the converter
+                continue
+            if regex is not None and not re.search(regex.python(), v):
                 return False
         return schema.get("minLength", 0) <= n and ("maxLength" not in schema or n <= schema["maxLength"])
     if kind == "array":
