@@ -735,11 +735,11 @@ def test_formats():
     ({"type": "string", "pattern": "^(?!a)"}, "lookahead"),
     ({"type": "object", "patternProperties": {"\\1": {}}}, "backreference"),
     ({"type": "object", "propertyNames": {"maxLength": 3}}, "propertyNames"),
-    ({"not": {"type": "string"}}, "'not'"),
-    ({"if": {"type": "string"}, "then": {"maxLength": 2}}, "'if'"),
+    ({"not": {"enum": ["a", "b"]}}, "'not'"),
+    ({"if": {"properties": {"a": {"const": 1}}}, "then": {"maxLength": 2}}, "'if'"),
     ({"type": "array", "contains": {"type": "string"}}, "contains"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems"),
-    ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
+    ({"type": "object", "dependentRequired": {k: ["z"] for k in "abcde"}}, "dependentRequired"),
     ({"type": "string", "format": "uri-template"}, "format 'uri-template'"),
     ({"type": "string", "format": "email", "pattern": "@"}, "'pattern' and format 'email'"),
     ({"type": "string", "nullable": True}, "null"),
@@ -865,10 +865,10 @@ RELAXABLE = [  # (schema, the keyword left out, the schema without it: what the 
      "uniqueItems", {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3}, "maxItems": 3}),
     ({"oneOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 3}]}, "oneOf",
      {"anyOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 3}]}),
-    ({"type": "object", "properties": {"a": {"type": "boolean"}}, "not": {"required": ["a"]}}, "not",
-     {"type": "object", "properties": {"a": {"type": "boolean"}}}),
+    ({"type": "integer", "minimum": 0, "maximum": 4, "not": {"enum": [1, 2]}}, "not",
+     {"type": "integer", "minimum": 0, "maximum": 4}),
     ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-      "dependentRequired": {"a": ["b"]}}, "dependentRequired",
+      "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}}, "if",
      {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}),
     ({"type": "number", "minimum": 0.5, "maximum": 3}, "minimum", {"type": "number", "minimum": 0, "maximum": 3}),
     ({"type": "number", "minimum": 0, "maximum": 9, "multipleOf": 0.25}, "multipleOf",
@@ -896,7 +896,7 @@ def test_strict_refuses_and_non_strict_relaxes(schema, keyword, enforced):
         compile_json_schema(schema)
     assert info.value.keyword == keyword and info.value.path is not None
     relaxed = compile_json_schema(schema, strict=False)
-    assert not relaxed.exact and [r.keyword for r in relaxed.relaxed] == [keyword]
+    assert not relaxed.exact and [r.keyword for r in relaxed.relaxed][0] == keyword
     assert relaxed.relaxed[0].reason == str(info.value)
     g = parse_gbnf(relaxed.gbnf)
     full = jsonschema.Draft202012Validator(schema)
@@ -924,3 +924,54 @@ def test_non_strict_exact_schemas_are_exact():
     # multipleOf on the decimal value (jsonschema alone would divide floats: 0.07 / 0.01 = 7.000000000000001)
     assert compile_json_schema({"multipleOf": 0.01}, strict=False).check("0.07").valid is True
     assert compile_json_schema({"multipleOf": 0.01}, strict=False).check("0.075").valid is False
+
+
+REWRITTEN = {  # constraints a grammar enforces once rewritten into alternatives (exact)
+    "dependencies": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+                                                      "c": {"type": "null"}},
+                      "dependencies": {"a": ["b"], "c": {"required": ["a"]}}},
+                     ['{"a":1,"b":2}', '{"b":2}', "{}", '{"a":1,"b":2,"c":null}'], ['{"a":1}', '{"b":1,"c":null}']),
+    "dependentRequired": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                           "required": ["b"], "dependentRequired": {"b": ["a"]}}, ['{"a":1,"b":2}'], ['{"b":2}']),
+    "not-required": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                      "not": {"required": ["a", "b"]}}, ['{"a":1}', '{"b":1}', "{}"], ['{"a":1,"b":2}']),
+    "not-type": ({"type": ["string", "integer", "null"], "not": {"type": "integer"}}, ['"x"', "null"], ["1"]),
+    "if-then-else": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                      "if": {"required": ["a"]}, "then": {"required": ["b"]}, "else": {"properties": {"b": False}}},
+                     ['{"a":1,"b":2}', "{}"], ['{"a":1}', '{"b":2}']),
+    "oneOf-required": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                        "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}, ['{"a":1}', '{"b":1}'],
+                       ['{"a":1,"b":2}', "{}"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REWRITTEN))
+def test_rewritten_keywords_are_enforced_exactly(name):
+    import jsonschema
+
+    schema, good, bad = REWRITTEN[name]
+    g = grammar(schema)
+    for text in good:
+        assert g.matches(text), text
+    for text in bad:
+        assert not g.matches(text), text
+    check = jsonschema.Draft202012Validator(schema)
+    rnd = random.Random(name)
+    for _ in range(60):
+        text = g.sample(rnd, budget=rnd.choice([20, 60]))
+        assert check.is_valid(json.loads(text)), text
+
+
+def test_many_optional_properties_make_a_grammar_llama_cpp_takes():
+    # JSONSchemaBench has objects with 50+ optional properties: one alternative per first
+    # property present grows with the square of their number, and a repeated group holding
+    # thousands of rules is refused by llama.cpp ("exceeds sane defaults", as gbnf_check does)
+    names = [f"p{i}" for i in range(60)]
+    schema = {"type": "object", "properties": {n: {"enum": ["ON", "OFF"]} for n in names},
+              "additionalProperties": {"type": "integer", "maximum": 9}}
+    text = json_schema_to_gbnf(schema)
+    assert len(text) < 20000
+    g = grammar(schema)
+    assert g.matches("{}") and g.matches('{"p3":"ON","p59":"OFF"}') and g.matches('{"p0":"ON","x":1}')
+    assert g.matches('{"x":1,"y":2}') and not g.matches('{"p59":"ON","p3":"OFF"}') and not g.matches('{"p1":1}')
+    assert not g.matches('{"p1":"ON",}') and not g.matches('{,"p1":"ON"}') and not g.matches('{"x":10}')

@@ -2,6 +2,7 @@
 grammar; and json_schema_to_gbnf, the entry point."""
 from __future__ import annotations
 
+import json
 import math
 import re
 from fractions import Fraction
@@ -10,7 +11,8 @@ from typing import Any, Union
 from urllib.parse import unquote
 
 from ..errors import GrammarError, UnenforceableSchemaError, UnsupportedRegexError
-from .composition import _all_of, _check_exclusive, _merge_all_of
+from .composition import (_all_of, _check_exclusive, _exclusive_required, _merge_all_of, _negate,
+                          _split_conditional, _split_dependencies)
 from .formats import ALIASES, FORMATS, format_pattern
 from .formats import UNENFORCEABLE as UNENFORCEABLE_FORMATS
 from .gbnf import EMPTY, Node, _alt, _gbnf_char, _is_atom, _lit, _opt, _r, _seq
@@ -140,8 +142,15 @@ class _Converter(_Rules):
         if not isinstance(schema, dict):
             raise _err(path, f"a schema must be an object or a boolean, got {type(schema).__name__}")
         _check_keywords(schema, path)
+        rewritten = _negate(schema) if "not" in schema else None
+        if rewritten is None and any(k in schema for k in ("dependentRequired", "dependentSchemas", "dependencies")):
+            rewritten = _split_dependencies(schema)
+        if rewritten is None and "if" in schema:
+            rewritten = _split_conditional(schema)
+        if rewritten is not None:  # the same constraint in keywords a grammar enforces
+            return self.gen(rewritten, hint, path)
         for key in schema:
-            if key in _UNSUPPORTED:
+            if key in _UNSUPPORTED and not (key in ("then", "else") and "if" not in schema):  # (alone: no effect)
                 self.relax(_unenforceable(path, key, f"keyword '{key}' is not supported: {_UNSUPPORTED[key]}"))
         if "$ref" in schema:
             ref = schema["$ref"]
@@ -154,7 +163,7 @@ class _Converter(_Rules):
             if key in schema:
                 return self.gen_alternatives(schema, key, hint, path)
         if "allOf" in schema:
-            return self.gen(_merge_all_of(self.root, schema, path, self.relax), hint, path)
+            return self.gen_all_of(schema, hint, path)
         if "enum" in schema or "const" in schema:
             return self.gen_enum(schema, hint, path)
         types = self.types(schema, path)
@@ -172,6 +181,26 @@ class _Converter(_Rules):
         if len(branches) == 1:
             return branches[0]
         return self.define(hint, _alt(*branches))
+
+    def gen_all_of(self, schema: dict, hint: str, path: str) -> Node:
+        """allOf merged into one schema; one rule per distinct schema, so that a recursive $ref
+        with keywords beside it (merged inline, not a rule of its own) ends in a rule that refers
+        to itself instead of unfolding without end."""
+        key = json.dumps(schema, sort_keys=True, default=repr)
+        if key in self.unsat_refs:
+            raise _Unsat(path, self.unsat_refs[key])
+        if key in self.ref_rules:
+            return ("ref", self.ref_rules[key])
+        name = self.alloc(hint)
+        self.ref_rules[key] = name
+        try:
+            body = self.gen(_merge_all_of(self.root, schema, path, self.relax), hint, path)
+        except _Unsat as e:
+            self.unsat_refs[key] = str(e)
+            del self.ref_rules[key]
+            raise
+        self.define(name, body, name)
+        return ("ref", name)
 
     def types(self, schema: dict, path: str) -> list[str] | None:
         types = _schema_types(schema, path)
@@ -214,11 +243,14 @@ class _Converter(_Rules):
 
     def gen_alternatives(self, schema: dict, key: str, hint: str, path: str) -> Node:
         alts = schema[key]
+        exclusive = _exclusive_required(alts) if key == "oneOf" else None
+        if exclusive is not None:  # one of some properties: exclusive alternatives
+            alts = exclusive
         rest = {k: v for k, v in schema.items() if k != key}
         constrained = any(_constrains(k) for k in rest)
         if constrained:  # S and (A or B) = (S and A) or (S and B)
             alts = [{**rest, "allOf": [a, *rest.get("allOf", ())]} for a in alts]
-        if key == "oneOf":
+        if key == "oneOf" and exclusive is None:
             try:
                 _check_exclusive(self.root, alts, path)
             except UnenforceableSchemaError as e:  # relaxed: as anyOf
@@ -491,10 +523,21 @@ class _Converter(_Rules):
             parts += [_seq(comma, kv) if r else _opt(_seq(comma, kv)) for kv, r in fields[first + 1:]]
             return self.bracket("{", _seq(*parts, more), False, "}")
         kvs = [kv for kv, _ in fields]
-        alts = [_seq(kv, *(_opt(_seq(comma, k)) for k in kvs[i + 1:]), more) for i, kv in enumerate(kvs)]
-        if extra is not None:
-            alts.append(_seq(extra, more))
-        return self.bracket("{", _alt(*alts) if alts else EMPTY, True, "}")
+        if len(kvs) <= 4:  # one alternative per first property present
+            alts = [_seq(kv, *(_opt(_seq(comma, k)) for k in kvs[i + 1:]), more) for i, kv in enumerate(kvs)]
+            if extra is not None:
+                alts.append(_seq(extra, more))
+            return self.bracket("{", _alt(*alts) if alts else EMPTY, True, "}")
+        # the same in rules linear in the number of properties: rest[i] = the properties from i on,
+        # each after a comma; first[i] = the first present one from i on, then rest
+        rest: Node = more
+        first: Node = _seq(extra, more) if extra is not None else EMPTY
+        for i in reversed(range(len(kvs))):
+            after = rest
+            rest = self.define(f"{hint}-rest", _seq(_opt(_seq(comma, kvs[i])), rest))
+            first = self.define(f"{hint}-first", _alt(_seq(kvs[i], after), first) if first != EMPTY
+                                else _seq(kvs[i], after))
+        return self.bracket("{", first, True, "}")
 
     def key_excluding(self, names: list[str], hint: str) -> Node:
         """A JSON string key (without escapes) that is none of ``names``."""
