@@ -530,14 +530,14 @@ class _Converter(_Rules):
             return self.bracket("{", _alt(*alts) if alts else EMPTY, True, "}")
         # the same in rules linear in the number of properties: rest[i] = the properties from i on,
         # each after a comma; first[i] = the first present one from i on, then rest
-        rest: Node = more
-        first: Node = _seq(extra, more) if extra is not None else EMPTY
+        tail: Node = more
+        head: Node = _seq(extra, more) if extra is not None else EMPTY
         for i in reversed(range(len(kvs))):
-            after = rest
-            rest = self.define(f"{hint}-rest", _seq(_opt(_seq(comma, kvs[i])), rest))
-            first = self.define(f"{hint}-first", _alt(_seq(kvs[i], after), first) if first != EMPTY
-                                else _seq(kvs[i], after))
-        return self.bracket("{", first, True, "}")
+            after = tail
+            tail = self.define(f"{hint}-rest", _seq(_opt(_seq(comma, kvs[i])), tail))
+            head = self.define(f"{hint}-first", _alt(_seq(kvs[i], after), head) if head != EMPTY
+                               else _seq(kvs[i], after))
+        return self.bracket("{", head, True, "}")
 
     def key_excluding(self, names: list[str], hint: str) -> Node:
         """A JSON string key (without escapes) that is none of ``names``."""
