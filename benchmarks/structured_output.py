@@ -46,6 +46,7 @@ class Run:
     passes: int = 0
     forced: int = 0
     check_us: int = 0
+    first_token_seconds: float = 0.0  # from the call to generate (the grammar set up) to the first token
 
 
 @dataclass
@@ -66,13 +67,16 @@ class Pyllamaopt:
         s.append_text(prompt)
         before = s.stats
         start = time.perf_counter()
-        g = s.generate(max_tokens, json_schema=schema if self.grammar else None)
-        tokens = [t.id for t in g]
+        g = s.generate(max_tokens, json_schema=schema if self.grammar else None)  # (a dict, or compiled)
+        tokens, first = [], 0.0
+        for t in g:
+            first = first or time.perf_counter() - start
+            tokens.append(t.id)
         seconds = time.perf_counter() - start
         st = s.stats - before
         s.close()
         return Run(tokens, g.text, g.finish_reason, seconds, st.forward_passes, st.schema_tokens_skipped,
-                   st.schema_check_us)
+                   st.schema_check_us, first)
 
 
 class LlamaCppPython:
@@ -86,15 +90,22 @@ class LlamaCppPython:
         self.is_eog = lambda token: llama_cpp.llama_vocab_is_eog(vocab, token)
 
     def run(self, schema: object, prompt: str, max_tokens: int) -> Run:
+        from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+        return self.run_grammar(json_schema_to_gbnf(json.dumps(schema)), prompt, max_tokens)
+
+    def run_grammar(self, gbnf: str, prompt: str, max_tokens: int) -> Run:
         from llama_cpp import LlamaGrammar
 
-        grammar = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+        grammar = LlamaGrammar.from_string(gbnf, verbose=False)
         tokens = self.llm.tokenize(prompt.encode(), add_bos=True, special=False)
         self.llm.reset()
         self.llm.eval(tokens)  # the prompt, outside the timed part (as for pyllamaopt)
         start = time.perf_counter()
-        out = []
+        out: list[int] = []
+        first = 0.0
         for token in self.llm.generate(tokens, temp=0.0, grammar=grammar, reset=False):
+            first = first or time.perf_counter() - start
             if self.is_eog(token):
                 finish = "eos"
                 break
@@ -106,7 +117,7 @@ class LlamaCppPython:
             finish = "eos"
         seconds = time.perf_counter() - start
         text = self.llm.detokenize(out).decode("utf-8", "replace")
-        return Run(out, text, finish, seconds, passes=len(out))
+        return Run(out, text, finish, seconds, passes=len(out), first_token_seconds=first)
 
 
 def valid(schema: object, text: str) -> bool:

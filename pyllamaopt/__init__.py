@@ -33,6 +33,8 @@ from .errors import (
     SessionBusyError,
     SessionClosedError,
     SessionEvictedError,
+    UnenforceableSchemaError,
+    UnsupportedRegexError,
 )
 from .model import Model
 from .persist import PersistEntry, PersistStore
@@ -54,6 +56,6 @@ __all__ = [
     "ChatTemplateError", "ConfigError", "ContextOverflowError", "DecodeError", "DeltaError", "FeatureUnavailableError",
     "GrammarError",
     "InvalidArgumentError", "InvalidTokenError", "ModelLoadError", "ModelNotFoundError", "PyllamaoptError",
-    "SessionClosedError", "SessionEvictedError",
+    "SessionClosedError", "SessionEvictedError", "UnenforceableSchemaError", "UnsupportedRegexError",
     "AuthenticationError", "InvariantViolationError", "ServerError", "ServerOverloadedError", "SessionBusyError",
 ]

@@ -62,6 +62,29 @@ class GrammarError(PyllamaoptError, ValueError):
     express. Raised before any token is generated."""
 
 
+class UnenforceableSchemaError(GrammarError):
+    """A JSON Schema constraint that a grammar cannot enforce exactly (``uniqueItems: true``, a
+    ``oneOf`` whose alternatives may overlap, ``not``, a regular expression with a lookahead...).
+    Raised with ``strict=True``; with ``strict=False`` the constraint is left to the check of the
+    finished output (``Generation.schema_valid``). ``keyword`` names the constraint and
+    ``path`` is where it is in the schema (a JSON pointer such as ``#/properties/tags``)."""
+
+    def __init__(self, message: str, keyword: str | None = None, path: str | None = None) -> None:
+        super().__init__(message)
+        self.keyword = keyword
+        self.path = path
+
+
+class UnsupportedRegexError(UnenforceableSchemaError):
+    """A ``pattern`` (or a ``patternProperties`` key) using a regular-expression construct the
+    translator cannot turn into grammar rules (``construct``: a lookahead, a backreference, a
+    word boundary...), or one that is not a valid ECMA-262 regular expression."""
+
+    def __init__(self, message: str, construct: str, keyword: str | None = None, path: str | None = None) -> None:
+        super().__init__(message, keyword, path)
+        self.construct = construct
+
+
 class DeltaError(PyllamaoptError, ValueError):
     """Bad input to the GGUF delta tool (pyllamaopt.delta): not a GGUF file, a missing or
     unsupported matrix, a rank out of range, a parent model that does not match..."""

@@ -17,6 +17,7 @@ from .stats import Stats
 
 if TYPE_CHECKING:
     from .context import Context
+    from .grammar import SchemaCheck, SchemaGrammar
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,17 @@ def _check_sampling(temperature: object, top_k: object, top_p: object, min_p: ob
 
 
 class Generation(Iterator[Token]):
-    """A streaming generation: iterate for tokens; afterwards ``text``, ``tokens`` and
-    ``finish_reason`` ('eos', 'length', 'stop', 'context_full', 'grammar' or 'interrupted')."""
+    """A streaming generation: iterate for tokens; afterwards ``text``, ``tokens``,
+    ``finish_reason`` ('eos', 'length', 'stop', 'context_full', 'grammar' or 'interrupted') and,
+    with a JSON Schema, ``schema_valid``."""
 
     def __init__(self, session: Session, max_tokens: int | None, stop: Sequence[str],
-                 sampling: _core.Sampling, on_finish: Callable[[Generation], None] | None = None, grammar: str = "") -> None:
+                 sampling: _core.Sampling, on_finish: Callable[[Generation], None] | None = None, grammar: str = "",
+                 schema: SchemaGrammar | None = None) -> None:
         self.session = session
         self._grammar = grammar
+        self.schema = schema
+        self._check: SchemaCheck | None = None
         self._on_finish = on_finish
         self.tokens: list[int] = []
         self.text = ""
@@ -60,6 +65,28 @@ class Generation(Iterator[Token]):
 
     def __next__(self) -> Token:
         return next(self._steps)
+
+    @property
+    def schema_valid(self) -> bool | None:
+        """With ``json_schema``: whether the finished text is an instance of the *whole* schema,
+        checked with jsonschema (what a strict=False grammar left out included). None while
+        generating, without a schema, or if the check could not run (``schema_error`` says why);
+        False for an output cut short (finish_reason 'length', ...) that is not a valid instance."""
+        check = self._schema_check()
+        return None if check is None else check.valid
+
+    @property
+    def schema_error(self) -> str | None:
+        """Why ``schema_valid`` is False or None (the first violation, with its JSON path)."""
+        check = self._schema_check()
+        return None if check is None else check.error
+
+    def _schema_check(self) -> SchemaCheck | None:
+        if self.schema is None or self.finish_reason is None:
+            return None
+        if self._check is None:
+            self._check = self.schema.check(self.text)
+        return self._check
 
     def close(self) -> None:
         """Stops the generation where it is (``finish_reason`` 'interrupted' unless it was over)
@@ -211,7 +238,7 @@ class Session:
     def generate(self, max_tokens: int | None = 256, *, temperature: float = 0.0, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, seed: int | None = None,
                  stop: str | Sequence[str] = (), grammar: str | None = None,
-                 json_schema: dict | bool | None = None,
+                 json_schema: dict | bool | SchemaGrammar | None = None, strict: bool = True,
                  on_finish: Callable[[Generation], None] | None = None) -> Generation:
         """Stream generated tokens (greedy unless ``temperature`` > 0).
 
@@ -219,8 +246,12 @@ class Session:
         seed        makes sampling reproducible (default: random)
         stop        strings that end generation; they are not part of the returned text
         grammar     a GBNF grammar (llama.cpp's format, a ``root`` rule) the output must match
-        json_schema a JSON Schema the output must be an instance of (True: any JSON value);
+        json_schema a JSON Schema the output must be an instance of (True: any JSON value), or
+                    one compiled with ``pyllamaopt.grammar.compile_json_schema`` (reused as is);
                     the supported keywords: docs/structured-output.md
+        strict      with json_schema: True refuses (UnenforceableSchemaError) a schema with a
+                    constraint a grammar cannot enforce; False enforces the rest and reports
+                    in ``Generation.schema_valid`` whether the output is valid against all of it
         on_finish   called with the Generation when it ends
 
         With a grammar, tokens the grammar forces are taken without computing logits
@@ -244,15 +275,18 @@ class Session:
             float(temperature), int(top_k), float(top_p), float(min_p), seed)
         if grammar is not None and json_schema is not None:
             raise InvalidArgumentError("give grammar or json_schema, not both")
+        schema: SchemaGrammar | None = None
         if json_schema is not None:
-            from .grammar import JSON_GBNF, json_schema_to_gbnf
+            from .grammar import SchemaGrammar, compile_json_schema  # (jsonschema loads only when needed)
 
-            grammar = JSON_GBNF if json_schema is True else json_schema_to_gbnf(json_schema)
+            schema = json_schema if isinstance(json_schema, SchemaGrammar) else compile_json_schema(
+                json_schema, strict=strict)
+            grammar = schema.gbnf
         if grammar is not None and (not isinstance(grammar, str) or not grammar.strip()):
             raise InvalidArgumentError("grammar must be a non-empty GBNF string")
         self._core.set_grammar(grammar or "")  # parsed now, once: a bad grammar fails before generating
         self._core.set_sampling(sampling)
-        generation = Generation(self, max_tokens, stops, sampling, on_finish, grammar or "")
+        generation = Generation(self, max_tokens, stops, sampling, on_finish, grammar or "", schema)
         self._configured_for = generation
         return generation
 

@@ -732,32 +732,38 @@ def test_formats():
 
 
 @pytest.mark.parametrize("schema, words", [
-    ({"type": "string", "pattern": "^a+$"}, "pattern"),
-    ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties"),
+    ({"type": "string", "pattern": "^(?!a)"}, "lookahead"),
+    ({"type": "object", "patternProperties": {"\\1": {}}}, "backreference"),
     ({"type": "object", "propertyNames": {"maxLength": 3}}, "propertyNames"),
-    ({"not": {"type": "string"}}, "'not'"),
-    ({"if": {"type": "string"}, "then": {"maxLength": 2}}, "'if'"),
+    ({"not": {"enum": ["a", "b"]}}, "'not'"),
+    ({"if": {"properties": {"a": {"const": 1}}}, "then": {"maxLength": 2}}, "'if'"),
     ({"type": "array", "contains": {"type": "string"}}, "contains"),
     ({"type": "array", "uniqueItems": True}, "uniqueItems"),
-    ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
-    ({"type": "string", "format": "email"}, "format 'email'"),
+    ({"type": "object", "dependentRequired": {k: ["z"] for k in "abcde"}}, "dependentRequired"),
+    ({"type": "string", "format": "uri-template"}, "format 'uri-template'"),
+    ({"type": "string", "format": "email", "pattern": "@"}, "'pattern' and format 'email'"),
     ({"type": "string", "nullable": True}, "null"),
     ({"type": "strin"}, "unknown type"),
-    ({"type": "string", "maxLenght": 3}, "unknown keyword 'maxLenght'"),
+    ({"type": "string", "maxLenght": 3}, "unknown keyword 'maxLenght' looks like a misspelling of 'maxLength'"),
+    ({"type": "object", "additonalProperties": False}, "misspelling of 'additionalProperties'"),
+    ({"anyof": [{"type": "null"}]}, "misspelling of 'anyOf'"),
+    ({"type:": "string"}, "misspelling of 'type'"),
+    ({"type": "array", "itens": {"type": "string"}}, "misspelling of 'items'"),
+    ({"type": "object", "requires": ["a"]}, "misspelling of 'required'"),
     ({"type": "number", "minimum": 0.5}, "non-integer bound"),
     ({"type": "number", "multipleOf": 0.01}, "multipleOf"),
     ({"type": "integer", "multipleOf": 2}, "multipleOf"),
     ({"type": "object", "properties": {"a": {}}, "minProperties": 1}, "minProperties"),
     ({"type": "object", "maxProperties": 2}, "maxProperties"),
-    ({"$ref": "https://example.com/s.json"}, "not a local reference"),
+    ({"$ref": "https://example.com/s.json"}, "refers to another document"),
     ({"$ref": "#/$defs/missing"}, "does not resolve"),
-    ({"$ref": "#foo"}, "anchor"),
-    ({"enum": ["2024-01-01"], "format": "date"}, "'enum'/'const' cannot be combined with ['format']"),
+    ({"$ref": "#foo"}, "anchor that no subschema declares"),
+    ({"enum": ["2024-01-01"], "uniqueItems": True}, "'enum'/'const' cannot be combined with ['uniqueItems']"),
     ({"enum": []}, "admits no value"),
     (False, "admits no value"),
     ({"type": "integer", "minimum": 5, "maximum": 4}, "admits no value"),
     ({"type": "object", "properties": {"a": False}, "required": ["a"]}, "admits no value"),
-    ({"type": "string", "format": "date", "maxLength": 5}, "format 'date'"),
+    ({"type": "string", "format": "date", "maxLength": 5}, "admits no value"),
     ({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}}, "$ref": "#/$defs/a"}, "refers to itself"),
     ({"$defs": {"a": {"allOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"}, "includes itself"),
     ({"$defs": {"n": {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}, "required": ["n"]}},
@@ -784,6 +790,44 @@ def test_annotations_and_extensions_are_ignored():
                  "type": "object", "properties": {"a": {"type": "integer", "description": "n", "deprecated": True}},
                  "required": ["a"], "$defs": {"unused": {"pattern": "never converted"}}}
     assert json_schema_to_gbnf(annotated) == json_schema_to_gbnf(plain)
+    # keywords JSON Schema does not define are annotations (as seen in JSONSchemaBench): draft-04
+    # 'id', Snowplow's 'self', hyper-schema 'links', Kubernetes '_format', vendor keys; words that
+    # only resemble a keyword ('cost', 'note', 'form', 'href', 'ip', 'item') are not typos
+    wild = {"id": "http://example.com/s#", "self": {"vendor": "com.acme", "name": "ev", "format": "jsonschema",
+                                                     "version": "1-0-0"},
+            "links": [{"rel": "self", "href": "/a"}], "name": "n", "version": 2, "esriDocumentation": {"x": 1},
+            "type": "object", "properties": {"a": {"type": "integer", "_format": "int32", "_uniqueItems": True,
+                                                   "cost": 5, "note": "n", "form": "f", "href": "h", "ip": 1,
+                                                   "item": 2, "readonly": True, "propertyOrder": 3}},
+            "required": ["a"]}
+    assert json_schema_to_gbnf(wild) == json_schema_to_gbnf(plain)
+
+
+def test_ids_and_anchors_resolve_references():
+    base = "http://example.com/root.json"
+    draft4 = {"$schema": "http://json-schema.org/draft-04/schema#", "id": base, "type": "object",
+              "definitions": {"a": {"id": "a.json", "type": "integer"}, "b": {"id": "#bee", "type": "boolean"}},
+              "properties": {"x": {"$ref": "a.json"}, "y": {"$ref": "#bee"}, "z": {"$ref": base + "#/definitions/a"},
+                             "w": {"$ref": "http://example.com/a.json"}},
+              "required": ["x", "y", "z", "w"]}
+    assert accepts(draft4, '{"x":1,"y":true,"z":2,"w":3}') and not accepts(draft4, '{"x":"1","y":true,"z":2,"w":3}')
+    modern = {"$id": "https://example.com/schemas/order", "type": "array",
+              "$defs": {"item": {"$anchor": "item", "type": "string", "maxLength": 2},
+                        "nested": {"$id": "nested/", "$defs": {"n": {"$anchor": "n", "const": 7}}}},
+              "prefixItems": [{"$ref": "#item"}, {"$ref": "nested/#n"}, {"$ref": "/schemas/order#/$defs/item"}],
+              "items": False}
+    assert accepts(modern, '["ab",7,"c"]') and not accepts(modern, '["abc",7,"c"]')
+    assert not accepts(modern, '["ab",8,"c"]')
+    draft7 = {"definitions": {"c": {"$id": "#cee", "type": "null"}}, "$ref": "#cee"}
+    assert accepts(draft7, "null") and not accepts(draft7, "1")
+    # an identifier inside data (an enum value, an example) is not a schema's
+    data = {"$defs": {"e": {"enum": [{"$id": "#fake", "v": 1}]}, "t": {"const": 1}},
+            "anyOf": [{"$ref": "#/$defs/e"}, {"$ref": "#/$defs/t"}], "examples": [{"$anchor": "fake"}]}
+    assert accepts(data, '{"$id":"#fake","v":1}') and accepts(data, "1")
+    with pytest.raises(GrammarError, match="anchor that no subschema declares"):
+        json_schema_to_gbnf({"examples": [{"$anchor": "fake"}], "$ref": "#fake"})
+    with pytest.raises(GrammarError, match="another document"):
+        json_schema_to_gbnf({"$id": "http://example.com/a", "$ref": "http://example.com/b"})
 
 
 def test_unsatisfiable_branches_are_dropped_not_errors():
@@ -811,3 +855,123 @@ def test_the_checker_refuses_what_llama_cpp_refuses():
     with pytest.raises(GBNFSyntaxError):
         parse_gbnf('root ::= ("a" "b"){3000}\n')
     assert parse_gbnf('root ::= "a"{0,2001}\n').matches("a" * 2100)  # llama.cpp: n > 2000 means unbounded
+
+
+# --------------------------------------------------------------------------------------
+# strict=False: what a grammar cannot enforce is left out (and listed), the rest is enforced
+
+RELAXABLE = [  # (schema, the keyword left out, the schema without it: what the grammar enforces)
+    ({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3}, "uniqueItems": True, "maxItems": 3},
+     "uniqueItems", {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3}, "maxItems": 3}),
+    ({"oneOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 3}]}, "oneOf",
+     {"anyOf": [{"type": "integer", "maximum": 5}, {"type": "integer", "minimum": 3}]}),
+    ({"type": "integer", "minimum": 0, "maximum": 4, "not": {"enum": [1, 2]}}, "not",
+     {"type": "integer", "minimum": 0, "maximum": 4}),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+      "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}}, "if",
+     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}),
+    ({"type": "number", "minimum": 0.5, "maximum": 3}, "minimum", {"type": "number", "minimum": 0, "maximum": 3}),
+    ({"type": "number", "minimum": 0, "maximum": 9, "multipleOf": 0.25}, "multipleOf",
+     {"type": "number", "minimum": 0, "maximum": 9}),
+    ({"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}}, "minProperties": 1},
+     "minProperties", {"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}}}),
+    ({"type": "string", "pattern": "^(?!x)[a-z]{1,4}$"}, "pattern", {"type": "string"}),
+    ({"type": "string", "format": "email", "pattern": "^[a-z]+$"}, "format", {"type": "string", "pattern": "^[a-z]+$"}),
+    ({"type": "string", "format": "uri-template"}, "format", {"type": "string"}),
+    ({"type": "object", "properties": {"x": {"$ref": "https://example.com/other.json"}}, "required": ["x"]}, "$ref",
+     {"type": "object", "properties": {"x": True}, "required": ["x"]}),
+    ({"enum": [[1, 2], [3]], "items": {"maximum": 2}}, "items", {"enum": [[1, 2], [3]]}),
+    ({"type": "string", "pattern": "^(?:a|bc)$", "minLength": 2}, "pattern", {"type": "string", "pattern": "^(?:a|bc)$"}),
+]
+
+
+@pytest.mark.parametrize("schema, keyword, enforced", RELAXABLE, ids=[k for _, k, _ in RELAXABLE])
+def test_strict_refuses_and_non_strict_relaxes(schema, keyword, enforced):
+    import jsonschema
+
+    from pyllamaopt.errors import UnenforceableSchemaError
+    from pyllamaopt.grammar import compile_json_schema
+
+    with pytest.raises(UnenforceableSchemaError) as info:
+        compile_json_schema(schema)
+    assert info.value.keyword == keyword and info.value.path is not None
+    relaxed = compile_json_schema(schema, strict=False)
+    assert not relaxed.exact and [r.keyword for r in relaxed.relaxed][0] == keyword
+    assert relaxed.relaxed[0].reason == str(info.value)
+    g = parse_gbnf(relaxed.gbnf)
+    full = jsonschema.Draft202012Validator(schema)
+    rnd = random.Random(keyword)
+    for _ in range(30):
+        text = g.sample(rnd, budget=rnd.choice([20, 60, 150]))
+        jsonschema.validate(json.loads(text), enforced)  # everything else is enforced
+        check = relaxed.check(text)
+        if keyword == "$ref":
+            assert check.valid is None and "could not be checked" in check.error  # jsonschema cannot either
+        elif keyword != "format":  # (jsonschema's check of these formats is covered in test_regex.py)
+            assert check.valid == full.is_valid(json.loads(text)), text
+
+
+def test_non_strict_exact_schemas_are_exact():
+    from pyllamaopt.grammar import compile_json_schema
+
+    for name in NAMES:
+        compiled = compile_json_schema(BY_NAME[name], strict=False)
+        assert compiled.exact and compiled.gbnf == json_schema_to_gbnf(BY_NAME[name])
+    assert compile_json_schema({"type": "integer"}).check("12").valid is True
+    bad = compile_json_schema({"type": "integer"}).check("1.5")
+    assert bad.valid is False and "not of type 'integer'" in bad.error
+    assert compile_json_schema({"type": "integer"}).check("1 2").valid is False  # not one JSON value
+    # multipleOf on the decimal value (jsonschema alone would divide floats: 0.07 / 0.01 = 7.000000000000001)
+    assert compile_json_schema({"multipleOf": 0.01}, strict=False).check("0.07").valid is True
+    assert compile_json_schema({"multipleOf": 0.01}, strict=False).check("0.075").valid is False
+
+
+REWRITTEN = {  # constraints a grammar enforces once rewritten into alternatives (exact)
+    "dependencies": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+                                                      "c": {"type": "null"}},
+                      "dependencies": {"a": ["b"], "c": {"required": ["a"]}}},
+                     ['{"a":1,"b":2}', '{"b":2}', "{}", '{"a":1,"b":2,"c":null}'], ['{"a":1}', '{"b":1,"c":null}']),
+    "dependentRequired": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                           "required": ["b"], "dependentRequired": {"b": ["a"]}}, ['{"a":1,"b":2}'], ['{"b":2}']),
+    "not-required": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                      "not": {"required": ["a", "b"]}}, ['{"a":1}', '{"b":1}', "{}"], ['{"a":1,"b":2}']),
+    "not-type": ({"type": ["string", "integer", "null"], "not": {"type": "integer"}}, ['"x"', "null"], ["1"]),
+    "if-then-else": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                      "if": {"required": ["a"]}, "then": {"required": ["b"]}, "else": {"properties": {"b": False}}},
+                     ['{"a":1,"b":2}', "{}"], ['{"a":1}', '{"b":2}']),
+    "oneOf-required": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                        "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}, ['{"a":1}', '{"b":1}'],
+                       ['{"a":1,"b":2}', "{}"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REWRITTEN))
+def test_rewritten_keywords_are_enforced_exactly(name):
+    import jsonschema
+
+    schema, good, bad = REWRITTEN[name]
+    g = grammar(schema)
+    for text in good:
+        assert g.matches(text), text
+    for text in bad:
+        assert not g.matches(text), text
+    check = jsonschema.Draft202012Validator(schema)
+    rnd = random.Random(name)
+    for _ in range(60):
+        text = g.sample(rnd, budget=rnd.choice([20, 60]))
+        assert check.is_valid(json.loads(text)), text
+
+
+def test_many_optional_properties_make_a_grammar_llama_cpp_takes():
+    # JSONSchemaBench has objects with 50+ optional properties: one alternative per first
+    # property present grows with the square of their number, and a repeated group holding
+    # thousands of rules is refused by llama.cpp ("exceeds sane defaults", as gbnf_check does)
+    names = [f"p{i}" for i in range(60)]
+    schema = {"type": "object", "properties": {n: {"enum": ["ON", "OFF"]} for n in names},
+              "additionalProperties": {"type": "integer", "maximum": 9}}
+    text = json_schema_to_gbnf(schema)
+    assert len(text) < 20000
+    g = grammar(schema)
+    assert g.matches("{}") and g.matches('{"p3":"ON","p59":"OFF"}') and g.matches('{"p0":"ON","x":1}')
+    assert g.matches('{"x":1,"y":2}') and not g.matches('{"p59":"ON","p3":"OFF"}') and not g.matches('{"p1":1}')
+    assert not g.matches('{"p1":"ON",}') and not g.matches('{,"p1":"ON"}') and not g.matches('{"x":10}')

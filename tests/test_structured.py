@@ -131,7 +131,7 @@ def test_json_schema_output_is_an_instance(tiny_model):
             assert value["tool"] in ("read", "write") and 1 <= value["line"] <= 999 and set(value) == {"tool", "line"}
             s.close()
         with pytest.raises(GrammarError):
-            ctx.session().generate(5, json_schema={"type": "string", "pattern": "^a+$"})
+            ctx.session().generate(5, json_schema={"type": "string", "pattern": "^(?=a)"})
 
 
 def test_what_a_grammar_state_allows_is_remembered_per_vocabulary(words_model, tiny_model):
@@ -144,3 +144,56 @@ def test_what_a_grammar_state_allows_is_remembered_per_vocabulary(words_model, t
             remembered = generate(model, prompt, FORCING)
             full = generate(model, prompt, FORCING, schema_skip_enabled=False, schema_full_mask=True)
             assert remembered[:3] == full[:3]
+
+
+def test_schema_valid_is_reported(tiny_model):
+    """strict=False: the grammar enforces what it can, and schema_valid says whether the output
+    is valid against the whole schema (jsonschema); strict=True refuses such a schema; an exact
+    schema's outputs are valid."""
+    import json
+
+    import jsonschema
+
+    from pyllamaopt import UnenforceableSchemaError
+    from pyllamaopt.grammar import compile_json_schema
+
+    unique = {"type": "array", "items": {"enum": ["read", "write"]}, "minItems": 2, "maxItems": 3,
+              "uniqueItems": True}
+    exact = {"type": "object", "properties": {"tool": {"enum": ["read", "write"]}}, "required": ["tool"]}
+    with Context(tiny_model, n_ctx=1024, n_batch=256, n_threads=2) as ctx:
+        with pytest.raises(UnenforceableSchemaError, match="uniqueItems"):
+            ctx.session().generate(5, json_schema=unique)
+        compiled = compile_json_schema(unique, strict=False)
+        seen = set()
+        for prompt in PROMPTS:
+            for schema in (unique, compiled):  # a dict with strict=False, or compiled once
+                s = ctx.session()
+                s.append_text(prompt)
+                g = s.generate(40, json_schema=schema, strict=False, temperature=1.0, seed=len(prompt))
+                assert g.schema_valid is None  # not finished yet
+                for _ in g:
+                    pass
+                assert g.finish_reason == "eos", g.text
+                value = json.loads(g.text)
+                assert g.schema_valid == jsonschema.Draft202012Validator(unique).is_valid(value), g.text
+                assert (g.schema_error is None) == g.schema_valid
+                seen.add(g.schema_valid)
+                s.close()
+            s = ctx.session()
+            s.append_text(prompt)
+            g = s.generate(40, json_schema=exact)
+            for _ in g:
+                pass
+            assert g.schema_valid is True and g.schema_error is None
+            s.close()
+        assert seen == {True, False}  # the tiny model's samples repeat an item or not: both are told apart
+        s = ctx.session()
+        s.append_text(PROMPTS[0])
+        cut = s.generate(2, json_schema=exact)
+        for _ in cut:
+            pass
+        assert cut.finish_reason == "length" and cut.schema_valid is False and "not one JSON value" in cut.schema_error
+        plain = s.generate(2)
+        for _ in plain:
+            pass
+        assert plain.schema_valid is None

@@ -15,7 +15,10 @@ The supported keywords and the canonical form: docs/structured-output.md.
 """
 from __future__ import annotations
 
-from .converter import JSON_GBNF, MAX_WS, SUPPORTED_FORMATS, json_schema_to_gbnf
+from .converter import (JSON_GBNF, MAX_WS, SUPPORTED_FORMATS, Relaxation, SchemaGrammar, compile_json_schema,
+                        json_schema_to_gbnf)
+from .validation import SchemaCheck
 from .numbers import MAX_EXP_DIGITS, MAX_FRAC_DIGITS, MAX_INT_DIGITS  # the canonical form's limits
 
-__all__ = ["JSON_GBNF", "json_schema_to_gbnf", "SUPPORTED_FORMATS"]
+__all__ = ["JSON_GBNF", "json_schema_to_gbnf", "compile_json_schema", "SchemaGrammar", "SchemaCheck", "Relaxation",
+           "SUPPORTED_FORMATS"]

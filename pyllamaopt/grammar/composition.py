@@ -2,15 +2,16 @@
 into one schema, and whether two schemas are disjoint (oneOf alternatives must be)."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from ..errors import GrammarError
+from ..errors import GrammarError, UnenforceableSchemaError
 from .json_values import _ALL_KINDS, _json_key, _json_kind
-from .schema import (_ANNOTATIONS, _TYPES, _Unsat, _check_keywords, _err, _kinds_of_type, _resolve,
-                     _schema_types)
+from .schema import (_TYPES, Relax, _constrains, _raise, _Unsat, _check_keywords, _err, _kinds_of_type,
+                     _resolve, _schema_types, _unenforceable)
 
 
-def _flatten_all_of(root: Any, schema: Any, path: str, out: list, refs: tuple, top: bool) -> None:
+def _flatten_all_of(root: Any, schema: Any, path: str, out: list, refs: tuple, top: bool, relax: Relax) -> None:
     if schema is True:
         return
     if schema is False:
@@ -21,25 +22,31 @@ def _flatten_all_of(root: Any, schema: Any, path: str, out: list, refs: tuple, t
     if not top:
         for key in ("unevaluatedProperties", "unevaluatedItems"):
             if key in schema and schema[key] is not True:
-                raise _err(path, f"'{key}' inside 'allOf' (or beside '$ref') is not supported: it "
-                                 "would forbid what the other members allow; move it to the "
-                                 "schema that holds the 'allOf'")
-    rest = {k: v for k, v in schema.items() if k not in ("allOf", "$ref") and k not in _ANNOTATIONS}
+                relax(_unenforceable(path, key, f"'{key}' inside 'allOf' (or beside '$ref') is not supported: "
+                                                "it would forbid what the other members allow; move it to the "
+                                                "schema that holds the 'allOf'"))
+                schema = {k: v for k, v in schema.items() if k != key}
+    rest = {k: v for k, v in schema.items() if k not in ("allOf", "$ref") and _constrains(k)}
     if "$ref" in schema:
         ref = schema["$ref"]
         if ref in refs:
             raise _err(path, f"'$ref' {ref!r} includes itself through 'allOf'/'$ref' without "
                              "an enclosing object or array: the schema has no finite instance")
-        _flatten_all_of(root, _resolve(root, ref, path), ref, out, refs + (ref,), False)
+        try:
+            target = _resolve(root, ref, path)
+        except UnenforceableSchemaError as e:  # another document: not checked here
+            relax(e)
+        else:
+            _flatten_all_of(root, target, ref, out, refs + (ref,), False, relax)
     for i, sub in enumerate(schema.get("allOf", ())):
-        _flatten_all_of(root, sub, f"{path}/allOf/{i}", out, refs, False)
+        _flatten_all_of(root, sub, f"{path}/allOf/{i}", out, refs, False, relax)
     if rest:
         out.append(rest)
 
 
-def _merge_all_of(root: Any, schema: dict, path: str) -> dict:
+def _merge_all_of(root: Any, schema: dict, path: str, relax: Relax = _raise) -> dict:
     parts: list[dict] = []
-    _flatten_all_of(root, schema, path, parts, (), True)
+    _flatten_all_of(root, schema, path, parts, (), True, relax)
     merged: dict[str, Any] = {}
     deferred: list[dict] = []
     obj_parts = []  # (properties, additionalProperties or True) of each member
@@ -98,11 +105,14 @@ def _merge_all_of(root: Any, schema: dict, path: str) -> dict:
                 merged[key] = max(old, value) if key == "exclusiveMinimum" else min(old, value)
             elif key in ("unevaluatedProperties", "unevaluatedItems"):
                 merged[key] = {"allOf": [old, value]}
+            elif key == "patternProperties" and isinstance(old, dict) and isinstance(value, dict):
+                merged[key] = {**old, **{k: _all_of([old[k], v]) if k in old else v for k, v in value.items()}}
             elif key == "uniqueItems":
                 merged[key] = old or value
-            elif _json_key(old) != _json_key(value):
-                raise _err(path, f"'allOf' members give '{key}' different values ({old!r} and {value!r}); "
-                                 "they cannot be merged: write one schema with the combined constraint")
+            elif _json_key(old) != _json_key(value):  # the first value is kept
+                relax(_unenforceable(path, key, f"'allOf' members give '{key}' different values ({old!r} and "
+                                                f"{value!r}); they cannot be merged: write one schema with the "
+                                                "combined constraint"))
     if obj_parts:
         # a key of one member is checked by the other members' properties, or else by
         # their additionalProperties (absent: anything)
@@ -129,11 +139,18 @@ def _merge_all_of(root: Any, schema: dict, path: str) -> dict:
 
 
 def _all_of(schemas: list) -> Any:
-    """The conjunction of schemas, as a schema."""
-    if any(s is False for s in schemas):
-        return False
-    schemas = [s for s in schemas if s is not True]
-    return True if not schemas else schemas[0] if len(schemas) == 1 else {"allOf": schemas}
+    """The conjunction of schemas, as a schema: nested conjunctions flattened, repeated members
+    once (so that merging a recursive schema with itself does not grow without end)."""
+    members: dict[str, Any] = {}
+    for s in schemas:
+        for m in (s["allOf"] if isinstance(s, dict) and list(s) == ["allOf"] and isinstance(s["allOf"], list)
+                  else [s]):
+            if m is False:
+                return False
+            if m is not True:
+                members.setdefault(json.dumps(m, sort_keys=True, default=repr), m)
+    kept = list(members.values())
+    return True if not kept else kept[0] if len(kept) == 1 else {"allOf": kept}
 
 
 def _check_exclusive(root: Any, alts: list, path: str) -> None:
@@ -144,14 +161,16 @@ def _check_exclusive(root: Any, alts: list, path: str) -> None:
                 alt = _merge_all_of(root, alt, path)
         except _Unsat:
             alt = False
+        except GrammarError:
+            alt = {}  # not merged: may overlap anything
         views.append(alt)
     for i in range(len(views)):
         for j in range(i + 1, len(views)):
             if not _disjoint(root, views[i], views[j], 0):
-                raise _err(path, f"'oneOf' alternatives {i} and {j} may both match the same value, and a "
-                                 "grammar cannot enforce 'exactly one'. Use 'anyOf' if that is acceptable, "
-                                 "or make them exclusive: different types, or a required property "
-                                 "with a different 'const'/'enum' in each")
+                raise _unenforceable(path, "oneOf", f"'oneOf' alternatives {i} and {j} may both match the same "
+                                     "value, and a grammar cannot enforce 'exactly one'. Use 'anyOf' if that is "
+                                     "acceptable, or make them exclusive: different types, or a required "
+                                     "property with a different 'const'/'enum' in each")
 
 
 def _view(root: Any, schema: Any, depth: int) -> Any:
@@ -212,3 +231,100 @@ def _disjoint(root: Any, a: Any, b: Any, depth: int) -> bool:
         return False
     return any(name in pb and name in ra and name in rb and _disjoint(root, pa[name], pb[name], depth + 1)
                for name in pa)
+
+
+# ---- keywords rewritten into ones a grammar enforces (exactly, or as a narrowing)
+
+#: at most this many dependencies are split into alternatives (each one doubles them)
+MAX_DEPENDENCIES = 4
+
+
+def _without_property(schema: dict, name: str) -> dict:
+    """The schema with property ``name`` forbidden. Where the schema lists no properties this
+    lists one (``name: false``), which in the canonical form also ends other extra keys: a
+    narrowing."""
+    return {**schema, "properties": {**schema.get("properties", {}), name: False}}
+
+
+def _split_dependencies(schema: dict) -> dict | None:
+    """dependentRequired / dependentSchemas / draft-4 dependencies as alternatives: the
+    property absent, or present with what it brings (``{"anyOf": [...]}``; exact). None if the
+    schema has none, or too many to split (the caller relaxes them)."""
+    for key in ("dependentRequired", "dependentSchemas", "dependencies"):
+        deps = schema.get(key)
+        if not isinstance(deps, dict) or not deps:
+            continue
+        if sum(len(v) for k, v in schema.items() if k in ("dependentRequired", "dependentSchemas", "dependencies")
+               and isinstance(v, dict)) > MAX_DEPENDENCIES:
+            return None
+        name, dep = next(iter(deps.items()))
+        rest = {k: v for k, v in schema.items() if k != key}
+        if len(deps) > 1:
+            rest[key] = {k: v for k, v in deps.items() if k != name}
+        required = list(rest.get("required", []))
+        if isinstance(dep, list):
+            present = {**rest, "required": required + [x for x in [name, *dep] if x not in required and x != ""]}
+            present["required"] = list(dict.fromkeys(present["required"]))
+        else:
+            present = {**rest, "required": list(dict.fromkeys([*required, name])),
+                       "allOf": [*rest.get("allOf", []), dep]}
+        if name in required:
+            return present
+        return {"anyOf": [_without_property(rest, name), present]}
+    return None
+
+
+def _negate(schema: dict) -> dict | None:
+    """``not`` where its schema is one a grammar can complement: {} or false (nothing / anything),
+    ``required`` (some of them absent), ``type`` (the other types). None otherwise."""
+    neg = schema["not"]
+    rest = {k: v for k, v in schema.items() if k != "not"}
+    if neg is False:
+        return rest
+    if neg is True or neg == {}:
+        return {"anyOf": [False]}  # nothing is valid
+    if not isinstance(neg, dict):
+        return None
+    keys = [k for k in neg if _constrains(k)]
+    if keys == ["required"] and isinstance(neg["required"], list) and neg["required"]:
+        alts = [_without_property(rest, name) for name in neg["required"] if isinstance(name, str)]
+        return alts[0] if len(alts) == 1 else {"anyOf": alts}
+    if keys == ["type"]:
+        banned = neg["type"] if isinstance(neg["type"], list) else [neg["type"]]
+        allowed = rest.get("type", list(_TYPES))
+        allowed = allowed if isinstance(allowed, list) else [allowed]
+        if "number" in banned:
+            banned = [*banned, "integer"]
+        kept = [t for t in allowed if t not in banned]
+        if "integer" in banned and "number" in kept:  # numbers that are not integers: not expressible
+            return None
+        return {**rest, "type": kept} if kept else {"anyOf": [False]}  # (no type left: nothing)
+    return None
+
+
+def _exclusive_required(alts: list) -> list | None:
+    """oneOf alternatives that each only require one property, as alternatives that are
+    exclusive: that property present and the others absent (exact). None otherwise."""
+    names = []
+    for alt in alts:
+        if not isinstance(alt, dict) or [k for k in alt if _constrains(k)] != ["required"]:
+            return None
+        req = alt["required"]
+        if not (isinstance(req, list) and len(req) == 1 and isinstance(req[0], str)):
+            return None
+        names.append(req[0])
+    if len(set(names)) != len(names):
+        return None
+    return [{"required": [n], "properties": {m: False for m in names if m != n}} for n in names]
+
+
+def _split_conditional(schema: dict) -> dict | None:
+    """if/then/else as alternatives: (if and then) or (not if, and else), where ``not if`` is one
+    _negate can write (exact). None otherwise."""
+    rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
+    cond, then, other = schema["if"], schema.get("then", True), schema.get("else", True)
+    unless = _negate({**rest, "not": cond})
+    if unless is None:
+        return None
+    yes = {**rest, "allOf": [*rest.get("allOf", []), cond, then]}
+    return {"anyOf": [yes, unless if other is True else {"allOf": [unless, other]}]}

@@ -2,35 +2,65 @@
 grammar; and json_schema_to_gbnf, the entry point."""
 from __future__ import annotations
 
+import json
 import math
+import re
 from fractions import Fraction
+from dataclasses import dataclass
 from typing import Any, Union
 from urllib.parse import unquote
 
-from ..errors import GrammarError
-from .composition import _check_exclusive, _merge_all_of
+from ..errors import GrammarError, UnenforceableSchemaError, UnsupportedRegexError
+from .composition import (_all_of, _check_exclusive, _exclusive_required, _merge_all_of, _negate,
+                          _split_conditional, _split_dependencies)
+from .formats import ALIASES, FORMATS, format_pattern
+from .formats import UNENFORCEABLE as UNENFORCEABLE_FORMATS
 from .gbnf import EMPTY, Node, _alt, _gbnf_char, _is_atom, _lit, _opt, _r, _seq
 from .json_values import _json_key, _json_kind, _json_text
 from .numbers import MAX_EXP_DIGITS, MAX_INT_DIGITS, _INT_MAX, _frac_opt, _int_range, _magnitudes, _uint
+from .refs import local_refs
+from .regex import Regex, may_overlap, parse_regex, regex_node
 from .rules import _Rules
-from .schema import (_ANNOTATIONS, _ARRAY_KEYWORDS, _NUMBER_KEYWORDS, _OBJECT_KEYWORDS, _STRING_KEYWORDS,
-                     _VALUE_CHECKS, _Unsat, _as_count, _as_number, _bounds, _check_keywords, _err,
-                     _kinds_of_type, _pointer_escape, _resolve, _schema_types, _value_ok)
+from .schema import (_ARRAY_KEYWORDS, _NUMBER_KEYWORDS, _OBJECT_KEYWORDS, _STRING_KEYWORDS, _SUPPORTED, _UNSUPPORTED,
+                     _VALUE_CHECKS, _Unsat, _as_count, _as_number, _bounds, _check_keywords, _constrains, _err,
+                     _kinds_of_type, _pointer_escape, _resolve, _schema_types, _unenforceable, _value_ok)
+from .validation import SchemaCheck, check_text, validator
 
 #: compact=False: at most this many whitespace characters between two tokens
 MAX_WS = 24
-#: string formats with a precise grammar
-SUPPORTED_FORMATS = ("date", "time", "date-time", "uuid")
+#: string formats with a grammar (a canonical subset of their strings: formats.py)
+SUPPORTED_FORMATS = tuple(sorted({*FORMATS, *ALIASES}))
 _HEX = "[0-9a-fA-F]"
 
 
+@dataclass(frozen=True)
+class Relaxation:
+    """A constraint of the schema that the grammar does not enforce (strict=False): where it
+    is (a JSON pointer), its keyword, and why."""
+
+    path: str
+    keyword: str
+    reason: str
+
+
 class _Converter(_Rules):
-    def __init__(self, root: Any, compact: bool) -> None:
+    def __init__(self, root: Any, compact: bool, strict: bool = True) -> None:
         super().__init__()
         self.root = root
         self.compact = compact
+        self.strict = strict
+        self.relaxed: dict[tuple[str, str], Relaxation] = {}
         self.ref_rules: dict[str, str] = {}
         self.unsat_refs: dict[str, str] = {}
+        self.regex_nodes: dict[tuple, Node | None] = {}
+
+    def relax(self, err: UnenforceableSchemaError) -> None:
+        """strict: refuse the constraint; else leave it to the check of the finished output."""
+        if self.strict:
+            raise err
+        key = (err.path or "#", err.keyword or "?")
+        if key not in self.relaxed:
+            self.relaxed[key] = Relaxation(key[0], key[1], str(err))
 
     # ---- whitespace and punctuation
 
@@ -112,9 +142,19 @@ class _Converter(_Rules):
         if not isinstance(schema, dict):
             raise _err(path, f"a schema must be an object or a boolean, got {type(schema).__name__}")
         _check_keywords(schema, path)
+        rewritten = _negate(schema) if "not" in schema else None
+        if rewritten is None and any(k in schema for k in ("dependentRequired", "dependentSchemas", "dependencies")):
+            rewritten = _split_dependencies(schema)
+        if rewritten is None and "if" in schema:
+            rewritten = _split_conditional(schema)
+        if rewritten is not None:  # the same constraint in keywords a grammar enforces
+            return self.gen(rewritten, hint, path)
+        for key in schema:
+            if key in _UNSUPPORTED and not (key in ("then", "else") and "if" not in schema):  # (alone: no effect)
+                self.relax(_unenforceable(path, key, f"keyword '{key}' is not supported: {_UNSUPPORTED[key]}"))
         if "$ref" in schema:
             ref = schema["$ref"]
-            rest = {k: v for k, v in schema.items() if k != "$ref" and k not in _ANNOTATIONS}
+            rest = {k: v for k, v in schema.items() if k != "$ref" and _constrains(k)}
             if rest:  # constraints beside $ref apply as well
                 # (they stay the containing schema: unevaluatedProperties sees through the allOf)
                 return self.gen({**rest, "allOf": [{"$ref": ref}, *rest.get("allOf", ())]}, hint, path)
@@ -123,7 +163,7 @@ class _Converter(_Rules):
             if key in schema:
                 return self.gen_alternatives(schema, key, hint, path)
         if "allOf" in schema:
-            return self.gen(_merge_all_of(self.root, schema, path), hint, path)
+            return self.gen_all_of(schema, hint, path)
         if "enum" in schema or "const" in schema:
             return self.gen_enum(schema, hint, path)
         types = self.types(schema, path)
@@ -142,6 +182,26 @@ class _Converter(_Rules):
             return branches[0]
         return self.define(hint, _alt(*branches))
 
+    def gen_all_of(self, schema: dict, hint: str, path: str) -> Node:
+        """allOf merged into one schema; one rule per distinct schema, so that a recursive $ref
+        with keywords beside it (merged inline, not a rule of its own) ends in a rule that refers
+        to itself instead of unfolding without end."""
+        key = json.dumps(schema, sort_keys=True, default=repr)
+        if key in self.unsat_refs:
+            raise _Unsat(path, self.unsat_refs[key])
+        if key in self.ref_rules:
+            return ("ref", self.ref_rules[key])
+        name = self.alloc(hint)
+        self.ref_rules[key] = name
+        try:
+            body = self.gen(_merge_all_of(self.root, schema, path, self.relax), hint, path)
+        except _Unsat as e:
+            self.unsat_refs[key] = str(e)
+            del self.ref_rules[key]
+            raise
+        self.define(name, body, name)
+        return ("ref", name)
+
     def types(self, schema: dict, path: str) -> list[str] | None:
         types = _schema_types(schema, path)
         if types is None:
@@ -158,7 +218,11 @@ class _Converter(_Rules):
     # ---- $ref
 
     def ref(self, ref: str, path: str) -> Node:
-        target = _resolve(self.root, ref, path)
+        try:
+            target = _resolve(self.root, ref, path)
+        except UnenforceableSchemaError as e:  # another document: any value, checked afterwards
+            self.relax(e)
+            return self.any_value()
         if ref in self.unsat_refs:
             raise _Unsat(path, self.unsat_refs[ref])
         if ref in self.ref_rules:
@@ -179,12 +243,18 @@ class _Converter(_Rules):
 
     def gen_alternatives(self, schema: dict, key: str, hint: str, path: str) -> Node:
         alts = schema[key]
+        exclusive = _exclusive_required(alts) if key == "oneOf" else None
+        if exclusive is not None:  # one of some properties: exclusive alternatives
+            alts = exclusive
         rest = {k: v for k, v in schema.items() if k != key}
-        constrained = any(k not in _ANNOTATIONS for k in rest)
+        constrained = any(_constrains(k) for k in rest)
         if constrained:  # S and (A or B) = (S and A) or (S and B)
             alts = [{**rest, "allOf": [a, *rest.get("allOf", ())]} for a in alts]
-        if key == "oneOf":
-            _check_exclusive(self.root, alts, path)
+        if key == "oneOf" and exclusive is None:
+            try:
+                _check_exclusive(self.root, alts, path)
+            except UnenforceableSchemaError as e:  # relaxed: as anyOf
+                self.relax(e)
         branches = []
         last: _Unsat | None = None
         for i, alt in enumerate(alts):
@@ -200,11 +270,16 @@ class _Converter(_Rules):
     # ---- enum / const
 
     def gen_enum(self, schema: dict, hint: str, path: str) -> Node:
-        others = [k for k in schema if k not in ("enum", "const", "type") and k not in _ANNOTATIONS
+        others = [k for k in schema if k not in ("enum", "const", "type") and k in _SUPPORTED
                   and k not in _VALUE_CHECKS]
         if others:
-            raise _err(path, f"'enum'/'const' cannot be combined with {others}: list only the values that "
-                             "satisfy the other keywords")
+            self.relax(_unenforceable(path, others[0], f"'enum'/'const' cannot be combined with {others}: list "
+                                                       "only the values that satisfy the other keywords"))
+        if "pattern" in schema:
+            try:
+                self.regex(schema["pattern"], path, "pattern")  # parsed here: an error names the place
+            except UnsupportedRegexError as e:  # relaxed: the values are not filtered by it
+                self.relax(e)
         if "const" in schema:
             values = [schema["const"]]
             if "enum" in schema:
@@ -253,58 +328,46 @@ class _Converter(_Rules):
         if hi is not None and hi < lo:
             raise _Unsat(path, f"maxLength {hi} < minLength {lo}")
         fmt = schema.get("format")
-        if fmt is not None:
-            if fmt not in SUPPORTED_FORMATS:
-                raise _err(path, f"format {fmt!r} is not supported (supported: {', '.join(SUPPORTED_FORMATS)}); "
-                                 "drop 'format' and check the value after generation")
-            fmin, fmax = {"date": (10, 10), "uuid": (36, 36), "time": (9, 24), "date-time": (20, 35)}[fmt]
-            if lo > fmin or (hi is not None and hi < fmax):
-                raise _err(path, f"minLength/maxLength cannot be combined with format {fmt!r} (its values have "
-                                 f"{fmin} to {fmax} characters); drop minLength/maxLength")
-            return self.format_rule(fmt)
-        if lo == 0 and hi is None:
-            return self.string()
-        return self.define(hint, _seq(_lit('"'), self.rep(self.char(), lo, hi, "char"), _lit('"')))
+        fmt_pattern = format_pattern(fmt)  # None: a format that only annotates
+        if fmt in UNENFORCEABLE_FORMATS:
+            self.relax(_unenforceable(path, "format", f"format {fmt!r} is not produced by a grammar (drop it and "
+                                                      "check the value after generation)"))
+        if "pattern" in schema and fmt_pattern is not None:
+            self.relax(_unenforceable(path, "format", f"'pattern' and format {fmt!r} together cannot be "
+                                                      "expressed (the strings matching both): keep one of them"))
+            fmt_pattern = None  # relaxed: the pattern is enforced
+        regex: Regex | None = None
+        keyword = "pattern" if "pattern" in schema else "format"
+        source = schema["pattern"] if "pattern" in schema else fmt_pattern
+        if source is not None:
+            try:
+                regex = self.regex(source, path, keyword)
+            except UnsupportedRegexError as e:  # relaxed: a string without the pattern
+                self.relax(e)
+        if regex is None:
+            if lo == 0 and hi is None:
+                return self.string()
+            return self.define(hint, _seq(_lit('"'), self.rep(self.char(), lo, hi, "char"), _lit('"')))
+        what = f"'pattern' {source!r}" if keyword == "pattern" else f"format {fmt!r}"
+        if not regex.admits_length(lo, hi):
+            raise _Unsat(path, f"{what} matches no string of {lo} to {hi} characters")
+        name = hint if keyword == "pattern" else ALIASES.get(str(fmt), str(fmt))
+        node = self.regex_rules(regex, lo, hi, name)
+        if node is None:
+            self.relax(_unenforceable(
+                path, keyword, f"{what} cannot be combined with minLength/maxLength ({lo}..{hi}): the converter fits "
+                "lengths only by changing the counts of repetitions; write the length into the pattern "
+                "('[a-z]{1,8}') instead"))
+            node = self.regex_rules(regex, 0, None, name)  # relaxed: the lengths are not enforced
+        if node is None:
+            raise _Unsat(path, f"{what} matches no string")
+        return self.define(name, node)
 
-    def format_rule(self, fmt: str) -> Node:
-        d, d9 = ("cls", "[0-9]"), ("cls", "[1-9]")
-
-        def date() -> Node:
-            year = _alt(_seq(d9, _r(d, 3, 3)),
-                        _seq(_lit("0"), _alt(_seq(d9, _r(d, 2, 2)),
-                                             _seq(_lit("0"), _alt(_seq(d9, d), _seq(_lit("0"), d9))))))
-            leap_yy = _alt(_seq(_lit("0"), ("cls", "[48]")), _seq(("cls", "[2468]"), ("cls", "[048]")),
-                           _seq(("cls", "[13579]"), ("cls", "[26]")))
-            leap = _alt(_seq(_r(d, 2, 2), leap_yy), _seq(leap_yy, _lit("00")))
-            d28 = _alt(_seq(_lit("0"), d9), _seq(_lit("1"), d), _seq(_lit("2"), ("cls", "[0-8]")))
-            d30 = _alt(_seq(_lit("0"), d9), _seq(("cls", "[12]"), d), _lit("30"))
-            d31 = _alt(_seq(_lit("0"), d9), _seq(("cls", "[12]"), d), _seq(_lit("3"), ("cls", "[01]")))
-            m31 = _alt(_seq(_lit("0"), ("cls", "[13578]")), _seq(_lit("1"), ("cls", "[02]")))
-            m30 = _alt(_seq(_lit("0"), ("cls", "[469]")), _lit("11"))
-            y = self.define("year", year)
-            ly = self.define("leap-year", leap)
-            return _alt(_seq(y, _lit("-"), _alt(_seq(m31, _lit("-"), d31), _seq(m30, _lit("-"), d30),
-                                                 _seq(_lit("02-"), d28))),
-                        _seq(ly, _lit("-02-29")))
-
-        def time() -> Node:
-            hour = _alt(_seq(("cls", "[01]"), d), _seq(_lit("2"), ("cls", "[0-3]")))
-            minute = _seq(("cls", "[0-5]"), d)
-            offset = _alt(_lit("Z"), _seq(("cls", "[-+]"), hour, _lit(":"), minute))
-            return _seq(hour, _lit(":"), minute, _lit(":"), minute, _opt(_seq(_lit("."), _r(d, 1, 9))), offset)
-
-        if fmt == "date":
-            return self.shared_rule("date", lambda: _seq(_lit('"'), self.shared_rule("date-value", date), _lit('"')))
-        if fmt == "time":
-            return self.shared_rule("time", lambda: _seq(_lit('"'), self.shared_rule("time-value", time), _lit('"')))
-        if fmt == "date-time":
-            return self.shared_rule("date-time", lambda: _seq(
-                _lit('"'), self.shared_rule("date-value", date), _lit("T"), self.shared_rule("time-value", time),
-                _lit('"')))
-        h = ("cls", "[0-9a-f]")
-        return self.shared_rule("uuid", lambda: _seq(
-            _lit('"'), _r(h, 8, 8), _lit("-"), _r(h, 4, 4), _lit("-"), _r(h, 4, 4), _lit("-"), _r(h, 4, 4),
-            _lit("-"), _r(h, 12, 12), _lit('"')))
+    def regex_rules(self, regex: Regex, lo: int, hi: int | None, name: str) -> Node | None:
+        key = (regex.source, lo, hi, name)
+        if key not in self.regex_nodes:  # the same pattern or format again: the same rules
+            self.regex_nodes[key] = regex_node(regex, lo, hi, self.rep, self.define, name)
+        return self.regex_nodes[key]
 
     def gen_number(self, t: str, schema: dict, hint: str, path: str) -> Node:
         lo, hi = _bounds(schema, path)
@@ -313,9 +376,9 @@ class _Converter(_Rules):
             if m <= 0:
                 raise _err(path, "'multipleOf' must be > 0")
             if not (t == "integer" and (1 / m).denominator == 1):
-                raise _err(path, f"'multipleOf' {schema['multipleOf']!r} is not supported (only when every "
-                                 "integer is a multiple, e.g. 1 with type integer); drop it and check the "
-                                 "value after generation")
+                self.relax(_unenforceable(path, "multipleOf", f"'multipleOf' {schema['multipleOf']!r} is not "
+                                          "supported (only when every integer is a multiple, e.g. 1 with type "
+                                          "integer); drop it and check the value after generation"))
         if t == "integer":
             if lo is None and hi is None:
                 return self.integer()
@@ -332,8 +395,14 @@ class _Converter(_Rules):
             return self.number()
         for b in (lo, hi):
             if b is not None and b[0].denominator != 1:
-                raise _err(path, f"a non-integer bound ({float(b[0])!r}) on a number is not supported; use "
-                                 "integer bounds (such as 0 and 1) or scale the quantity")
+                self.relax(_unenforceable(path, "minimum" if b is lo else "maximum",
+                                          f"a non-integer bound ({float(b[0])!r}) on a number is not supported; "
+                                          "use integer bounds (such as 0 and 1) or scale the quantity"))
+        # relaxed: a fractional bound widened to the next integer outward
+        if lo is not None and lo[0].denominator != 1:
+            lo = (Fraction(math.floor(lo[0])), False)
+        if hi is not None and hi[0].denominator != 1:
+            hi = (Fraction(math.ceil(hi[0])), False)
         limit = Fraction(_INT_MAX + 1)
         if lo is None or lo[0] < -limit:
             lo = (-limit, True)
@@ -351,20 +420,35 @@ class _Converter(_Rules):
             raise _Unsat(path, "no number lies between minimum and maximum")
         return self.define(hint, _alt(*alts))
 
+    def regex(self, pattern: Any, path: str, keyword: str) -> Regex:
+        try:
+            return parse_regex(pattern)
+        except UnsupportedRegexError as e:
+            raise UnsupportedRegexError(f"JSON Schema at {path}: {e}", e.construct, keyword, path) from None
+
     # ---- objects
 
     def gen_object(self, schema: dict, hint: str, path: str) -> Node:
         props = schema.get("properties", {})
         required = schema.get("required", [])
+        patterns = []
+        for p, sub in schema.get("patternProperties", {}).items():
+            try:
+                patterns.append((self.regex(p, f"{path}/patternProperties", "patternProperties"), sub))
+            except UnsupportedRegexError as e:  # relaxed: keys of that pattern are not produced
+                self.relax(e)
         addl = schema.get("additionalProperties")
         if addl is None:
             addl = schema.get("unevaluatedProperties")
         if addl is None:  # absent: none when properties are listed (canonical form), else anything
-            addl = False if "properties" in schema else True
+            addl = False if "properties" in schema or patterns else True
         names = list(props) + [r for r in required if r not in props]
         fields: list[tuple[Node, bool]] = []
         for name in names:
-            sub = props[name] if name in props else addl
+            # a declared name is checked by its properties schema and by every pattern it matches;
+            # additionalProperties only applies to names that are neither
+            matching = [sub for rx, sub in patterns if re.search(rx.python(), name)]
+            sub = _all_of([props[name] if name in props else (True if matching else addl), *matching])
             is_req = name in required
             sub_path = f"{path}/properties/{_pointer_escape(name)}"
             try:
@@ -374,30 +458,61 @@ class _Converter(_Rules):
                     raise _Unsat(sub_path, f"required property {name!r} admits no value ({e})") from None
                 continue
             fields.append((_seq(_lit(_json_text(name)), self.colon(), value), is_req))
-        extra: Node | None = None
-        if addl is not False:
+        extras: list[Node] = []
+        if patterns:
+            extras = self.pattern_extras(patterns, names, hint, path)
+        elif addl is not False:
             try:
                 value = self.gen(addl, f"{hint}-value", f"{path}/additionalProperties")
             except _Unsat:
                 pass  # no value is allowed: no other properties
             else:
                 key = self.key_excluding(names, f"{hint}-key") if names else self.string()
-                extra = self.simple(_seq(key, self.colon(), value), f"{hint}-extra")
+                extras.append(_seq(key, self.colon(), value))
+        extra = self.simple(_alt(*extras), f"{hint}-extra") if extras else None
         n_req = sum(1 for _, r in fields if r)
         if "minProperties" in schema:
             m = _as_count(schema["minProperties"], path, "minProperties")
             if m > n_req:
-                raise _err(path, f"'minProperties' {m} is more than the {n_req} required properties; the "
-                                 "grammar cannot count optional ones: list enough properties in 'required'")
+                self.relax(_unenforceable(path, "minProperties", f"'minProperties' {m} is more than the {n_req} "
+                                          "required properties; the grammar cannot count optional ones: list "
+                                          "enough properties in 'required'"))
         if "maxProperties" in schema:
             m = _as_count(schema["maxProperties"], path, "maxProperties")
             if extra is not None or m < len(fields):
                 if m < n_req:
                     raise _Unsat(path, f"'maxProperties' {m} is less than the required properties")
-                raise _err(path, f"'maxProperties' {m} cannot be expressed (the object may have more "
-                                 "properties); drop it, or set 'additionalProperties': false and list at "
-                                 f"most {m} properties")
+                self.relax(_unenforceable(path, "maxProperties", f"'maxProperties' {m} cannot be expressed (the "
+                                          "object may have more properties); drop it, or set "
+                                          f"'additionalProperties': false and list at most {m} properties"))
         return self.define(hint, self.object_body(fields, extra, hint))
+
+    def pattern_extras(self, patterns: list[tuple[Regex, Any]], names: list[str], hint: str, path: str
+                       ) -> list[Node]:
+        """The other properties an object with patternProperties has: for each pattern, keys that
+        match it, with values of its schema and of the schemas of the patterns the key may match
+        too. Keys that match no pattern are not produced (a narrowing, whatever
+        additionalProperties says), nor keys of a pattern that a declared name also matches
+        (unless every key matches it): they could repeat a declared key."""
+        out = []
+        for i, (rx, sub) in enumerate(patterns):
+            if rx.universal:
+                key = self.key_excluding(names, f"{hint}-key") if names else self.string()
+            elif any(re.search(rx.python(), n) for n in names):
+                continue
+            else:
+                found = regex_node(rx, 0, None, self.rep, self.define, f"{hint}-key")
+                if found is None:
+                    continue
+                key = found
+            others = [s for j, (ry, s) in enumerate(patterns) if j != i and may_overlap(rx, ry)]
+            try:
+                value = self.gen(_all_of([sub, *others]), f"{hint}-value",
+                                 f"{path}/patternProperties/{_pointer_escape(rx.source)}")
+            except _Unsat:
+                continue
+            out.append(_seq(key, self.colon(), value))
+        return out
 
     def object_body(self, fields: list[tuple[Node, bool]], extra: Node | None, hint: str) -> Node:
         comma = self.comma()
@@ -408,10 +523,21 @@ class _Converter(_Rules):
             parts += [_seq(comma, kv) if r else _opt(_seq(comma, kv)) for kv, r in fields[first + 1:]]
             return self.bracket("{", _seq(*parts, more), False, "}")
         kvs = [kv for kv, _ in fields]
-        alts = [_seq(kv, *(_opt(_seq(comma, k)) for k in kvs[i + 1:]), more) for i, kv in enumerate(kvs)]
-        if extra is not None:
-            alts.append(_seq(extra, more))
-        return self.bracket("{", _alt(*alts) if alts else EMPTY, True, "}")
+        if len(kvs) <= 4:  # one alternative per first property present
+            alts = [_seq(kv, *(_opt(_seq(comma, k)) for k in kvs[i + 1:]), more) for i, kv in enumerate(kvs)]
+            if extra is not None:
+                alts.append(_seq(extra, more))
+            return self.bracket("{", _alt(*alts) if alts else EMPTY, True, "}")
+        # the same in rules linear in the number of properties: rest[i] = the properties from i on,
+        # each after a comma; first[i] = the first present one from i on, then rest
+        tail: Node = more
+        head: Node = _seq(extra, more) if extra is not None else EMPTY
+        for i in reversed(range(len(kvs))):
+            after = tail
+            tail = self.define(f"{hint}-rest", _seq(_opt(_seq(comma, kvs[i])), tail))
+            head = self.define(f"{hint}-first", _alt(_seq(kvs[i], after), head) if head != EMPTY
+                               else _seq(kvs[i], after))
+        return self.bracket("{", head, True, "}")
 
     def key_excluding(self, names: list[str], hint: str) -> Node:
         """A JSON string key (without escapes) that is none of ``names``."""
@@ -461,8 +587,9 @@ class _Converter(_Rules):
         if hi is not None and hi < lo:
             raise _Unsat(path, f"maxItems {hi} < minItems {lo}")
         if schema.get("uniqueItems") is True and (hi is None or hi > 1):
-            raise _err(path, "'uniqueItems': true is not supported (a grammar cannot compare items); drop it "
-                             "and check after generation, or use 'prefixItems' with distinct 'const's")
+            self.relax(_unenforceable(path, "uniqueItems", "'uniqueItems': true is not supported (a grammar "
+                                      "cannot compare items); drop it and check after generation, or use "
+                                      "'prefixItems' with distinct 'const's"))
         heads: list[Node] = []
         for i, sub in enumerate(prefix):
             if hi is not None and i >= hi:
@@ -501,31 +628,75 @@ class _Converter(_Rules):
         return self.bracket("[", _seq(*parts), False, "]")
 
 
-def json_schema_to_gbnf(schema: Union[dict, bool], *, compact: bool = True) -> str:
-    """The GBNF grammar (llama.cpp's format, rule ``root``) of the canonical JSON texts of the
-    instances of ``schema``.
+class SchemaGrammar:
+    """A JSON Schema compiled to a grammar (``compile_json_schema``): ``gbnf`` the grammar,
+    ``relaxed`` the constraints it does not enforce (strict=False; empty when ``exact``), and
+    ``check(text)``, the finished output checked against the whole schema."""
+
+    def __init__(self, schema: Any, gbnf: str, strict: bool, relaxed: tuple[Relaxation, ...]) -> None:
+        self.schema = schema
+        self.gbnf = gbnf
+        self.strict = strict
+        self.relaxed = relaxed
+        self._validator: Any = None
+
+    @property
+    def exact(self) -> bool:
+        """Whether the grammar enforces the whole schema (every output it allows is valid)."""
+        return not self.relaxed
+
+    def check(self, text: str) -> SchemaCheck:
+        """Whether ``text`` is an instance of the schema (jsonschema; see validation.py)."""
+        if self._validator is None:
+            try:
+                self._validator = validator(self.schema)
+            except Exception as e:  # noqa: BLE001 - a schema jsonschema cannot load
+                return SchemaCheck(None, f"the schema could not be loaded by jsonschema: {type(e).__name__}: {e}")
+        return check_text(self._validator, text)
+
+    def __repr__(self) -> str:
+        return f"SchemaGrammar({len(self.gbnf)} characters of GBNF, strict={self.strict}, relaxed={len(self.relaxed)})"
+
+
+def compile_json_schema(schema: Union[dict, bool], *, compact: bool = True, strict: bool = True) -> SchemaGrammar:
+    """The grammar of the canonical JSON texts of the instances of ``schema``, and what it does
+    not enforce.
 
     compact  True: no whitespace at all (``{"a":1,"b":[1,2]}``), which forces the most tokens;
              False: up to 24 whitespace characters (space, tab, newline, CR) around each
              ``{ } [ ] : ,`` (never before or after the whole value), so pretty-printed output
              (``json.dumps(x, indent=2)``) is accepted too.
+    strict   True: a constraint a grammar cannot enforce (``uniqueItems: true``, an overlapping
+             ``oneOf``, ``not``, a lookahead in a pattern...) raises UnenforceableSchemaError.
+             False: the grammar enforces everything else (exactly) and ``relaxed`` lists what it
+             left out; check the output with ``check`` (Session.generate does:
+             ``Generation.schema_valid``).
 
-    Raises GrammarError for an invalid schema, an unsatisfiable one, or one that uses a keyword
-    the converter cannot express exactly (docs/structured-output.md lists them).
+    Raises GrammarError for an invalid or unsatisfiable schema, and UnenforceableSchemaError
+    (with strict) as above; docs/structured-output.md lists what is enforced.
     """
     if not isinstance(schema, (dict, bool)):
         raise GrammarError(f"a JSON Schema must be a dict or a bool, got {type(schema).__name__}")
-    conv = _Converter(schema, bool(compact))
+    original = schema
+    schema = local_refs(schema)
+    conv = _Converter(schema, bool(compact), bool(strict))
     try:
         name = conv.alloc("root")
         conv.ref_rules["#"] = name
         conv.define("root", conv.gen(schema, "root", "#"), "root")
-        return conv.finish()
+        gbnf = conv.finish()
     except _Unsat as e:
         raise GrammarError(f"the JSON Schema admits no value: {e}. Fix the schema (a required property "
                            "or type that cannot be satisfied)") from None
     except RecursionError:
         raise GrammarError("the JSON Schema is nested too deeply to convert") from None
+    return SchemaGrammar(original, gbnf, bool(strict), tuple(conv.relaxed.values()))
+
+
+def json_schema_to_gbnf(schema: Union[dict, bool], *, compact: bool = True, strict: bool = True) -> str:
+    """The GBNF grammar (llama.cpp's format, rule ``root``) of the canonical JSON texts of the
+    instances of ``schema``: ``compile_json_schema(...).gbnf`` (see there)."""
+    return compile_json_schema(schema, compact=compact, strict=strict).gbnf
 
 
 #: any JSON value, compact canonical form (what ``json_schema=True`` uses)

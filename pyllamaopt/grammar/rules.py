@@ -118,7 +118,25 @@ class _Rules:
             order += [r for r in dict.fromkeys(refs) if r not in order]
         return reached
 
+    def hoist(self, node: Node, name: str) -> Node:
+        """``node`` with every repeated group that holds other groups made a rule of its own:
+        llama.cpp refuses a repetition of a group when the rules the group creates times the
+        count exceed 2000 ("exceeds sane defaults"); a rule reference counts as one."""
+        kind = node[0]
+        if kind in ("seq", "alt"):
+            return (kind, tuple(self.hoist(p, name) for p in node[1]))
+        if kind == "rep":
+            child = self.hoist(node[1], name)
+            if child[0] in ("seq", "alt") and not all(_is_atom(p) for p in child[1]):
+                child = self.define(f"{name}-part", child)
+            return ("rep", child, node[2], node[3])
+        return node
+
     def finish(self) -> str:
+        for name in list(self.rules):
+            body = self.rules[name]
+            if body is not None:
+                self.rules[name] = self.hoist(body, name)
         rules = self.reachable()
         # a rule that is only another rule's name takes that rule's body, if nothing else uses it
         counts: dict[str, int] = {}

@@ -4,19 +4,24 @@ errors."""
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import unquote
 
-from ..errors import GrammarError
+from ..errors import GrammarError, UnenforceableSchemaError
 from .json_values import _json_kind
+from .formats import format_pattern
+from .regex import parse_regex
 
 
-# keywords that only annotate: ignored
+# keywords that only annotate (known to JSON Schema or common in the wild): ignored. Any other
+# keyword not in _SUPPORTED / _UNSUPPORTED is an annotation too (JSON Schema: unknown keywords
+# are annotations), unless it looks like a typo of a keyword that constrains (_typo_of).
 
 
 _ANNOTATIONS = frozenset({
-    "title", "description", "examples", "example", "default", "$schema", "$id", "$comment",
+    "title", "description", "examples", "example", "default", "$schema", "$id", "id", "$comment",
     "deprecated", "readOnly", "writeOnly", "discriminator", "contentMediaType", "contentEncoding",
     "contentSchema", "$anchor", "$dynamicAnchor", "$recursiveAnchor", "$vocabulary", "$defs",
     "definitions",
@@ -28,6 +33,7 @@ _SUPPORTED = frozenset({
     "minProperties", "maxProperties", "items", "prefixItems", "additionalItems", "unevaluatedItems",
     "minItems", "maxItems", "uniqueItems", "anyOf", "oneOf", "allOf", "$ref", "minLength",
     "maxLength", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+    "pattern", "patternProperties",
 })
 
 
@@ -35,10 +41,6 @@ _SUPPORTED = frozenset({
 
 
 _UNSUPPORTED = {
-    "pattern": "regular expressions are not converted; drop 'pattern' and check the string after "
-               "generation, or list the allowed values with 'enum'",
-    "patternProperties": "drop it and list the keys under 'properties', or use 'additionalProperties' "
-                         "with a schema",
     "propertyNames": "drop it and list the keys under 'properties'",
     "dependentRequired": "make the properties required, or split the alternatives with 'anyOf'",
     "dependentSchemas": "split the alternatives with 'anyOf'",
@@ -55,15 +57,59 @@ _UNSUPPORTED = {
 }
 
 
+def _constrains(key: str) -> bool:
+    """Whether a keyword constrains the value (else it annotates, and is ignored)."""
+    return key in _SUPPORTED or key in _UNSUPPORTED
+
+
+def _osa_distance(a: str, b: str) -> int:
+    """Edit distance with adjacent transpositions (optimal string alignment)."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[-1]
+
+
+def _typo_of(key: str) -> str | None:
+    """The constraining keyword ``key`` is likely a misspelling of, if any: the same but for
+    case or a trailing ':' / '"' / space; for keywords of 6 or 7 letters one edit away, for
+    longer ones two (an edit: a letter inserted, dropped, changed, or two swapped); for 5-letter
+    ones (items, const) one edit but no letter dropped (`cost` is a word); for short ones (type,
+    enum, not, if...) only two letters swapped. Keys starting with '_', '$', '@' or
+    'x-' are deliberate extensions, never typos."""
+    if key[:1] in ("_", "$", "@") or key.startswith("x-"):
+        return None
+    bare = key.rstrip(': "')
+    for word in sorted(_SUPPORTED | set(_UNSUPPORTED)):
+        if word.startswith("$"):
+            continue
+        if bare.lower() == word.lower():
+            return word
+        n = len(word)
+        if n <= 4:
+            if len(bare) == n and sorted(bare) == sorted(word) and _osa_distance(bare, word) == 1:
+                return word
+        elif (n > 5 or len(bare) >= n) and abs(len(bare) - n) <= 2 \
+                and _osa_distance(bare, word) <= (1 if n <= 7 else 2):
+            return word
+    return None
+
+
 _OBJECT_KEYWORDS = ("properties", "required", "additionalProperties", "unevaluatedProperties",
-                    "minProperties", "maxProperties")
+                    "minProperties", "maxProperties", "patternProperties")
 
 
 _ARRAY_KEYWORDS = ("items", "prefixItems", "additionalItems", "unevaluatedItems", "minItems", "maxItems",
                    "uniqueItems")
 
 
-_STRING_KEYWORDS = ("minLength", "maxLength", "format")
+_STRING_KEYWORDS = ("minLength", "maxLength", "format", "pattern")
 
 
 _NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
@@ -81,6 +127,20 @@ class _Unsat(Exception):
 
 def _err(path: str, msg: str) -> GrammarError:
     return GrammarError(f"JSON Schema at {path}: {msg}")
+
+
+def _unenforceable(path: str, keyword: str, msg: str) -> UnenforceableSchemaError:
+    """A constraint a grammar cannot enforce: refused with strict=True, else left to the check
+    of the finished output."""
+    return UnenforceableSchemaError(f"JSON Schema at {path}: {msg}", keyword, path)
+
+
+#: what the converter does with an UnenforceableSchemaError: raise it (strict) or note it
+Relax = Callable[[UnenforceableSchemaError], None]
+
+
+def _raise(err: UnenforceableSchemaError) -> None:
+    raise err
 
 
 def _kinds_of_type(t: str) -> set[str]:
@@ -118,12 +178,14 @@ def _check_keywords(schema: dict, path: str) -> None:
     for key in schema:
         if not isinstance(key, str):
             raise _err(path, f"keyword {key!r} is not a string")
-        if key in _ANNOTATIONS or key in _SUPPORTED or key.startswith("x-"):
+        if key in _SUPPORTED or key in _ANNOTATIONS:
             continue
         if key in _UNSUPPORTED:
-            raise _err(path, f"keyword '{key}' is not supported: {_UNSUPPORTED[key]}")
-        raise _err(path, f"unknown keyword '{key}': the converter cannot tell whether it constrains "
-                         "the value. Remove it (or prefix it with 'x-' if it only annotates)")
+            continue  # the converter refuses or relaxes it
+        meant = _typo_of(key)
+        if meant is not None:
+            raise _err(path, f"unknown keyword '{key}' looks like a misspelling of '{meant}', which would "
+                             f"then not be enforced: correct it (or prefix it with 'x-' if it only annotates)")
     for key in ("anyOf", "oneOf", "allOf"):
         if key in schema and (not isinstance(schema[key], list) or not schema[key]):
             raise _err(path, f"'{key}' must be a non-empty list of schemas")
@@ -133,12 +195,17 @@ def _check_keywords(schema: dict, path: str) -> None:
         req = schema["required"]
         if not isinstance(req, list) or any(not isinstance(x, str) for x in req) or len(set(req)) != len(req):
             raise _err(path, "'required' must be a list of distinct property names")
+    if "patternProperties" in schema and (not isinstance(schema["patternProperties"], dict)
+                                          or any(not isinstance(k, str) for k in schema["patternProperties"])):
+        raise _err(path, "'patternProperties' must be an object mapping regular expressions to schemas")
     if "properties" in schema and (not isinstance(schema["properties"], dict)
                                    or any(not isinstance(k, str) for k in schema["properties"])):
         raise _err(path, "'properties' must be an object mapping names to schemas")
     for key in ("additionalProperties", "unevaluatedProperties", "additionalItems", "unevaluatedItems"):
         if key in schema and not isinstance(schema[key], (bool, dict)):
             raise _err(path, f"'{key}' must be a schema (an object or a boolean)")
+    if "format" in schema and not isinstance(schema["format"], str):
+        raise _err(path, f"'format' must be a string, got {schema['format']!r}")
     if "uniqueItems" in schema and not isinstance(schema["uniqueItems"], bool):
         raise _err(path, "'uniqueItems' must be a boolean")
     for key in ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"):
@@ -156,13 +223,13 @@ def _resolve(root: Any, ref: Any, path: str) -> Any:
     if not isinstance(ref, str):
         raise _err(path, f"'$ref' must be a string, got {ref!r}")
     if not ref.startswith("#"):
-        raise _err(path, f"'$ref': {ref!r} is not a local reference; only references into the same "
-                         "schema ('#/$defs/Name', '#/definitions/Name', '#') are supported: inline the "
-                         "referenced schema under '$defs'")
+        raise _unenforceable(path, "$ref", f"'$ref': {ref!r} refers to another document; only references into the same "
+                         "schema are resolved ('#/$defs/Name', '#anchor', or a '$id' the schema declares): "
+                         "inline the referenced schema under '$defs'")
     fragment = unquote(ref[1:])
     if fragment and not fragment.startswith("/"):
-        raise _err(path, f"'$ref': {ref!r} names an anchor; anchors are not supported, use a JSON "
-                         "pointer such as '#/$defs/Name'")
+        raise _err(path, f"'$ref': {ref!r} names an anchor that no subschema declares ('$anchor', or "
+                         "'$id'/'id' \"#name\"); declare it or use a JSON pointer such as '#/$defs/Name'")
     node: Any = root
     for part in fragment.split("/")[1:] if fragment else []:
         part = part.replace("~1", "/").replace("~0", "~")
@@ -212,7 +279,8 @@ def _bounds(schema: dict, path: str) -> tuple:
 
 
 _VALUE_CHECKS = frozenset({"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
-                           "required", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+                           "required", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "pattern",
+                           "format"})
 
 
 def _value_ok(v: Any, schema: dict, path: str) -> bool:
@@ -220,6 +288,13 @@ def _value_ok(v: Any, schema: dict, path: str) -> bool:
     kind = _json_kind(v)
     if kind == "string":
         n = len(v)
+        for source in (schema.get("pattern"), format_pattern(schema.get("format"))):
+            try:
+                regex = parse_regex(source) if source is not None else None
+            except GrammarError:  # an untranslatable pattern: refused or relaxed by the converter
+                continue
+            if regex is not None and not re.search(regex.python(), v):
+                return False
         return schema.get("minLength", 0) <= n and ("maxLength" not in schema or n <= schema["maxLength"])
     if kind == "array":
         n = len(v)
