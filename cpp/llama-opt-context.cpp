@@ -178,12 +178,12 @@ int32_t llama_opt_context::acquire_seq(std::weak_ptr<llama_opt_seq_owner> owner)
     return seq;
 }
 
-void llama_opt_context::release_seq(int32_t seq, const llama_opt_seq_owner * owner) {
+void llama_opt_context::release_seq(int32_t seq, const llama_opt_seq_owner * owner, bool keep_blocks) {
     slot & sl = slots_[seq];
     if (ctx_ == nullptr || sl.owner_id != owner) {
         return;  // evicted while it was closing: the slot is someone else's now
     }
-    if (pool_ && !sl.blocks.empty()) {
+    if (keep_blocks && pool_ && !sl.blocks.empty()) {
         kv_truncate(seq, sl.blocks.size() * block_);  // keep the pooled complete blocks only
         sl.state = slot_state::cached;
         sl.owner.reset();
@@ -198,7 +198,7 @@ void llama_opt_context::close() {
     if (ctx_ && persist_) {
         for (auto & s : slots_) {
             if (auto owner = s.owner.lock()) {
-                owner->on_context_closing();
+                owner->on_kv_leaving();
             }
         }
     }
@@ -273,7 +273,8 @@ bool llama_opt_context::evict_one(int32_t except, bool cached_only) {
         }
         for (size_t seq = 0; seq < slots_.size(); ++seq) {
             const slot & s = slots_[seq];
-            const bool alive = state == slot_state::cached || !s.owner.expired();
+            const std::shared_ptr<llama_opt_seq_owner> owner = s.owner.lock();
+            const bool alive = state == slot_state::cached || (owner && !owner->in_use());
             if ((int32_t) seq != except && s.state == state && alive && (victim < 0 || s.last_use < slots_[victim].last_use)) {
                 victim = (int32_t) seq;
             }
@@ -292,6 +293,9 @@ bool llama_opt_context::evict_one(int32_t except, bool cached_only) {
         // the slot's owner is alive: an owner being destroyed waits for our lock in its close()
         // and is never chosen (lock() fails)
         std::shared_ptr<llama_opt_seq_owner> owner = slots_[victim].owner.lock();
+        if (persist_) {
+            owner->on_kv_leaving();  // an evicted session stays restorable from disk
+        }
         drop_sequence(victim);
         owner->on_evicted();
         stats_.sessions_evicted += 1;
@@ -459,6 +463,10 @@ bool llama_opt_context::kv_unpark(int32_t seq, size_t p0, size_t p1, long delta)
 
 void llama_opt_context::kv_clear_parked() {
     llama_memory_seq_rm(llama_get_memory(ctx_), scratch_seq(), -1, -1);
+}
+
+size_t llama_opt_context::kv_end(int32_t seq) const {
+    return (size_t) (llama_memory_seq_pos_max(llama_get_memory(ctx_), seq) + 1);  // -1: none
 }
 
 int32_t llama_opt_context::kv_cell(int32_t seq, size_t pos) const {

@@ -36,8 +36,12 @@ public:
     // The sequence's KV and pooled blocks are gone (the cache needed the room); the owner must
     // not use the sequence again.
     virtual void on_evicted() = 0;
-    // The context is about to free its KV memory: the last moment to save it (never throws).
-    virtual void on_context_closing() = 0;
+    // The sequence's KV is about to be freed (the context closes, or the cache evicts the
+    // sequence for room): the last moment to save it (never throws).
+    virtual void on_kv_leaving() = 0;
+    // A generation is going on: the owner is never evicted for room (the one needing room is
+    // told the cache is full instead), so that no stream loses its session midway.
+    virtual bool in_use() const = 0;
 };
 
 // One row of a decode call: a token of some sequence at some position. Rows of several
@@ -81,9 +85,9 @@ public:
     int32_t acquire_seq(std::weak_ptr<llama_opt_seq_owner> owner);
     // The owner is done with `seq`: its complete pooled blocks stay cached for reuse (dedup on),
     // the rest of its KV is freed. Nothing happens if `seq` was evicted and is someone else's now.
-    void release_seq(int32_t seq, const llama_opt_seq_owner * owner);
+    void release_seq(int32_t seq, const llama_opt_seq_owner * owner, bool keep_blocks = true);
 
-    // Frees the llama context; owners are told first (on_context_closing).
+    // Frees the llama context; owners are told first (on_kv_leaving).
     void close();
     bool closed() const { return ctx_ == nullptr; }
 
@@ -154,6 +158,7 @@ public:
     bool   kv_unpark(int32_t seq, size_t p0, size_t p1, long delta);
     void   kv_clear_parked();
     int32_t kv_cell(int32_t seq, size_t pos) const;  // the cell holding a position, -1 if none (patches/0004)
+    size_t kv_end(int32_t seq) const;  // one past the last position of the sequence in the KV memory
     // The KV rows of [p0, p1) as the disk tier stores them; false if some are not in the cache.
     bool   kv_read(int32_t seq, size_t p0, size_t p1, uint8_t * rows) const;
     // Writes KV rows read by kv_read into [p0, p1), evicting cached sequences for room; false: no room.

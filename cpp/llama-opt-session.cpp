@@ -54,6 +54,15 @@ void llama_opt_session::close() {
     closed_ = true;
 }
 
+void llama_opt_session::discard() {
+    lock_t lock(ctx_->mutex());
+    if (seq_ >= 0 && !closed()) {
+        drop_draft();
+        ctx_->release_seq(seq_, this, /* keep_blocks */ false);
+    }
+    closed_ = true;
+}
+
 void llama_opt_session::on_evicted() {
     memo_.clear();  // its cells went with the rest of the sequence's KV
     chain_.clear();
@@ -62,7 +71,7 @@ void llama_opt_session::on_evicted() {
     evicted_     = true;
 }
 
-void llama_opt_session::on_context_closing() {
+void llama_opt_session::on_kv_leaving() {
     if (!closed()) {
         save_quietly();
     }
@@ -419,6 +428,30 @@ std::vector<float> llama_opt_session::logits() {
     decode_pending_step();  // peeking must not change how generation goes on
     ensure_logits(&llama_opt_stats::tokens_prefilled);
     return logits_;
+}
+
+std::string llama_opt_session::invariant_violation() const {
+    lock_t lock(ctx_->mutex());
+    if (closed()) {
+        return "";
+    }
+    const size_t in_memory = ctx_->kv_end(seq_);
+    std::string  what;
+    if (in_memory != n_evaluated_ || n_canonical_ > n_evaluated_ || n_evaluated_ > tokens_.size()) {
+        what = std::to_string(in_memory) + " positions in the KV memory";
+    }
+    // holes: the first position of every block (a lookup scans the cells: the last one of each
+    // block too would double the cost for little)
+    for (size_t pos = 0; what.empty() && pos < n_evaluated_; pos += ctx_->block_size()) {
+        if (ctx_->kv_cell(seq_, pos) < 0) {
+            what = "no KV at position " + std::to_string(pos);
+        }
+    }
+    if (what.empty()) {
+        return "";
+    }
+    return "inv1: a history of " + std::to_string(tokens_.size()) + " tokens, " + std::to_string(n_evaluated_) +
+           " of them with KV by the session's account (" + std::to_string(n_canonical_) + " canonical), " + what;
 }
 
 std::vector<llama_token> llama_opt_session::tokens() const {

@@ -15,6 +15,7 @@
 #include "llama.h"
 
 #include <memory>
+#include <string>
 #include <vector>
 
 // One generation step: the new token and what the caller needs to know of it, in one call.
@@ -88,6 +89,9 @@ public:
     // Closes the session. With dedup on, its complete blocks stay in the context for reuse
     // until the space is needed.
     void close();
+    // Closes the session and drops its KV: nothing of it is saved or kept for reuse (after an
+    // invariant violation, its KV is not to be trusted).
+    void discard();
     bool closed() const;   // closed itself, evicted, or its context was closed
     bool evicted() const { return evicted_; }
 
@@ -98,6 +102,11 @@ public:
     size_t                           approx_from() const { return approx_from_; }
     size_t                           room() const;  // tokens that still fit the context
     int32_t                          seq() const { return seq_; }
+    // The specification's INV-1 (003 §2.8), checked against the KV memory itself: the session's
+    // account of its KV (positions [0, n_evaluated) computed, within the history) is what the
+    // memory holds: its last position, and the first of each block. Empty if it holds (or the
+    // session is closed), else what differs.
+    std::string                      invariant_violation() const;
     // Logits after the last token of the history (computed if needed; empty if no history),
     // a copy. A pending sampled token is computed as the next generation step would.
     std::vector<float>               logits();
@@ -105,7 +114,8 @@ public:
 
 private:
     void on_evicted() override;          // the context took our KV
-    void on_context_closing() override;  // saves to the disk tier, never throws
+    void on_kv_leaving() override;  // saves to the disk tier, never throws
+    bool in_use() const override { return generating_; }
 
     void check_open() const;
     void count(uint64_t llama_opt_stats::* counter, uint64_t n);  // ours and the context's statistics

@@ -317,6 +317,10 @@ class Context:
         """
         Test hook: keep only these bits of block hashes, forcing collisions.
         """
+    def _test_kv_remove(self, seq: typing.SupportsInt | typing.SupportsIndex, p0: typing.SupportsInt | typing.SupportsIndex, p1: typing.SupportsInt | typing.SupportsIndex) -> None:
+        """
+        Test hook: remove a sequence's KV behind its session's back (an invariant violation).
+        """
     def close(self) -> None:
         ...
     def open_session(self) -> Session:
@@ -415,6 +419,8 @@ class Session:
         ...
     def close(self) -> None:
         ...
+    def discard(self) -> None:
+        ...
     def end_turn(self) -> None:
         ...
     def fork(self) -> Session:
@@ -443,6 +449,9 @@ class Session:
         ...
     @property
     def evicted(self) -> bool:
+        ...
+    @property
+    def invariant_violation(self) -> str | None:
         ...
     @property
     def n_canonical(self) -> int:

@@ -5,6 +5,7 @@ Raw tokens remain the contract; this module only produces them from messages.
 from __future__ import annotations
 
 import datetime
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,18 @@ class ChatTemplate:
                 f"{model.architecture!r}; pass template=ChatTemplate('...jinja...')")
         special = lambda t: model.detokenize([t], special=True) if t >= 0 else ""  # noqa: E731
         return cls(source, bos_token=special(model.bos_token), eos_token=special(model.eos_token))
+
+    @functools.cached_property
+    def takes_tools(self) -> bool:
+        """Whether the template renders tool definitions given as ``tools=[...]`` (Hugging Face's
+        convention): found by rendering a probe tool and looking for its name, as llama.cpp does."""
+        probe = "pyllamaopt_probe_tool"
+        tools = [{"type": "function", "function": {"name": probe, "description": "",
+                                                   "parameters": {"type": "object", "properties": {}}}}]
+        try:
+            return probe in self.render([{"role": "user", "content": "x"}], tools=tools)
+        except ChatTemplateError:
+            return False
 
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = True, **extra: Any) -> str:
         for i, m in enumerate(messages):

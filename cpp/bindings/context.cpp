@@ -29,6 +29,11 @@ void register_context(py::module_ & m) {
         .def("reset_stats", &llama_opt_context::reset_stats)
         .def("_set_test_hash_mask", &llama_opt_context::set_test_hash_mask, py::arg("mask"),
              "Test hook: keep only these bits of block hashes, forcing collisions.")
+        .def("_test_kv_remove", [](llama_opt_context & self, int32_t seq, llama_pos p0, llama_pos p1) {
+                 std::lock_guard<std::recursive_mutex> lock(self.mutex());
+                 self.kv_remove(seq, p0, p1);
+             }, py::arg("seq"), py::arg("p0"), py::arg("p1"),
+             "Test hook: remove a sequence's KV behind its session's back (an invariant violation).")
         .def_property_readonly("closed", &llama_opt_context::closed)
         .def_property_readonly("n_ctx", &llama_opt_context::n_ctx)
         .def_property_readonly("n_sessions", &llama_opt_context::n_sessions)

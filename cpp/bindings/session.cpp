@@ -37,6 +37,7 @@ void register_session(py::module_ & m) {
         .def("step", &llama_opt_session::step, py::call_guard<py::gil_scoped_release>())
         .def("end_turn", &llama_opt_session::end_turn)
         .def("close", &llama_opt_session::close)
+        .def("discard", &llama_opt_session::discard)
         .def("stats", &llama_opt_session::stats)
         .def("logits", [](llama_opt_session & self) {
                  std::vector<float> l;
@@ -58,7 +59,11 @@ void register_session(py::module_ & m) {
         })
         .def_property_readonly("evicted", &llama_opt_session::evicted)
         .def_property_readonly("room", &llama_opt_session::room)
-        .def_property_readonly("seq", &llama_opt_session::seq);
+        .def_property_readonly("seq", &llama_opt_session::seq)
+        .def_property_readonly("invariant_violation", [](const llama_opt_session & self) -> std::optional<std::string> {
+            std::string what = self.invariant_violation();
+            return what.empty() ? std::nullopt : std::optional<std::string>(what);
+        });
 
     m.def("prefetch_steps", &llama_opt_session::prefetch_steps, py::arg("sessions"),
           py::call_guard<py::gil_scoped_release>(),

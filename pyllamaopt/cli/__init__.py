@@ -111,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="protocol sessions kept open (default: 16; the least recently used idle one is closed)")
     p.add_argument("--session-ttl", type=float, default=_env_int("LLAMA_OPT_SERVE_SESSION_TTL", 1800),
                    help="seconds an idle protocol session is kept (default: 1800)")
+    p.add_argument("--approximate-reuse", action="store_true",
+                   help="Tier 2, off by default: after a change near a prompt's start, reuse the unchanged text "
+                        "after it at its new position (approximate: answers say so; same as "
+                        "LLAMA_OPT_DIFF_REUSE_SHIFTED=1)")
     p.set_defaults(func=commands.serve)
 
     p = sub.add_parser("info", help="build and model information")

@@ -186,5 +186,5 @@ def serve(args: argparse.Namespace) -> int:
     OptConfig()  # a malformed LLAMA_OPT_* variable stops here, before the model loads
     run_server(ServeSettings(model=args.model, host=args.host, port=args.port, n_ctx=args.n_ctx, threads=args.threads,
                              api_key=args.api_key, max_sessions=args.max_sessions, session_ttl=args.session_ttl,
-                             verbose=args.verbose))
+                             approximate_reuse=args.approximate_reuse, verbose=args.verbose))
     return 0

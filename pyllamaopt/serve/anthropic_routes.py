@@ -1,18 +1,35 @@
-"""Anthropic-compatible route: POST /v1/messages (streaming events and not, system blocks)."""
+"""Anthropic-compatible route: POST /v1/messages (streaming events and not, system blocks, tools)."""
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
 
-from ..errors import ChatTemplateError
-from .schemas import MessagesRequest
-from .service import BadRequest, Event, Service, ServiceError, TokenEvent, Usage
+from .schemas import AnthropicMessage, MessagesRequest
+from .service import BadRequest, DoneEvent, Event, Service, ServiceError, TokenEvent, Usage
 from .streaming import collect, sse, started
+from .tools import (
+    ArgumentsPiece,
+    CallEnd,
+    CallStart,
+    ChoiceMode,
+    Piece,
+    ReplyParser,
+    TextPiece,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    ToolResult,
+    Turn,
+    arguments_text,
+)
+from .tools import prompt as tool_prompt
 
 router = APIRouter()
 
+_MODES: dict[str, ChoiceMode] = {"auto": "auto", "any": "required", "none": "none"}  # of tool_choice.type
 STOP_REASONS = {"eos": "end_turn", "grammar": "end_turn", "interrupted": "end_turn", "stop": "stop_sequence",
                 "length": "max_tokens", "context_full": "max_tokens"}
 
@@ -33,43 +50,136 @@ def _text(content: str | list[dict[str, Any]], where: str) -> str:
     return "".join(parts)
 
 
+def _turn(m: AnthropicMessage, where: str) -> Turn:
+    if isinstance(m.content, str):
+        return Turn(m.role, m.content)
+    turn = Turn(m.role)
+    for j, block in enumerate(m.content):
+        at, kind = f"{where}.content[{j}]", block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            turn.text += block["text"]
+        elif kind == "tool_use" and m.role == "assistant":
+            call_id, name, arguments = block.get("id"), block.get("name"), block.get("input")
+            if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, dict):
+                raise BadRequest(f"{at}: a tool_use block needs 'id' and 'name' (strings) and 'input' (an object)")
+            turn.calls.append(ToolCall(call_id, name, arguments_text(arguments, f"{at}.input")))
+        elif kind == "tool_result" and m.role == "user":
+            call_id = block.get("tool_use_id")
+            if not isinstance(call_id, str):
+                raise BadRequest(f"{at}: a tool_result block needs 'tool_use_id' (a string)")
+            turn.results.append(ToolResult(call_id, _text(block.get("content") or "", f"{at}.content"),
+                                           block.get("is_error") is True))
+        else:
+            raise BadRequest(f"{at}: a content block of type {kind!r} is not taken here: this server takes text, "
+                             "tool_use (in assistant messages) and tool_result (in user messages)")
+    return turn
+
+
+def _tools(body: MessagesRequest) -> tuple[list[Tool], ToolChoice]:
+    tools = []
+    for i, t in enumerate(body.tools or []):
+        if t.type not in (None, "custom"):
+            raise BadRequest(f"tools[{i}] ({t.name}): type {t.type!r} is one of Anthropic's server tools, which this "
+                             "server does not run; give custom tools (name, description, input_schema)")
+        if t.input_schema is None:
+            raise BadRequest(f"tools[{i}] ({t.name}): input_schema is required")
+        tools.append(Tool(t.name, t.description, t.input_schema))
+    c = body.tool_choice
+    if c is None:
+        return tools, ToolChoice()
+    parallel = not c.disable_parallel_tool_use
+    if c.type == "tool":
+        if not c.name:
+            raise BadRequest("tool_choice of type 'tool' needs the tool's 'name'")
+        return tools, ToolChoice("required", c.name, parallel)
+    return tools, ToolChoice(_MODES[c.type], None, parallel)
+
+
 def _usage(usage: Usage) -> dict[str, Any]:
     return {"input_tokens": usage.computed, "cache_read_input_tokens": usage.cached_tokens,
             "cache_creation_input_tokens": 0, "output_tokens": usage.completion_tokens}
 
 
+def _stop_reason(reply: ReplyParser, done: DoneEvent) -> str:
+    return "tool_use" if reply.complete and reply.calls else STOP_REASONS[done.finish_reason]
+
+
+def _input(call: ToolCall) -> Any:
+    try:
+        return json.loads(call.arguments)
+    except json.JSONDecodeError:  # cut by max_tokens
+        return {}
+
+
+class _Blocks:
+    """The content-block events of a streamed reply: a block opens when its first piece comes."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.open: str | None = None  # the kind of the last block, while open
+
+    def events(self, piece: Piece) -> list[dict[str, Any]]:
+        if isinstance(piece, TextPiece):
+            out = [] if self.open == "text" else self.start({"type": "text", "text": ""})
+            return out + [self.delta({"type": "text_delta", "text": piece.text})]
+        if isinstance(piece, CallStart):
+            return self.start({"type": "tool_use", "id": piece.id, "name": piece.name, "input": {}})
+        if isinstance(piece, ArgumentsPiece):
+            return [self.delta({"type": "input_json_delta", "partial_json": piece.text})]
+        assert isinstance(piece, CallEnd)
+        return self.stop()
+
+    def start(self, block: dict[str, Any]) -> list[dict[str, Any]]:
+        out = self.stop()
+        self.open, self.count = block["type"], self.count + 1
+        return out + [{"type": "content_block_start", "index": self.count - 1, "content_block": block}]
+
+    def delta(self, delta: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "content_block_delta", "index": self.count - 1, "delta": delta}
+
+    def stop(self) -> list[dict[str, Any]]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [{"type": "content_block_stop", "index": self.count - 1}]
+
+    def end(self) -> list[dict[str, Any]]:
+        """The last block closed (an empty text block if there was none)."""
+        return (self.stop() if self.count else self.start({"type": "text", "text": ""})) + self.stop()
+
+
 @router.post("/v1/messages")
 async def messages(body: MessagesRequest, request: Request) -> Any:
     service: Service = request.app.state.service
-    if body.tools:
-        raise BadRequest("tools are not supported by this server yet; send the request without 'tools'")
-    chat = [{"role": "system", "content": _text(body.system, "system")}] if body.system else []
-    chat += [{"role": m.role, "content": _text(m.content, f"messages.{i}")} for i, m in enumerate(body.messages)]
-    try:
-        prompt = request.app.state.chat_template.render(chat)
-    except ChatTemplateError as exc:
-        raise BadRequest(str(exc)) from None
-    tokens = service.model.tokenize(prompt, add_bos=False, special=True)
-    events = await started(service.complete(tokens, body.params(service.context.n_ctx)))
+    turns = [Turn("system", _text(body.system, "system"))] if body.system else []
+    turns += [_turn(m, f"messages[{i}]") for i, m in enumerate(body.messages)]
+    params = body.params(service.context.n_ctx)
+    tools, choice = _tools(body)
+    prompt = tool_prompt(request.app.state.chat_template, turns, tools, choice, params)
+    tokens = service.model.tokenize(prompt.text, add_bos=False, special=True)
+    events = await started(service.complete(tokens, params))
     message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
                "model": request.app.state.model_name}
+    reply = ReplyParser(prompt.generic, "toolu_")
     if body.stream:
+        blocks = _Blocks()
+
         def chunk(event: Event) -> list[dict[str, Any]]:
             if isinstance(event, TokenEvent):
-                return [{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": event.text}}]
-            return [{"type": "content_block_stop", "index": 0},
-                    {"type": "message_delta", "delta": {"stop_reason": STOP_REASONS[event.finish_reason],
-                                                        "stop_sequence": event.stop_string},
-                     "usage": _usage(event.usage), "pyllamaopt": event.usage.as_dict()},
-                    {"type": "message_stop"}]
+                return [e for piece in reply.feed(event.text) for e in blocks.events(piece)]
+            return blocks.end() + [
+                {"type": "message_delta", "delta": {"stop_reason": _stop_reason(reply, event),
+                                                    "stop_sequence": event.stop_string},
+                 "usage": _usage(event.usage), "pyllamaopt": event.usage.as_dict()},
+                {"type": "message_stop"}]
 
         opened = {**message, "content": [], "stop_reason": None, "stop_sequence": None,
                   "usage": {"input_tokens": 0, "output_tokens": 0}}
-        start: list[dict[str, Any]] = [
-            {"type": "message_start", "message": opened},
-            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}]
-        return sse(events, chunk, error_body, done_line=False, named=True, prologue=start)
+        return sse(events, chunk, error_body, done_line=False, named=True, prologue=[{"type": "message_start",
+                                                                                     "message": opened}])
     _, text, done = await collect(events)
-    return {**message, "content": [{"type": "text", "text": text}], "stop_reason": STOP_REASONS[done.finish_reason],
-            "stop_sequence": done.stop_string,
+    reply.feed(text)
+    content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text or not reply.calls else []
+    content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c)} for c in reply.calls]
+    return {**message, "content": content, "stop_reason": _stop_reason(reply, done), "stop_sequence": done.stop_string,
             "usage": _usage(done.usage), "pyllamaopt": done.usage.as_dict()}

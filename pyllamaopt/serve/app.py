@@ -44,6 +44,7 @@ class ServeSettings:
     max_sessions: int = 16           # protocol sessions open at once; the least recently used idle one goes first
     session_ttl: float = 30 * 60.0   # seconds an idle protocol session is kept
     max_body_bytes: int = 16 << 20
+    approximate_reuse: bool = False  # Tier 2: diff_reuse_shifted (service.py says how requests use it)
     verbose: bool = False
 
     def check(self) -> None:
@@ -72,6 +73,9 @@ _REQUEST_SEQUENCES = 16
 
 def create_app(settings: ServeSettings, config: OptConfig | None = None) -> FastAPI:
     model = Model(settings.model, verbose=settings.verbose)
+    config = config if config is not None else OptConfig()
+    if settings.approximate_reuse:
+        config.set("diff_reuse_shifted", True)
     context = Context(model, n_ctx=settings.n_ctx, n_threads=settings.threads,
                       n_seq_max=settings.max_sessions + _REQUEST_SEQUENCES, config=config)
     scheduler = Scheduler(prefetch=Session.prefetch_steps)  # decode steps of concurrent generations batched
@@ -147,6 +151,8 @@ def _authorized(request: Request, key: str) -> bool:
 
 class _NoTemplate:
     """Stands in for a model without a chat template: chat routes answer 400 with the reason."""
+
+    takes_tools = False
 
     def __init__(self, why: str) -> None:
         self.why = why

@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from .service import Usage
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_TOKEN_BUCKETS = tuple(float(4**k) for k in range(1, 10))  # 4 .. 262144
 
 
 class Metrics:
@@ -22,8 +23,14 @@ class Metrics:
         self.session_evicted_total = Counter("session_evicted_total", "Sessions closed by the server", ["reason"],
                                              registry=r)
         self.session_kv_live_bytes = Gauge("session_kv_live_bytes", "KV bytes of the cells in use", registry=r)
-        self.generate_prefill_tokens = Counter("generate_prefill_tokens", "Prompt tokens received for prefill",
-                                               registry=r)
+        self.generate_prefill_tokens = Histogram("generate_prefill_tokens", "Tokens received per prefill (reused or "
+                                                 "computed)", buckets=_TOKEN_BUCKETS, registry=r)
+        self.session_history_tokens = Histogram("session_history_tokens", "History length at a generation's start",
+                                                buckets=_TOKEN_BUCKETS, registry=r)
+        self.cache_invariant_violations_total = Counter(
+            "cache_invariant_violations_total", "Sessions found inconsistent (a bug: must read 0)", ["kind"], registry=r)
+        for kind in ("inv1", "inv2"):
+            self.cache_invariant_violations_total.labels(kind=kind)
         self.generate_prefill_duration_seconds = Histogram(
             "generate_prefill_duration_seconds", "Time to take a prompt (reused or computed)",
             buckets=_LATENCY_BUCKETS, registry=r)

@@ -7,11 +7,23 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from ..chat import ChatTemplate
-from ..errors import ChatTemplateError
-from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
-from .service import BadRequest, Event, Service, ServiceError, TokenEvent, Usage
+from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
+from .service import BadRequest, DoneEvent, Event, Service, ServiceError, TokenEvent, Usage
 from .streaming import collect, sse, started
+from .tools import (
+    ArgumentsPiece,
+    CallStart,
+    Piece,
+    ReplyParser,
+    TextPiece,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    ToolResult,
+    Turn,
+    arguments_text,
+)
+from .tools import prompt as tool_prompt
 
 router = APIRouter()
 
@@ -71,34 +83,72 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
             "usage": _usage(done.usage), "pyllamaopt": done.usage.as_dict()}
 
 
-def _text_of(message: ChatMessage) -> str:
+def _text_of(message: ChatMessage, where: str) -> str:
     if message.content is None or isinstance(message.content, str):
         return message.content or ""
     parts = []
     for part in message.content:
         if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise BadRequest(f"message content parts must be of type 'text' (got {part.get('type')!r}): "
+            raise BadRequest(f"{where}: content parts must be of type 'text' (got {part.get('type')!r}): "
                              "this server takes text only")
         parts.append(part["text"])
     return "".join(parts)
 
 
+def _turns(messages: list[ChatMessage]) -> list[Turn]:
+    turns = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if m.role == "tool":
+            if not m.tool_call_id:
+                raise BadRequest(f"{where}: a tool message needs the 'tool_call_id' of the call it answers")
+            turns.append(Turn("user", results=[ToolResult(m.tool_call_id, _text_of(m, where))]))
+            continue
+        if m.tool_calls and m.role != "assistant":
+            raise BadRequest(f"{where}: only assistant messages carry tool_calls")
+        calls = [ToolCall(c.id, c.function.name, arguments_text(c.function.arguments,
+                                                                f"{where}.tool_calls[{j}].function.arguments"))
+                 for j, c in enumerate(m.tool_calls or [])]
+        turns.append(Turn(m.role, _text_of(m, where), calls))
+    return turns
+
+
+def _tools(body: ChatCompletionRequest) -> tuple[list[Tool], ToolChoice]:
+    tools = [Tool(t.function.name, t.function.description, t.function.parameters or {}) for t in body.tools or []]
+    parallel = body.parallel_tool_calls is not False
+    choice = body.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        return tools, ToolChoice("required", choice.function.name, parallel)
+    return tools, ToolChoice(choice or "auto", None, parallel)
+
+
+def _delta(piece: Piece) -> dict[str, Any] | None:
+    if isinstance(piece, TextPiece):
+        return {"content": piece.text}
+    if isinstance(piece, CallStart):
+        return {"tool_calls": [{"index": piece.index, "id": piece.id, "type": "function",
+                                "function": {"name": piece.name, "arguments": ""}}]}
+    if isinstance(piece, ArgumentsPiece):
+        return {"tool_calls": [{"index": piece.index, "function": {"arguments": piece.text}}]}
+    return None  # a call's end: OpenAI's stream does not mark it
+
+
+def _finish_reason(reply: ReplyParser, done: DoneEvent) -> str:
+    return "tool_calls" if reply.complete and reply.calls else FINISH_REASONS[done.finish_reason]
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     service = _service(request)
-    if body.tools:
-        raise BadRequest("tools are not supported by this server yet; send the request without 'tools'")
-    template: ChatTemplate = request.app.state.chat_template
-    try:
-        prompt = template.render([{"role": m.role, "content": _text_of(m)} for m in body.messages])
-    except ChatTemplateError as exc:
-        raise BadRequest(str(exc)) from None
-    tokens = service.model.tokenize(prompt, add_bos=False, special=True)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     params = body.params(max_tokens, service.context.n_ctx, body.response_format)
+    tools, choice = _tools(body)
+    prompt = tool_prompt(request.app.state.chat_template, _turns(body.messages), tools, choice, params)
+    tokens = service.model.tokenize(prompt.text, add_bos=False, special=True)
     events = await started(service.complete(tokens, params))
     rid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), request.app.state.model_name
     head = {"id": rid, "created": created, "model": name}
+    reply = ReplyParser(prompt.generic, "call_")
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         first = [True]
@@ -106,16 +156,25 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         def chunk(event: Event) -> list[dict[str, Any]]:
             c = {**head, "object": "chat.completion.chunk"}
             if isinstance(event, TokenEvent):
-                delta = {"role": "assistant", "content": event.text} if first[0] else {"content": event.text}
-                first[0] = False
-                return [{**c, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}]
+                out = []
+                for delta in filter(None, map(_delta, reply.feed(event.text))):
+                    if first[0]:
+                        delta, first[0] = {"role": "assistant", **delta}, False
+                    out.append({**c, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+                return out
             delta = {"role": "assistant", "content": ""} if first[0] else {}
-            return _ending(c, {"index": 0, "delta": delta, "finish_reason": FINISH_REASONS[event.finish_reason]},
+            return _ending(c, {"index": 0, "delta": delta, "finish_reason": _finish_reason(reply, event)},
                            event.usage, include_usage)
 
         return sse(events, chunk, error_body)
     _, text, done = await collect(events)
+    reply.feed(text)
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+    if reply.calls:
+        message = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in reply.calls]}
     return {**head, "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": FINISH_REASONS[done.finish_reason], "logprobs": None}],
+            "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(reply, done),
+                         "logprobs": None}],
             "usage": _usage(done.usage), "pyllamaopt": done.usage.as_dict()}

@@ -7,7 +7,9 @@ advance together and a new request waits at most one step per stream. Before eac
 `prefetch` function given the streams' keys may compute their next steps together (the service
 decodes the pending tokens of all running generations in shared batches). A stream runs at most
 STREAM_AHEAD items ahead of its reader: a reader that stops reading (a stalled client) pauses
-its generation instead of letting it run to the end unread.
+its generation instead of letting it run to the end unread. A stream may yield PENDING: work
+done (a piece of a long prefill), nothing for the reader; the others get their turn before its
+next item, so a long prompt does not freeze their streams.
 """
 from __future__ import annotations
 
@@ -22,15 +24,16 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 _DONE = object()  # end of a stream, put after its last item
+PENDING = object()  # yielded by a stream between pieces of its work: not an item, a turn given up
 STREAM_AHEAD = 16
 
 
 @dataclass
 class _Stream:
-    steps: Iterator[Any]
-    key: Any  # handed to prefetch (None: not batched)
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue[Any]
+    steps: Iterator[Any] = iter(())
+    key: Any = None  # handed to prefetch (None: not batched)
     cancelled: threading.Event = field(default_factory=threading.Event)
     room: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(STREAM_AHEAD))
     waiting: bool = False  # the scheduler found no room: the reader wakes it when it takes an item
@@ -56,21 +59,19 @@ class Scheduler:
 
     async def stream(self, start: Callable[[], tuple[Iterator[Any], Any]]) -> AsyncIterator[Any]:
         """Items of the iterator `start()` returns (with its prefetch key), created and advanced on
-        the scheduler thread. Leaving the loop early (a client gone) closes the iterator there,
-        between two steps."""
-        loop = asyncio.get_running_loop()
-        out: asyncio.Queue[Any] = asyncio.Queue()
+        the scheduler thread. Leaving the loop early (a client gone, even while `start` runs)
+        closes the iterator there, between two steps: one whose cleanup matters must have started
+        (a generator that has yielded once) by the time `start` returns."""
+        s = _Stream(asyncio.get_running_loop(), asyncio.Queue())
 
-        def begin() -> _Stream:
-            steps, key = start()
-            s = _Stream(steps, key, loop, out)
+        def begin() -> None:
+            s.steps, s.key = start()
             self._streams.append(s)
-            return s
 
-        s = await self.run(begin)
         try:
+            await self.run(begin)
             while True:
-                item = await out.get()
+                item = await s.out.get()
                 s.room.release()
                 if s.waiting:
                     s.waiting = False
@@ -86,6 +87,10 @@ class Scheduler:
 
     def queue_depth(self) -> int:
         return self._calls.qsize() + len(self._streams)
+
+    def contended(self) -> bool:
+        """On the scheduler thread, inside a stream's step: whether other work waits for this one."""
+        return len(self._streams) > 1 or not self._calls.empty()
 
     def stop(self, timeout: float | None = None) -> None:
         """Finishes queued calls, closes running streams, and ends the thread."""
@@ -149,7 +154,10 @@ class Scheduler:
             self._put(s, exc)
             self._finish(s)
             return True
-        self._put(s, item)
+        if item is PENDING:
+            s.room.release()
+        else:
+            self._put(s, item)
         return True
 
     def _finish(self, s: _Stream, close: bool = False) -> None:

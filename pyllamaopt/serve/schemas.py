@@ -42,9 +42,42 @@ class Sampling(_Body):
         return p
 
 
+class FunctionCall(_Body):
+    name: str
+    arguments: str | dict[str, Any] = Field(description="JSON text of an object (a dict is taken too)")
+
+
+class ToolCallBody(_Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
     role: str
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallBody] | None = None  # assistant
+    tool_call_id: str | None = None               # tool
+
+
+class FunctionDefinition(_Body):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # JSON Schema of the arguments; none: no arguments
+
+
+class ChatTool(_Body):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class FunctionName(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"] = "function"
+    function: FunctionName
 
 
 class StreamOptions(_Body):
@@ -60,7 +93,9 @@ class ChatCompletionRequest(Sampling):
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(Sampling):
@@ -78,6 +113,19 @@ class AnthropicMessage(_Body):
     content: str | list[dict[str, Any]]
 
 
+class AnthropicTool(_Body):
+    type: str | None = None  # "custom" or absent; Anthropic's server tools are not served
+    name: str = Field(min_length=1)
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+
+
+class AnthropicToolChoice(_Body):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
 class MessagesRequest(_Body):
     model: str | None = None
     messages: list[AnthropicMessage] = Field(min_length=1)
@@ -88,7 +136,8 @@ class MessagesRequest(_Body):
     top_k: int | None = None
     stop_sequences: list[str] | None = None
     stream: bool = False
-    tools: list[dict[str, Any]] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
 
     def params(self, n_ctx: int) -> GenerateParams:
         return Sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=None, seed=None,

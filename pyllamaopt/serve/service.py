@@ -11,13 +11,19 @@ Two ways in:
   content-addressed blocks give it every other prefix any request (or a closed session, or the
   disk tier) computed before, exactly, with no session id; the rest is computed. A few such
   sessions stay open afterwards (IDLE_REQUEST_SESSIONS), the least recently used closes (its
-  blocks stay cached).
+  blocks stay cached). With the Tier-2 shifted reuse on (``--approximate-reuse``), a prompt that
+  shares no block with any of them still resumes the most recent one, whose unchanged spans after
+  the change are then reused at their new positions (approximately; the answer says so).
 - the session protocol (specification 003 §2.2): server-issued ids, raw tokens appended, one
   generation at a time per session, idle sessions closed after a TTL or when over capacity
   (least recently used first), and "not found" afterwards, never a silent reset.
+
+A long prompt is computed in pieces while other work waits (``_prefill``), so that it does not
+freeze the token streams of other clients.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
@@ -37,11 +43,16 @@ from ..errors import (
 from ..session import Session
 from ..stats import Stats
 from .metrics import Metrics
-from .scheduler import Scheduler
+from .scheduler import PENDING, Scheduler
 
 
 # Request sessions kept open after their answer, for the next request that continues one.
 IDLE_REQUEST_SESSIONS = 4
+# While other work waits, a prompt's new tokens are computed in pieces of about this many, the
+# others' steps between them. Exact: pieces start at multiples of the block size and hold at
+# least 64 tokens, which the canonical schedule computes bit for bit as one chunk would
+# (docs/exactness.md); the price is one more row of logits per piece.
+PREFILL_PIECE = 256
 
 
 class ServiceError(Exception):
@@ -59,6 +70,10 @@ class BadRequest(ServiceError):
     pass
 
 
+class ContextFull(BadRequest):
+    """More tokens than the context holds (a 400 unless the prompt itself fits: see _prefill)."""
+
+
 class NotFound(ServiceError):
     status = 404
     kind = "not_found_error"
@@ -72,6 +87,13 @@ class Busy(ServiceError):
 class Overloaded(ServiceError):
     status = 503
     kind = "overloaded_error"
+
+
+class InvariantViolation(ServiceError):
+    """The specification's FAILED_PRECONDITION (003 §2.8): a bug surfaced, never papered over."""
+
+    status = 500
+    kind = "invariant_violation"
 
 
 @dataclass
@@ -135,7 +157,7 @@ Event = TokenEvent | DoneEvent
 class _Entry:
     session: Session
     last_used: float = field(default_factory=time.monotonic)
-    generating: bool = False
+    busy: str | None = None  # "generating" or "prefilling": one operation at a time
 
 
 class Service:
@@ -154,43 +176,53 @@ class Service:
 
     def complete(self, tokens: list[int], params: GenerateParams) -> AsyncIterator[Event]:
         """Generates after `tokens` (see the module's docstring)."""
-        def start() -> tuple[Iterator[Event], Any]:
-            session = self._request_session(tokens)
+        def answer(session: Session) -> Iterator[Any]:
             before = session.stats
             try:
-                self._compute(lambda: session.sync(tokens), len(tokens))
+                yield PENDING  # see _started
+                yield from self._prefill(session, tokens, sync=True)
+            except GeneratorExit:  # the client left: what was computed stays usable
+                self._keep_idle(session)
+                raise
             except BaseException:
                 session.close()
                 raise
-            return self._generation(session, len(tokens), params, before, done=self._keep_idle), session
+            self._verify(session)
+            yield from self._generation(session, len(tokens), params, before, done=self._keep_idle)
+
+        def start() -> tuple[Iterator[Any], Any]:
+            session = self._request_session(tokens)
+            return _started(answer(session)), session
 
         return self.scheduler.stream(start)
 
     # the session protocol
 
     async def create_session(self, tokens: list[int]) -> str:
-        def create() -> str:
+        def create() -> Iterator[Any]:
             self._make_room()
             session = self.context.session()
-            if tokens:
-                try:
-                    self._compute(lambda: session.append(tokens), len(tokens))
-                except BaseException:
-                    session.close()
-                    raise
             session_id = secrets.token_urlsafe(18)
-            self._sessions[session_id] = _Entry(session)
+            entry = self._sessions[session_id] = _Entry(session, busy="prefilling")
+            try:
+                yield from self._prefill(session, tokens, sync=False)
+            except BaseException:
+                del self._sessions[session_id]
+                session.close()
+                raise
+            entry.busy = None
+            self._verify(session, entry, grew_from=0)
             self.metrics.session_total.labels(outcome="created").inc()
             self._update_gauges()
-            return session_id
+            yield session_id
 
-        return await self._run(create)
+        return await self._run_pieces(create)
 
     async def append(self, session_id: str, tokens: list[int]) -> dict[str, Any]:
-        return await self._change_history(session_id, lambda s: s.append(tokens), len(tokens))
+        return await self._change_history(session_id, tokens, sync=False)
 
     async def sync(self, session_id: str, tokens: list[int]) -> dict[str, Any]:
-        return await self._change_history(session_id, lambda s: s.sync(tokens), len(tokens))
+        return await self._change_history(session_id, tokens, sync=True)
 
     async def fork(self, session_id: str) -> str:
         def fork() -> str:
@@ -218,8 +250,8 @@ class Service:
         """One generation at a time per session: a second one is refused (Busy) until it ends."""
         def start() -> tuple[Iterator[Event], Any]:
             entry = self._entry(session_id, idle=True)
-            entry.generating = True
-            return self._generation(entry.session, 0, params, entry.session.stats, entry=entry), entry.session
+            entry.busy = "generating"
+            return _started(self._generation(entry.session, 0, params, entry.session.stats, entry=entry)), entry.session
 
         return self.scheduler.stream(start)
 
@@ -228,7 +260,7 @@ class Service:
         def expire() -> int:
             now = time.monotonic()
             old = [(sid, e) for sid, e in self._sessions.items()
-                   if not e.generating and now - e.last_used > self.session_ttl]
+                   if not e.busy and now - e.last_used > self.session_ttl]
             for sid, e in old:
                 self._drop(sid, e, outcome="expired", evicted_reason="ttl")
             return len(old)
@@ -259,16 +291,31 @@ class Service:
 
     # on the scheduler thread
 
-    async def _change_history(self, session_id: str, change: Callable[[Session], None], n_tokens: int) -> dict[str, Any]:
-        def run() -> dict[str, Any]:
+    async def _change_history(self, session_id: str, tokens: list[int], *, sync: bool) -> dict[str, Any]:
+        def change() -> Iterator[Any]:
             entry = self._entry(session_id, idle=True)
-            self._compute(lambda: change(entry.session), n_tokens)
-            return self._info(session_id, entry)
+            entry.busy = "prefilling"
+            before = entry.session.n_tokens
+            try:
+                yield from self._prefill(entry.session, tokens, sync=sync)
+            finally:
+                entry.busy = None
+                entry.last_used = time.monotonic()
+            self._verify(entry.session, entry, grew_from=None if sync else before)
+            yield self._info(session_id, entry)
 
-        return await self._run(run)
+        return await self._run_pieces(change)
 
     async def _run(self, fn: Any) -> Any:
         return await self.scheduler.run(lambda: _typed_errors(fn))
+
+    async def _run_pieces(self, work: Callable[[], Iterator[Any]]) -> Any:
+        """Runs the generator `work()` on the scheduler thread, other work taking its turn at each
+        PENDING it yields; returns the last item it yields. A client that leaves closes it there."""
+        result = None
+        async for item in self.scheduler.stream(lambda: (work(), None)):
+            result = item
+        return result
 
     def _entry(self, session_id: str, idle: bool = False) -> _Entry:
         entry = self._sessions.get(session_id)
@@ -278,8 +325,8 @@ class Service:
         if entry is None:
             raise NotFound(f"session {session_id!r} does not exist: it was never created, or it was closed, "
                            "expired or evicted; create a new one (and send its tokens again)")
-        if idle and entry.generating:
-            raise Busy(f"session {session_id!r} is generating; wait until that generation ends")
+        if idle and entry.busy:
+            raise Busy(f"session {session_id!r} is {entry.busy}; wait until that ends")
         entry.last_used = time.monotonic()
         return entry
 
@@ -287,7 +334,7 @@ class Service:
         s = entry.session
         return {"session_id": session_id, "n_tokens": s.n_tokens, "tokens": s.tokens,
                 "kv_bytes": s.n_tokens * self.model.kv_bytes_per_token, "approx_from": s.approx_from,
-                "generating": entry.generating, "stats": s.stats.as_dict()}
+                "generating": entry.busy == "generating", "busy": entry.busy, "stats": s.stats.as_dict()}
 
     def _drop(self, session_id: str, entry: _Entry, *, outcome: str, evicted_reason: str | None = None) -> None:
         del self._sessions[session_id]
@@ -301,19 +348,77 @@ class Service:
         """At max_sessions, closes the least recently used idle session."""
         if len(self._sessions) < self.max_sessions:
             return
-        idle = [(e.last_used, sid) for sid, e in self._sessions.items() if not e.generating and sid != keep]
+        idle = [(e.last_used, sid) for sid, e in self._sessions.items() if not e.busy and sid != keep]
         if not idle:
-            raise Busy(f"all {self.max_sessions} sessions are generating; retry later or start the server "
+            raise Busy(f"all {self.max_sessions} sessions are busy; retry later or start the server "
                        "with a larger --max-sessions")
         _, sid = min(idle)
         self._drop(sid, self._sessions[sid], outcome="evicted", evicted_reason="lru")
 
-    def _compute(self, fn: Any, n_tokens: int) -> None:
-        """Prefill (append or sync), timed and counted."""
-        start = time.perf_counter()
-        _typed_errors(fn)
-        self.metrics.generate_prefill_tokens.inc(n_tokens)
-        self.metrics.generate_prefill_duration_seconds.observe(time.perf_counter() - start)
+    def _prefill(self, session: Session, tokens: list[int], *, sync: bool) -> Iterator[Any]:
+        """Brings the session's history to `tokens` (sync) or extends it by them (append), timed and
+        counted. While other work waits, the new tokens are computed in pieces (PREFILL_PIECE),
+        PENDING yielded between them. An append is all or nothing: failed or cancelled, the session
+        has its old history; a failed or cancelled sync leaves a prefix of `tokens` (as its info
+        says). The Tier-2 shifted reuse plans on the whole prompt: with it on, a sync is one piece."""
+        old = session.tokens
+        target = tokens if sync else old + tokens
+        done = len(os.path.commonprefix([old, target]))
+        whole = sync and bool(self.context.config.diff_reuse_shifted)
+        spent, first = 0.0, True
+        try:
+            while True:
+                end = len(target) if whole or not self.scheduler.contended() else self._piece_end(done, len(target))
+                started = time.perf_counter()
+                try:
+                    if sync and first:  # drops what differs
+                        _typed_errors(lambda: session.sync(target[:end]))
+                    else:
+                        _typed_errors(lambda: session.append(target[done:end]))
+                except ContextFull:
+                    if len(target) > self.context.n_ctx:
+                        raise
+                    # it fits the context: the cells are held by generations in progress (never evicted)
+                    raise Overloaded("the KV cache is full with the KV of generations in progress; retry when "
+                                     "they end, or start the server with a larger --n-ctx") from None
+                spent += time.perf_counter() - started
+                done, first = end, False
+                if done == len(target):
+                    break
+                yield PENDING
+        except BaseException:
+            if not sync and not session.closed and session.n_tokens != len(old):
+                with contextlib.suppress(Exception):
+                    session.sync(old)
+            raise
+        finally:
+            self.metrics.generate_prefill_tokens.observe(len(tokens))
+            self.metrics.generate_prefill_duration_seconds.observe(spent)
+
+    def _verify(self, session: Session, entry: _Entry | None = None, *, grew_from: int | None = None) -> None:
+        """The anomaly invariants (003 §2.8) after an operation: INV-1, the session's KV is what its
+        history says; INV-2, an operation that only adds (append, generate) kept the history it
+        started from. A violation is counted, closes the session (its entry: outcome "failed") and
+        fails the request."""
+        what = session.invariant_violation
+        if what is None and grew_from is not None and session.n_tokens < grew_from:
+            what = f"inv2: the history went from {grew_from} to {session.n_tokens} tokens in an operation that only adds"
+        if what is None:
+            return
+        self.metrics.cache_invariant_violations_total.labels(kind=what.split(":")[0]).inc()
+        session.discard()  # neither saved nor kept for reuse
+        session_id = next((sid for sid, e in self._sessions.items() if e is entry), None)
+        if session_id is not None and entry is not None:
+            self._drop(session_id, entry, outcome="failed")
+        raise InvariantViolation(f"internal error: the session's KV cache was found inconsistent ({what}); the session "
+                                 "was closed: create a new one and send its tokens again (and please report this)")
+
+    def _piece_end(self, start: int, end: int) -> int:
+        """Where a piece of a prompt's prefill that starts at `start` ends: a multiple of the block
+        size about PREFILL_PIECE further, or `end` if what would be left is small."""
+        block = self.context.block_size
+        stop = (start + PREFILL_PIECE) // block * block
+        return end if end - stop < PREFILL_PIECE // 2 else stop
 
     def _request_session(self, tokens: list[int]) -> Session:
         """The idle request session sharing the longest prefix with `tokens` (at least a block),
@@ -323,6 +428,8 @@ class Service:
         n, i = max(shared, default=(0, -1))
         if n >= self.context.block_size:
             return self._idle.pop(i)
+        if self._idle and self.context.config.diff_reuse_shifted:  # Tier 2: changed near the start
+            return self._idle.pop()
         while True:
             try:
                 return self.context.session()
@@ -340,10 +447,14 @@ class Service:
             self._idle.pop(0).close()
 
     def _generation(self, session: Session, prompt_tokens: int, params: GenerateParams, before: Stats, *,
-                    entry: _Entry | None = None, done: Callable[[Session], None] | None = None) -> Iterator[Event]:
-        """The events of one generation; `before`: the session's counters before this request."""
+                    entry: _Entry | None = None, done: Callable[[Session], None] | None = None) -> Iterator[Any]:
+        """The events of one generation (after a first PENDING); `before`: the session's counters before
+        this request."""
         started = time.perf_counter()
+        history = session.n_tokens
+        self.metrics.session_history_tokens.observe(history)
         try:
+            yield PENDING  # see _started
             generation = _typed_errors(lambda: session.generate(params.max_tokens, **params.kwargs()))
             last = None
             for token in generation:
@@ -354,6 +465,7 @@ class Service:
                     self.metrics.inter_token_latency_seconds.observe(now - last)
                 last = now
                 yield TokenEvent(token.id, token.text)
+            self._verify(session, entry, grew_from=history)
             stats = session.stats - before
             usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=len(generation.tokens),
                           computed=stats.tokens_prefilled,
@@ -363,7 +475,7 @@ class Service:
             yield DoneEvent(generation.finish_reason or "stop", usage, generation.stop_string)
         finally:
             if entry is not None:
-                entry.generating = False
+                entry.busy = None
                 entry.last_used = time.monotonic()
             if done is not None:
                 done(session)
@@ -375,11 +487,21 @@ class Service:
         self.metrics.queue_depth.set(self.scheduler.queue_depth())
 
 
+def _started(steps: Iterator[Any]) -> Iterator[Any]:
+    """A generator whose first item is PENDING, advanced past it: closing it from now on runs its
+    cleanup (a generator never started runs none), even if a client that left at once means the
+    scheduler never steps it."""
+    next(steps)
+    return steps
+
+
 def _typed_errors(fn: Any) -> Any:
     """The engine's errors a client caused, as ServiceErrors."""
     try:
         return fn()
     except (SessionClosedError, SessionEvictedError) as exc:
         raise NotFound(str(exc)) from None
-    except (InvalidTokenError, InvalidArgumentError, ContextOverflowError, GrammarError) as exc:
+    except ContextOverflowError as exc:
+        raise ContextFull(str(exc)) from None
+    except (InvalidTokenError, InvalidArgumentError, GrammarError) as exc:
         raise BadRequest(str(exc)) from None

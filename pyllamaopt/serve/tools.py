@@ -1,0 +1,490 @@
+"""Tool calling for the chat routes (OpenAI and Anthropic share it; each converts its own shapes).
+
+Neither of our models' templates knows tools, so calls go through a *generic format* (as
+llama.cpp's `llama-server` does for such templates; docs/serve.md):
+
+- the system message gets the tool definitions and an instruction (``system_text``);
+- the reply is grammar-constrained JSON, compact, keys in this order, one of
+      {"tool_calls":[{"name":"<tool>","arguments":{...}}, ...]}
+      {"response":"<text for the user>"}
+  (``reply_schema``: tool_choice picks the alternatives, parallel_tool_calls caps the list at 1);
+- the history renders as the exact text the model produced: an assistant's calls as the first
+  form (their arguments as the client sent them back: ours, verbatim), an assistant's text as
+  the second (when the request has tools), tool results as a user message
+      {"tool_results":[{"name":"<tool>","content":"<result>"}, ...]}
+  so that the next request's prompt starts with the previous prompt and reply, and the
+  previous prompt's KV is reused.
+
+A template that renders ``tools=`` itself gets the definitions that way; the reply and the
+history keep the generic format (we parse no model-specific call syntax).
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..chat import ChatTemplate, Message
+from ..errors import ChatTemplateError, GrammarError
+from ..grammar import json_schema_to_gbnf
+from .service import BadRequest, GenerateParams
+
+INSTRUCTION = (
+    'Reply with one JSON object and nothing else: {"tool_calls":[{"name":"...","arguments":{...}}]} to call '
+    'one or more of the tools, or {"response":"..."} to answer the user. Tool results come back as '
+    '{"tool_results":[{"name":"...","content":"..."}]}.')
+
+
+ChoiceMode = Literal["auto", "required", "none"]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str | None
+    parameters: dict[str, Any]  # JSON Schema of the arguments (an object)
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: ChoiceMode = "auto"
+    name: str | None = None  # with "required": this function only
+    parallel: bool = True    # False: at most one call a reply
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text of an object; in a reply, exactly as the model wrote it
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    call_id: str
+    content: str
+    is_error: bool = False
+
+
+@dataclass
+class Turn:
+    """A message in neither surface's shape: results (user) come before the text, calls
+    (assistant) after it."""
+
+    role: str
+    text: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+    results: list[ToolResult] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    generic: bool  # the reply is in the generic format (parse it with ReplyParser)
+
+
+def compact(value: Any) -> str:
+    """JSON text as the grammar writes it (and json_values.compact does): no spaces, keys in order."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def arguments_text(arguments: Any, where: str) -> str:
+    """A call's arguments as the model would have written them: a JSON object's text, verbatim
+    if compact (our replies are), else re-written compactly. Not JSON, or not an object: 400."""
+    if isinstance(arguments, str):
+        try:
+            value = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            raise BadRequest(f"{where} is not JSON ({exc}): send the arguments as a JSON object's text") from None
+        text = arguments if not _free_whitespace(arguments) else compact(value)
+    else:
+        value, text = arguments, compact(arguments)
+    if not isinstance(value, dict):
+        raise BadRequest(f"{where} must be a JSON object, got {compact(value)[:80]}")
+    return text
+
+
+def _free_whitespace(text: str) -> bool:
+    """Whether JSON `text` has whitespace outside its strings."""
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in " \t\r\n":
+            return True
+    return False
+
+
+def new_call_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+# the prompt
+
+def prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool], choice: ToolChoice,
+           params: GenerateParams) -> Prompt:
+    """The rendered prompt; with tools, `params` gets the reply's grammar. Every error is a
+    BadRequest."""
+    _check_tools(tools)
+    generic = bool(tools)
+    if generic:
+        if params.json_schema is not None or params.grammar is not None:
+            raise BadRequest("response_format cannot be combined with tools: the reply's format is the tool-calling "
+                             "one (docs/serve.md); describe the answer's shape as a tool's parameters instead")
+        params.grammar = reply_grammar(tools, choice)
+    else:
+        _check_choice_without_tools(choice)
+    native = generic and template.takes_tools
+    messages = _messages(turns, generic)
+    if generic:
+        system = INSTRUCTION if native else system_text(tools)
+        if messages and messages[0]["role"] == "system":
+            messages[0] = {"role": "system", "content": messages[0]["content"] + "\n\n" + system}
+        else:
+            messages.insert(0, {"role": "system", "content": system})
+    extra: dict[str, Any] = {"tools": [{"type": "function", "function": _definition(t)} for t in tools]} if native else {}
+    try:
+        return Prompt(template.render(messages, **extra), generic)
+    except ChatTemplateError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def system_text(tools: Sequence[Tool]) -> str:
+    lines = "\n".join(compact(_definition(t)) for t in tools)
+    return f"You can call these tools (name, description, JSON Schema of the arguments):\n{lines}\n\n{INSTRUCTION}"
+
+
+def _definition(tool: Tool) -> dict[str, Any]:
+    d: dict[str, Any] = {"name": tool.name}
+    if tool.description:
+        d["description"] = tool.description
+    d["parameters"] = tool.parameters
+    return d
+
+
+def _check_tools(tools: Sequence[Tool]) -> None:
+    seen: set[str] = set()
+    for i, t in enumerate(tools):
+        if not t.name:
+            raise BadRequest(f"tools[{i}]: a tool needs a non-empty 'name'")
+        if t.name in seen:
+            raise BadRequest(f"tools[{i}]: two tools are named {t.name!r}")
+        seen.add(t.name)
+        kind = t.parameters.get("type", "object")
+        if kind != "object":
+            raise BadRequest(f"tools[{i}] ({t.name}): the parameters must be an object schema "
+                             f"(type 'object'), got type {kind!r}")
+
+
+def _check_choice_without_tools(choice: ToolChoice) -> None:
+    if choice.name is not None:
+        raise BadRequest(f"tool_choice names the function {choice.name!r}, but the request has no tools")
+    if choice.mode == "required":
+        raise BadRequest("tool_choice requires a tool call, but the request has no tools")
+
+
+def _messages(turns: Sequence[Turn], generic: bool) -> list[Message]:
+    """The turns as the template's messages: calls, results and (with tools) text answers in the
+    generic format; results merged with the user message that follows them."""
+    names: dict[str, str] = {}  # call id -> function name, of every call so far
+    merged: list[Turn] = []
+    for i, turn in enumerate(turns):
+        for c in turn.calls:
+            names[c.id] = c.name
+        for r in turn.results:
+            if r.call_id not in names:
+                raise BadRequest(f"messages[{i}]: a tool result for call {r.call_id!r}, but no earlier assistant "
+                                 "message made that call")
+        last = merged[-1] if merged else None
+        if last is not None and last.role == "user" == turn.role and last.results and not last.text:
+            last.results = last.results + turn.results
+            last.text = turn.text
+        else:
+            merged.append(Turn(turn.role, turn.text, list(turn.calls), list(turn.results)))
+    return [{"role": t.role, "content": _content(t, names, generic)} for t in merged]
+
+
+def _content(turn: Turn, names: dict[str, str], generic: bool) -> str:
+    if turn.calls:
+        calls = ",".join(f'{{"name":{compact(c.name)},"arguments":{c.arguments}}}' for c in turn.calls)
+        return (turn.text + "\n" if turn.text else "") + f'{{"tool_calls":[{calls}]}}'
+    if turn.results:
+        results = ",".join(compact(_result(r, names[r.call_id])) for r in turn.results)
+        return f'{{"tool_results":[{results}]}}' + ("\n\n" + turn.text if turn.text else "")
+    if generic and turn.role == "assistant":
+        return compact({"response": turn.text})
+    return turn.text
+
+
+def _result(result: ToolResult, name: str) -> dict[str, Any]:
+    return {"name": name, "content": result.content, **({"is_error": True} if result.is_error else {})}
+
+
+# the reply's grammar
+
+def reply_schema(tools: Sequence[Tool], choice: ToolChoice) -> dict[str, Any]:
+    """The JSON Schema of a reply: calls of `tools` and/or a text response, as `choice` says."""
+    response = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"],
+                "additionalProperties": False}
+    if choice.mode == "none":
+        return response
+    chosen = [i for i, t in enumerate(tools) if choice.name in (None, t.name)]
+    if not chosen:
+        raise BadRequest(f"tool_choice names the function {choice.name!r}, which is not among the tools "
+                         f"({', '.join(t.name for t in tools)})")
+    defs = {f"tool{i}": _parameters(tools[i], f"#/$defs/tool{i}") for i in chosen}
+    calls = [_call_schema(tools[i], f"tool{i}") for i in chosen]
+    array: dict[str, Any] = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls},
+                             "minItems": 1}
+    if not choice.parallel:
+        array["maxItems"] = 1
+    tool_calls = {"type": "object", "properties": {"tool_calls": array}, "required": ["tool_calls"],
+                  "additionalProperties": False}
+    schema = tool_calls if choice.mode == "required" or choice.name is not None else {"anyOf": [tool_calls, response]}
+    return {**schema, "$defs": defs}
+
+
+def reply_grammar(tools: Sequence[Tool], choice: ToolChoice) -> str:
+    """`reply_schema` as GBNF. A parameter schema the grammar engine cannot express is a 400
+    naming its tool, whether or not tool_choice lets the tool be called this turn."""
+    try:
+        grammar = json_schema_to_gbnf(reply_schema(tools, choice))
+    except GrammarError as exc:
+        _check_parameters(tools)
+        raise BadRequest(f"the tools' reply grammar cannot be built: {exc}") from None
+    if choice.mode == "none" or choice.name is not None:  # not every tool was in it
+        _check_parameters(tools)
+    return grammar
+
+
+def _check_parameters(tools: Sequence[Tool]) -> None:
+    for i, t in enumerate(tools):
+        try:
+            json_schema_to_gbnf(_parameters(t, "#"))
+        except GrammarError as exc:
+            raise BadRequest(f"tools[{i}] ({t.name}): its parameters cannot be used: {exc}") from None
+
+
+def _call_schema(tool: Tool, key: str) -> dict[str, Any]:
+    return {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": {"$ref": f"#/$defs/{key}"}},
+            "required": ["name", "arguments"], "additionalProperties": False}
+
+
+def _parameters(tool: Tool, base: str) -> dict[str, Any]:
+    """The tool's parameter schema, placed at `base` of the reply's schema: its local references
+    rebased there, 'type: object' made explicit."""
+    return {"type": "object", **_rebased(tool.parameters, base)}
+
+
+_VALUES = {"const", "enum", "default", "examples"}  # keywords whose value is data, not a schema
+_SCHEMA_MAPS = {"properties", "$defs", "definitions", "patternProperties", "dependentSchemas"}  # name -> schema
+
+
+def _rebased(node: Any, base: str) -> Any:
+    if isinstance(node, list):
+        return [_rebased(v, base) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for k, v in node.items():
+        if k == "$ref" and isinstance(v, str) and v.startswith("#"):
+            out[k] = base + v[1:]
+        elif k in _VALUES:
+            out[k] = v
+        elif k in _SCHEMA_MAPS and isinstance(v, dict):
+            out[k] = {name: _rebased(s, base) for name, s in v.items()}
+        else:
+            out[k] = _rebased(v, base)
+    return out
+
+
+# the reply, parsed as it streams
+
+@dataclass(frozen=True)
+class TextPiece:
+    text: str
+
+
+@dataclass(frozen=True)
+class CallStart:
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ArgumentsPiece:
+    index: int
+    text: str
+
+
+@dataclass(frozen=True)
+class CallEnd:
+    index: int
+
+
+Piece = TextPiece | CallStart | ArgumentsPiece | CallEnd
+
+_ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})')
+
+
+class ReplyParser:
+    """Reads a reply as its text arrives (``feed``) and says what it holds so far: text for the
+    user (a generic ``response``, or the whole reply without tools) and calls, the arguments
+    piece by piece. Streaming and not go through it alike, so they agree."""
+
+    def __init__(self, generic: bool, id_prefix: str) -> None:
+        self._id_prefix = id_prefix
+        self._buf = ""
+        self._pos = 0
+        self._state = "start" if generic else "raw"
+        self._depth = 0
+        self._in_string = self._escaped = False
+        self._args_from = 0
+        self.text = ""
+        self.calls: list[ToolCall] = []
+
+    @property
+    def complete(self) -> bool:
+        """The reply is a whole generic JSON object (its calls are whole)."""
+        return self._state == "done"
+
+    def feed(self, text: str) -> list[Piece]:
+        self._buf += text
+        out: list[Piece] = []
+        while self._advance(out):
+            pass
+        return out
+
+    def _advance(self, out: list[Piece]) -> bool:
+        """One step of the reply's structure; False when it needs more text."""
+        state, rest = self._state, self._buf[self._pos:]
+        if state == "raw":
+            if rest:
+                self._emit_text(rest, out)
+                self._pos = len(self._buf)
+            return False
+        if state == "start":
+            for head, nxt in (('{"response":"', "text"), ('{"tool_calls":[', "call")):
+                if rest.startswith(head):
+                    self._pos += len(head)
+                    self._state = nxt
+                    return True
+            return self._unexpected(rest, '{"response":"', '{"tool_calls":[')
+        if state == "text":
+            return self._response_text(rest, out)
+        if state == "text_end":
+            return self._expect(rest, "}", "done")
+        if state == "call":
+            return self._call_head(rest, out)
+        if state == "arguments":
+            return self._arguments(rest, out)
+        if state == "call_end":
+            if rest.startswith("}"):
+                out.append(CallEnd(len(self.calls) - 1))
+                self._pos += 1
+                self._state = "next_call"
+                return True
+            return self._unexpected(rest, "}")
+        if state == "next_call":
+            if rest.startswith(","):
+                self._pos += 1
+                self._state = "call"
+                return True
+            return self._expect(rest, "]}", "done")
+        return False  # done: nothing follows the object
+
+    def _expect(self, rest: str, literal: str, then: str) -> bool:
+        if rest.startswith(literal):
+            self._pos += len(literal)
+            self._state = then
+            return True
+        return self._unexpected(rest, literal)
+
+    def _unexpected(self, rest: str, *allowed: str) -> bool:
+        """Waits while `rest` may still become one of `allowed`; otherwise (not the grammar's
+        reply: only a bug could do it) the rest is passed on as text."""
+        if any(a.startswith(rest) for a in allowed):
+            return False
+        self._state = "raw"
+        return True
+
+    def _response_text(self, rest: str, out: list[Piece]) -> bool:
+        decoded, i = [], 0
+        while i < len(rest):
+            ch = rest[i]
+            if ch == '"':
+                self._state = "text_end"
+                break
+            if ch != "\\":
+                decoded.append(ch)
+                i += 1
+                continue
+            m = _ESCAPE.match(rest, i)
+            if m is None:  # an escape not whole yet
+                break
+            end = m.end()
+            code = int(m.group(1)[1:], 16) if m.group(1)[0] == "u" else None
+            if code is not None and 0xD800 <= code < 0xDC00:  # a surrogate pair: both halves at once
+                low = _ESCAPE.match(rest, end)
+                if low is None:
+                    break
+                end = low.end()
+            decoded.append(json.loads(f'"{rest[i:end]}"'))
+            i = end
+        self._pos += i + (1 if self._state == "text_end" else 0)
+        if decoded:
+            self._emit_text("".join(decoded), out)
+        return self._state == "text_end"
+
+    def _emit_text(self, text: str, out: list[Piece]) -> None:
+        self.text += text
+        out.append(TextPiece(text))
+
+    def _call_head(self, rest: str, out: list[Piece]) -> bool:
+        head = '{"name":'
+        if not rest.startswith(head):
+            return self._unexpected(rest, head)
+        try:
+            name, end = json.JSONDecoder().raw_decode(rest, len(head))
+        except json.JSONDecodeError:
+            return False  # the name is not whole yet
+        tail = ',"arguments":'
+        if not rest.startswith(tail, end):
+            return self._unexpected(rest[end:], tail)
+        call = ToolCall(new_call_id(self._id_prefix), name, "")
+        self.calls.append(call)
+        out.append(CallStart(len(self.calls) - 1, call.id, name))
+        self._pos += end + len(tail)
+        self._args_from = self._pos
+        self._state = "arguments"
+        return True
+
+    def _arguments(self, rest: str, out: list[Piece]) -> bool:
+        """The arguments object's text, passed on as it comes; it ends where its braces close."""
+        n = 0
+        for n, ch in enumerate(rest, 1):
+            if self._in_string:
+                self._escaped, self._in_string = (False, True) if self._escaped else (ch == "\\", ch != '"')
+            elif ch == '"':
+                self._in_string = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    self._state = "call_end"
+                    break
+        else:
+            n = len(rest)
+        if n:
+            out.append(ArgumentsPiece(len(self.calls) - 1, rest[:n]))
+            self._pos += n
+            call = self.calls[-1]
+            self.calls[-1] = ToolCall(call.id, call.name, self._buf[self._args_from:self._pos])
+        return self._state == "call_end"

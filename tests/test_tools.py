@@ -1,0 +1,220 @@
+"""Tool calling's generic format (pyllamaopt/serve/tools.py), without a model: the reply's grammar
+admits calls and answers as tool_choice says, the parser reads any reply the grammar admits
+however it is split into pieces, and a reply rendered back into the history is the very text
+the model wrote (so the next request's prompt extends the previous prompt and answer)."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gbnf_check import parse_gbnf
+from pyllamaopt import ChatTemplate
+from pyllamaopt.chat import BUILTIN_TEMPLATES
+from pyllamaopt.serve.service import BadRequest, GenerateParams
+from pyllamaopt.serve.tools import (
+    ArgumentsPiece,
+    CallEnd,
+    CallStart,
+    ReplyParser,
+    TextPiece,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    ToolResult,
+    Turn,
+    arguments_text,
+    prompt,
+    reply_grammar,
+)
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+TEMPLATES = {"gemma3": ChatTemplate(BUILTIN_TEMPLATES["gemma3"], bos_token="<bos>"), "chatml": ChatTemplate(CHATML)}
+
+WEATHER = Tool("get_weather", "Current weather in a city", {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city"]})
+# as pydantic writes it: local references to its own $defs
+MOVE = Tool("move", None, {
+    "properties": {"to": {"$ref": "#/$defs/Point"}, "path": {"type": "array", "items": {"$ref": "#/$defs/Point"},
+                                                             "maxItems": 2}},
+    "required": ["to"], "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "integer"},
+                                                                            "y": {"type": "integer"}},
+                                            "required": ["x", "y"]}}})
+TOOLS = [WEATHER, MOVE]
+CALL = '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]}'
+TWO_CALLS = ('{"tool_calls":[{"name":"get_weather","arguments":{"city":"Oslo","unit":"celsius"}},'
+             '{"name":"move","arguments":{"to":{"x":1,"y":-2},"path":[{"x":0,"y":0}]}}]}')
+ANSWER = '{"response":"It is \\"sunny\\".\\nDone."}'
+
+
+def grammar(choice: ToolChoice, tools: list[Tool] = TOOLS):
+    return parse_gbnf(reply_grammar(tools, choice))
+
+
+@pytest.mark.parametrize("choice, admitted", [
+    (ToolChoice("auto"), {CALL, TWO_CALLS, ANSWER}),
+    (ToolChoice("required"), {CALL, TWO_CALLS}),
+    (ToolChoice("required", parallel=False), {CALL}),
+    (ToolChoice("required", "get_weather"), {CALL}),
+    (ToolChoice("none"), {ANSWER}),
+])
+def test_the_reply_grammar_admits_what_tool_choice_allows(choice, admitted):
+    g = grammar(choice)
+    for text in (CALL, TWO_CALLS, ANSWER):
+        assert g.matches(text) == (text in admitted), text
+    # never: unknown tools, arguments off the schema, other spellings, an empty list
+    for text in ('{"tool_calls":[{"name":"rm","arguments":{}}]}',
+                 '{"tool_calls":[{"name":"get_weather","arguments":{"town":"Paris"}}]}',
+                 '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris","unit":"kelvin"}}]}',
+                 '{"tool_calls":[{"name":"get_weather","arguments":{"city":"a city far too long"}}]}',
+                 '{"tool_calls":[{"name":"move","arguments":{"to":{"x":1}}}]}',
+                 '{"tool_calls": [{"name":"get_weather","arguments":{"city":"Paris"}}]}',
+                 '{"tool_calls":[]}', '{"response":1}', "Paris"):
+        assert not g.matches(text), text
+
+
+def test_tool_choice_and_schemas_that_cannot_be_served_are_bad_requests():
+    with pytest.raises(BadRequest, match="'rm', which is not among the tools"):
+        reply_grammar(TOOLS, ToolChoice("required", "rm"))
+    bad = Tool("grep", None, {"type": "object", "properties": {"pattern": {"type": "string", "pattern": "^a+$"}}})
+    for choice in (ToolChoice(), ToolChoice("none"), ToolChoice("required", "get_weather")):  # called or not
+        with pytest.raises(BadRequest, match=r"tools\[1\] \(grep\): its parameters cannot be used: "
+                                             r".*#/properties/pattern"):
+            reply_grammar([WEATHER, bad], choice)
+    template, params = TEMPLATES["chatml"], GenerateParams()
+    user = [Turn("user", "hi")]
+    for tools, choice, message in (
+            ([WEATHER, WEATHER], ToolChoice(), "two tools are named 'get_weather'"),
+            ([Tool("", None, {})], ToolChoice(), "non-empty 'name'"),
+            ([Tool("f", None, {"type": "string"})], ToolChoice(), r"tools\[0\] \(f\): the parameters must be an object"),
+            ([], ToolChoice("required"), "has no tools"),
+            ([], ToolChoice("required", "f"), "names the function 'f', but the request has no tools")):
+        with pytest.raises(BadRequest, match=message):
+            prompt(template, user, tools, choice, params)
+    with pytest.raises(BadRequest, match="response_format cannot be combined with tools"):
+        prompt(template, user, TOOLS, ToolChoice(), GenerateParams(json_schema={"type": "object"}))
+
+
+def test_arguments_are_taken_verbatim_when_compact_and_must_be_a_json_object():
+    assert arguments_text('{"b":1,"a":"x y"}', "args") == '{"b":1,"a":"x y"}'
+    assert arguments_text('{"b":"\\u00e9"}', "args") == '{"b":"\\u00e9"}'  # the model's own escapes kept
+    assert arguments_text('{"b": 1, "a": [1, 2]}', "args") == '{"b":1,"a":[1,2]}'  # key order kept
+    assert arguments_text({"b": 1, "a": "é"}, "args") == '{"b":1,"a":"é"}'
+    with pytest.raises(BadRequest, match="args is not JSON"):
+        arguments_text('{"city": Paris}', "args")
+    with pytest.raises(BadRequest, match="args must be a JSON object"):
+        arguments_text("[1]", "args")
+
+
+def parse(text: str, cuts: list[int]) -> tuple[ReplyParser, list]:
+    parser, pieces, at = ReplyParser(True, "call_"), [], 0
+    for cut in sorted(cuts) + [len(text)]:
+        pieces += parser.feed(text[at:cut])
+        at = max(at, cut)
+    return parser, pieces
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), data=st.data())
+def test_any_reply_the_grammar_admits_parses_the_same_in_any_pieces_and_renders_back_to_itself(seed, data):
+    g = grammar(ToolChoice("auto"))
+    text = g.sample(random.Random(seed))
+    value = json.loads(text)
+    cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=12))
+    whole, _ = parse(text, [])
+    parser, pieces = parse(text, cuts)
+    assert parser.complete and [(c.name, c.arguments) for c in parser.calls] == [(c.name, c.arguments)
+                                                                                 for c in whole.calls]
+    assert parser.text == whole.text == value.get("response", "")
+    # the pieces say the same as the end result
+    assert "".join(p.text for p in pieces if isinstance(p, TextPiece)) == parser.text
+    for i, call in enumerate(parser.calls):
+        assert [p.name for p in pieces if isinstance(p, CallStart) and p.index == i] == [call.name]
+        assert "".join(p.text for p in pieces if isinstance(p, ArgumentsPiece) and p.index == i) == call.arguments
+        assert sum(isinstance(p, CallEnd) and p.index == i for p in pieces) == 1
+    assert [json.loads(c.arguments) for c in parser.calls] == [c["arguments"] for c in value.get("tool_calls", [])]
+    # rendered back as the assistant's turn: the text itself (for an answer: when its escapes are
+    # json.dumps's, as a model's nearly always are)
+    rendered = render_reply(parser)
+    if "tool_calls" in value or json.dumps(value, separators=(",", ":"), ensure_ascii=False) == text:
+        assert rendered == text
+
+
+def render_reply(parser: ReplyParser) -> str:
+    """The assistant message's content as the history renders it."""
+    turns = [Turn("user", "q"), Turn("assistant", parser.text, parser.calls)]
+    return prompt(ChatTemplate("{{ messages[-1]['content'] }}"), turns, TOOLS, ToolChoice(), GenerateParams()).text
+
+
+def test_a_cut_reply_keeps_what_came_and_is_not_complete():
+    parser, _ = parse(TWO_CALLS[:-30], [5, 40])
+    assert not parser.complete
+    assert [c.name for c in parser.calls] == ["get_weather", "move"]
+    assert parser.calls[0].arguments == '{"city":"Oslo","unit":"celsius"}'
+    assert parser.calls[1].arguments == '{"to":{"x":1,"y":'
+    parser, _ = parse(ANSWER[:20], [14, 15])  # cut inside an escape: the escape waits
+    assert parser.text == 'It is ' and not parser.complete and not parser.calls
+    parser, _ = parse('{"response":"\\ud83d\\ude00!"}', [19, 22, 26])
+    assert parser.text == "😀!" and parser.complete
+    parser = ReplyParser(False, "call_")  # without tools: all text
+    assert parser.feed(CALL) == [TextPiece(CALL)] and parser.text == CALL and not parser.calls
+
+
+@pytest.mark.parametrize("name", ["gemma3", "chatml"])
+def test_the_next_request_extends_the_previous_prompt_and_answer(name):
+    """The whole point: turn 2's prompt text starts with turn 1's prompt and the model's reply."""
+    template = TEMPLATES[name]
+    history = [Turn("system", "Be brief."), Turn("user", "Weather in Paris? And move to 1,-2.")]
+    first = prompt(template, history, TOOLS, ToolChoice("required"), GenerateParams())
+    reply, _ = parse(TWO_CALLS, [7, 33, 90])
+    history += [Turn("assistant", "", reply.calls),
+                Turn("user", results=[ToolResult(reply.calls[0].id, "Sunny, 21 °C")]),
+                Turn("user", results=[ToolResult(reply.calls[1].id, "cannot move", is_error=True)]),
+                Turn("user", "Thanks. Anything else?")]
+    params = GenerateParams()
+    second = prompt(template, history, TOOLS, ToolChoice("auto"), params)
+    assert second.text.startswith(first.text + TWO_CALLS)
+    # the two results and the user's text are one user message (Gemma's roles must alternate)
+    assert ('{"tool_results":[{"name":"get_weather","content":"Sunny, 21 °C"},'
+            '{"name":"move","content":"cannot move","is_error":true}]}\n\nThanks. Anything else?') in second.text
+    # the tools are in the system message, the same whatever tool_choice says
+    assert first.text.count('{"name":"get_weather","description":"Current weather in a city"') == 1
+    assert prompt(template, history[:2], TOOLS, ToolChoice("none"), GenerateParams()).text == first.text
+    # an answer in text comes back as the JSON the model wrote
+    reply, _ = parse(ANSWER, [20])
+    third = prompt(template, history + [Turn("assistant", reply.text), Turn("user", "ok")], TOOLS, ToolChoice(),
+                   GenerateParams())
+    assert third.text.startswith(second.text + ANSWER)
+    assert params.grammar is not None and second.generic
+
+
+def test_a_history_with_calls_renders_without_tools_too_but_results_need_their_call():
+    template = TEMPLATES["chatml"]
+    call = ToolCall("call_1", "get_weather", '{"city":"Oslo"}')
+    turns = [Turn("user", "q"), Turn("assistant", "Let me look.", [call]),
+             Turn("user", results=[ToolResult("call_1", "Rain")]), Turn("assistant", "Rain.")]
+    params = GenerateParams()
+    out = prompt(template, turns, [], ToolChoice(), params)
+    assert not out.generic and params.grammar is None
+    assert ('<|im_start|>assistant\nLet me look.\n{"tool_calls":[{"name":"get_weather","arguments":{"city":"Oslo"}}]}'
+            '<|im_end|>\n<|im_start|>user\n{"tool_results":[{"name":"get_weather","content":"Rain"}]}<|im_end|>\n'
+            '<|im_start|>assistant\nRain.<|im_end|>') in out.text
+    with pytest.raises(BadRequest, match=r"messages\[1\]: a tool result for call 'call_9', but no earlier"):
+        prompt(template, [Turn("user", "q"), Turn("user", results=[ToolResult("call_9", "x")])], TOOLS, ToolChoice(),
+               GenerateParams())
+
+
+def test_a_template_that_takes_tools_gets_them():
+    source = ("{% if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>{% endif %}"
+              "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}")
+    template = ChatTemplate(source)
+    assert template.takes_tools and not TEMPLATES["chatml"].takes_tools and not TEMPLATES["gemma3"].takes_tools
+    text = prompt(template, [Turn("user", "hi")], TOOLS, ToolChoice(), GenerateParams()).text
+    assert text.startswith("<tools>get_weather;move;</tools>[system]Reply with one JSON object")
+    assert '"description"' not in text  # not listed twice
