@@ -21,7 +21,9 @@ Per engine: prompt tokens computed (pyllamaopt: usage `pyllamaopt.computed_token
 llama-server: `timings.prompt_n`), wall time, median and max time to first token, how many
 answers equal the answer without any reuse (pyllamaopt engines: pyllamaopt on a fresh context
 per turn; llama-server: itself with `cache_prompt: false`), and the share of the answers' tokens
-equal up to each answer's first difference.
+equal up to each answer's first difference (503s: requests the server refused for room and the
+client sent again; load: the machine's 1-minute load average after the run, 2 when this
+benchmark is alone on the 2 cores).
 
 concurrent: agents sharing the system prompt, each its own conversation (default 4 turns),
 growing turn by turn. Each engine runs on a freshly started server per phase: first every agent
@@ -29,9 +31,11 @@ alone, one after another (the one-client baseline, and each agent's answers alon
 count of --clients agents at once, from threads. Per phase: generated tokens/s (all of them over
 the phase's wall time), p50/p95 time to first token and between tokens, the peak of the KV bytes
 in use (pyllamaopt: its `session_kv_live_bytes` gauge; llama-server: the tokens its /slots hold,
-times the model's KV bytes per token), prompt tokens computed, 503s retried, and how many agents
-(turns) answer as when alone. llama-server runs with as many slots (-np) as the most clients and
-a context of CONCURRENT_CTX cells per slot; pyllamaopt with the same number of KV cells.
+times the model's KV bytes per token), prompt tokens computed, generated tokens pyllamaopt's
+memo confirmed from drafts (several in one pass: they arrive in bursts), 503s retried, and how
+many agents (turns) answer as when alone. Phases run engine after engine, count after count.
+llama-server runs with as many slots (-np) as the most clients and a context of CONCURRENT_CTX
+cells per slot; pyllamaopt with the same number of KV cells.
 """
 from __future__ import annotations
 
@@ -160,6 +164,7 @@ class Reply:
     gaps: list[float]      # between consecutive tokens
     generated: int
     computed: int          # prompt tokens whose KV the server computed
+    drafted: int = 0       # generated tokens confirmed from pyllamaopt's memo drafts (several in one pass)
     retries: int = 0       # 503s before it was taken
 
 
@@ -170,7 +175,9 @@ def ask(client: openai.OpenAI, prompt: list[int], gen: int, extra: dict | None =
         try:
             stream = client.completions.create(model="m", prompt=prompt, max_tokens=gen, temperature=0, stream=True,
                                                stream_options={"include_usage": True}, extra_body=extra or {})
-            return read_stream(stream, t0, retries)
+            reply = read_stream(stream, t0)
+            reply.retries = retries
+            return reply
         except openai.APIStatusError as exc:
             if exc.status_code != 503 or retries == RETRY_503:
                 raise
@@ -178,10 +185,10 @@ def ask(client: openai.OpenAI, prompt: list[int], gen: int, extra: dict | None =
     raise AssertionError("unreachable")
 
 
-def read_stream(stream: openai.Stream, t0: float, retries: int) -> Reply:
+def read_stream(stream: openai.Stream, t0: float) -> Reply:
     times: list[float] = []
     pieces: list[str] = []
-    generated = computed = 0
+    generated = computed = drafted = 0
     for chunk in stream:
         extras = chunk.model_extra or {}
         text = "".join(choice.text for choice in chunk.choices)
@@ -192,11 +199,12 @@ def read_stream(stream: openai.Stream, t0: float, retries: int) -> Reply:
             generated = chunk.usage.completion_tokens
         if "pyllamaopt" in extras:
             computed += extras["pyllamaopt"]["computed_tokens"]
+            drafted += extras["pyllamaopt"]["drafted_tokens"]
         if extras.get("timings", {}).get("prompt_n") is not None and chunk.choices and chunk.choices[0].finish_reason:
             computed += extras["timings"]["prompt_n"]
     end = time.perf_counter()
     return Reply("".join(pieces), (times[0] if times else end) - t0, [b - a for a, b in zip(times, times[1:])],
-                 generated or len(times), computed, retries)
+                 generated or len(times), computed, drafted)
 
 
 def run_turns(client: openai.OpenAI, prompts: list[list[int]], gen: int, extra: dict | None = None) -> list[Reply]:
@@ -245,7 +253,7 @@ def bench_trace(shape: str, model: Model, server_bin: Path | None, engines: list
     print(f"\n## shape {shape}: {len(prompts)} turns, prompts {len(prompts[0])}..{len(prompts[-1])} tokens, "
           f"{sum(map(len, prompts))} sent, {never_seen} never seen before")
     print(f"  {'engine':22} {'computed':>9} {'/never-seen':>11} {'wall s':>7} {'TTFT med ms':>11} {'TTFT max ms':>11} "
-          f"{'same answers as without reuse':>29} {'tokens before 1st diff':>22}")
+          f"{'503s':>5} {'same answers as without reuse':>29} {'tokens before 1st diff':>22} {'load':>4}")
     exact: list[str] | None = None  # pyllamaopt's answers without reuse, shared by its engines
     totals: dict[str, tuple[int, float]] = {}
     for engine in engines:
@@ -255,6 +263,7 @@ def bench_trace(shape: str, model: Model, server_bin: Path | None, engines: list
             start = time.perf_counter()
             replies = run_turns(client, prompts, gen)
             wall = time.perf_counter() - start
+            load = os.getloadavg()[0]
             if with_reference and engine == "llama-server":
                 reference = [r.text for r in run_turns(client, prompts, gen, {"cache_prompt": False})]
         if with_reference and engine.startswith("pyllamaopt"):
@@ -268,7 +277,8 @@ def bench_trace(shape: str, model: Model, server_bin: Path | None, engines: list
             n_same, share = agreement(model, [r.text for r in replies], reference)
             same, prefix = f"{n_same}/{len(replies)}", f"{share:.3f}"
         print(f"  {engine:22} {computed:>9} {computed / never_seen:>11.3f} {wall:>7.1f} "
-              f"{statistics.median(ttft) * 1000:>11.0f} {max(ttft) * 1000:>11.0f} {same:>29} {prefix:>22}")
+              f"{statistics.median(ttft) * 1000:>11.0f} {max(ttft) * 1000:>11.0f} {sum(r.retries for r in replies):>5} "
+              f"{same:>29} {prefix:>22} {load:>4.1f}")
     if "llama-server" in totals:
         base_computed, base_wall = totals["llama-server"]
         for engine, (computed, wall) in totals.items():
@@ -286,6 +296,7 @@ class Phase:
     agent_walls: list[float]  # each agent's time from its first request to its last answer
     wall: float = 0.0
     kv_peak: int = 0
+    load: float = 0.0         # the machine's 1-minute load average at the phase's end (2: this run alone)
     errors: list[str] = field(default_factory=list)
 
     def done(self) -> list[Reply]:
@@ -348,6 +359,7 @@ def run_agents(server: Server, agents: list[list[list[int]]], gen: int, *, toget
                 agent(i, c)
         phase.wall = time.perf_counter() - start
     phase.kv_peak = kv.peak
+    phase.load = os.getloadavg()[0]
     return phase
 
 
@@ -373,40 +385,40 @@ def bench_concurrent(model: Model, server_bin: Path | None, engines: list[str], 
     print(f"\n## shape concurrent: {most} agents sharing a {len(model.tokenize(data.system_prompt()))}-token system "
           f"prompt, {n_turns} turns each, prompts {min(sizes)}..{max(sizes)} tokens; each phase on a fresh server "
           f"({CONCURRENT_CTX * most} KV cells; llama-server -np {most})")
-    print(f"  {'engine':22} {'clients':>9} {'gen tok/s':>9} {'x alone':>7} {'TTFT p50':>8} {'p95 ms':>7} "
-          f"{'ITL p50':>7} {'p95 ms':>7} {'KV peak MB':>10} {'computed':>9} {'503s':>5} {'errors':>6} "
-          f"{'same as alone: agents':>21} {'turns':>6}")
-    p95_ttft: dict[tuple[str, int], float] = {}
-    for engine in engines:
-        phases: dict[int, Phase] = {}
-        for count in [1, *counts]:  # 1: every agent alone, one after another
+    print(f"  {'engine':14} {'clients':>7} {'gen tok/s':>9} {'x alone':>7} {'TTFT p50':>8} {'p95 ms':>7} "
+          f"{'ITL p50':>7} {'p95 ms':>7} {'KV peak MB':>10} {'computed':>8} {'drafted':>7} {'503s':>4} {'errors':>6} "
+          f"{'same as alone: agents':>21} {'turns':>5} {'load':>4}")
+    phases: dict[tuple[str, int], Phase] = {}
+    for count in [1, *counts]:  # 1: every agent alone, one after another; engines interleaved
+        for engine in engines:
             with running(engine, model, server_bin, CONCURRENT_CTX * most, slots=most) as server:
-                phases[count] = run_agents(server, agents[:most if count == 1 else count], gen, together=count > 1)
-        alone = phases[1]
-        for count, phase in phases.items():
-            done = phase.done()
-            ttft = [r.ttft for r in done]
-            gaps = [g for r in done for g in r.gaps]
-            p95_ttft[engine, count] = percentile(ttft, 95)
-            # the baseline of `count` agents at once: the same agents alone, one after another
-            n = len(phase.replies)
-            alone_rate = rate([r for a in alone.replies[:n] for r in a if r is not None], sum(alone.agent_walls[:n]))
-            agents_same, turns_same = same_as_alone(phase, alone)
-            label = f"1 (x{n})" if count == 1 else str(count)
-            print(f"  {engine:22} {label:>9} {rate(done, phase.wall):>9.1f} {rate(done, phase.wall) / alone_rate:>7.2f} "
-                  f"{percentile(ttft, 50) * 1000:>8.0f} {p95_ttft[engine, count] * 1000:>7.0f} "
-                  f"{percentile(gaps, 50) * 1000:>7.1f} {percentile(gaps, 95) * 1000:>7.1f} "
-                  f"{phase.kv_peak / 2**20:>10.1f} {sum(r.computed for r in done):>9} "
-                  f"{sum(r.retries for r in done):>5} {len(phase.errors):>6} {agents_same:>17}/{n} "
-                  f"{turns_same:>3}/{n * n_turns}")
-            for error in phase.errors[:5]:
-                print(f"    {error}")
+                phases[engine, count] = run_agents(server, agents[:most if count == 1 else count], gen,
+                                                   together=count > 1)
+    for (engine, count), phase in sorted(phases.items(), key=lambda item: engines.index(item[0][0])):
+        alone = phases[engine, 1]
+        done = phase.done()
+        ttft = [r.ttft for r in done]
+        gaps = [g for r in done for g in r.gaps]
+        # the baseline of `count` agents at once: the same agents alone, one after another
+        n = len(phase.replies)
+        alone_rate = rate([r for a in alone.replies[:n] for r in a if r is not None], sum(alone.agent_walls[:n]))
+        agents_same, turns_same = same_as_alone(phase, alone)
+        label = f"1 (x{n})" if count == 1 else str(count)
+        print(f"  {engine:14} {label:>7} {rate(done, phase.wall):>9.1f} {rate(done, phase.wall) / alone_rate:>7.2f} "
+              f"{percentile(ttft, 50) * 1000:>8.0f} {percentile(ttft, 95) * 1000:>7.0f} "
+              f"{percentile(gaps, 50) * 1000:>7.1f} {percentile(gaps, 95) * 1000:>7.1f} {phase.kv_peak / 2**20:>10.1f} "
+              f"{sum(r.computed for r in done):>8} {sum(r.drafted for r in done):>7} {sum(r.retries for r in done):>4} "
+              f"{len(phase.errors):>6} {agents_same:>17}/{n} {turns_same:>2}/{n * n_turns} {phase.load:>4.1f}")
+        for error in phase.errors[:5]:
+            print(f"    {error}")
     if "llama-server" in engines:
+        def p95(engine: str, count: int) -> float:
+            return percentile([r.ttft for r in phases[engine, count].done()], 95)
+
         for engine in engines:
             if engine != "llama-server":
                 print(f"  p95 TTFT {engine} / llama-server: " + ", ".join(
-                    f"{count} clients {p95_ttft[engine, count] / p95_ttft['llama-server', count]:.2f}"
-                    for count in [1, *counts]))
+                    f"{count} clients {p95(engine, count) / p95('llama-server', count):.2f}" for count in [1, *counts]))
 
 
 def rate(replies: list[Reply], wall: float) -> float:
