@@ -33,7 +33,8 @@ the phase's wall time), p50/p95 time to first token and between tokens, the peak
 in use (pyllamaopt: its `session_kv_live_bytes` gauge; llama-server: the tokens its /slots hold,
 times the model's KV bytes per token), prompt tokens computed, generated tokens pyllamaopt's
 memo confirmed from drafts (several in one pass: they arrive in bursts), 503s retried, and how
-many agents (turns) answer as when alone. Phases run engine after engine, count after count.
+many agents (turns) answer as when alone, the fastest and slowest agent's time (fairness). For
+each count the engines run one after the other, so that drift of the machine's speed hits both.
 llama-server runs with as many slots (-np) as the most clients and a context of CONCURRENT_CTX
 cells per slot; pyllamaopt with the same number of KV cells.
 """
@@ -303,31 +304,29 @@ class Phase:
         return [r for agent in self.replies for r in agent if r is not None]
 
 
-class KvSampler:
-    """Polls the server's KV bytes in use while a phase runs; keeps the peak."""
+@contextlib.contextmanager
+def kv_peak(server: Server) -> Iterator[list[int]]:
+    """Polls the server's KV bytes in use while the block runs; [the peak] when it ends."""
+    peak = [0]
+    stop = threading.Event()
 
-    def __init__(self, server: Server) -> None:
-        self.server = server
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
+    def sample() -> None:
+        with contextlib.suppress(OSError, StopIteration, ValueError):  # a server too busy to answer in time
+            peak[0] = max(peak[0], server.kv_bytes())
 
-    def _poll(self) -> None:
-        while True:
-            with contextlib.suppress(OSError, StopIteration, ValueError):
-                self.peak = max(self.peak, self.server.kv_bytes())
-            if self._stop.wait(KV_POLL_SECONDS):
-                return
+    def poll() -> None:
+        sample()
+        while not stop.wait(KV_POLL_SECONDS):
+            sample()
 
-    def __enter__(self) -> KvSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        with contextlib.suppress(OSError, StopIteration, ValueError):
-            self.peak = max(self.peak, self.server.kv_bytes())
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        thread.join()
+        sample()  # the last requests' KV
 
 
 def run_agents(server: Server, agents: list[list[list[int]]], gen: int, *, together: bool) -> Phase:
@@ -346,7 +345,7 @@ def run_agents(server: Server, agents: list[list[list[int]]], gen: int, *, toget
         phase.agent_walls[i] = time.perf_counter() - start
 
     clients = [server.client() for _ in agents]
-    with KvSampler(server) as kv:
+    with kv_peak(server) as peak:
         start = time.perf_counter()
         if together:
             threads = [threading.Thread(target=agent, args=(i, c)) for i, c in enumerate(clients)]
@@ -358,7 +357,7 @@ def run_agents(server: Server, agents: list[list[list[int]]], gen: int, *, toget
             for i, c in enumerate(clients):
                 agent(i, c)
         phase.wall = time.perf_counter() - start
-    phase.kv_peak = kv.peak
+    phase.kv_peak = peak[0]
     phase.load = os.getloadavg()[0]
     return phase
 
@@ -387,7 +386,7 @@ def bench_concurrent(model: Model, server_bin: Path | None, engines: list[str], 
           f"({CONCURRENT_CTX * most} KV cells; llama-server -np {most})")
     print(f"  {'engine':14} {'clients':>7} {'gen tok/s':>9} {'x alone':>7} {'TTFT p50':>8} {'p95 ms':>7} "
           f"{'ITL p50':>7} {'p95 ms':>7} {'KV peak MB':>10} {'computed':>8} {'drafted':>7} {'503s':>4} {'errors':>6} "
-          f"{'same as alone: agents':>21} {'turns':>5} {'load':>4}")
+          f"{'same as alone: agents':>21} {'turns':>5} {'agent s':>9} {'load':>4}")
     phases: dict[tuple[str, int], Phase] = {}
     for count in [1, *counts]:  # 1: every agent alone, one after another; engines interleaved
         for engine in engines:
@@ -408,7 +407,8 @@ def bench_concurrent(model: Model, server_bin: Path | None, engines: list[str], 
               f"{percentile(ttft, 50) * 1000:>8.0f} {percentile(ttft, 95) * 1000:>7.0f} "
               f"{percentile(gaps, 50) * 1000:>7.1f} {percentile(gaps, 95) * 1000:>7.1f} {phase.kv_peak / 2**20:>10.1f} "
               f"{sum(r.computed for r in done):>8} {sum(r.drafted for r in done):>7} {sum(r.retries for r in done):>4} "
-              f"{len(phase.errors):>6} {agents_same:>17}/{n} {turns_same:>2}/{n * n_turns} {phase.load:>4.1f}")
+              f"{len(phase.errors):>6} {agents_same:>17}/{n} {turns_same:>2}/{n * n_turns} "
+              f"{min(phase.agent_walls):>4.1f}-{max(phase.agent_walls):<4.1f} {phase.load:>4.1f}")
         for error in phase.errors[:5]:
             print(f"    {error}")
     if "llama-server" in engines:
