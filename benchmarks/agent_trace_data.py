@@ -2,16 +2,21 @@
 
 Deterministic text (no randomness at run time): a system prompt with tool definitions, then
 turns of user requests, assistant answers (with a reasoning block and a tool call) and tool
-results (file dumps, test output). Three renderings, the shapes of benchmarks/agent_trace.py:
+results (file dumps, test output). Renderings (the first three are the shapes of
+benchmarks/agent_trace.py):
 
   append    every turn re-sends the conversation so far, unchanged, plus the new messages
   reasoning earlier assistant turns lose their reasoning block (as Qwen3's template does), so
             the previous answer changes in the re-sent text
   workspace a workspace file is shown right after the system prompt (as Aider does) and is
             edited every few turns, so everything after it changes
+  header    the system prompt's first line is a per-request header (as Claude Code's billing
+            header, whose hash changes every request: llama.cpp issue #19494), so every request
+            differs from the previous one a few tokens after its start
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 
@@ -111,9 +116,16 @@ def workspace_file(version: int) -> str:
     return python_file("core", 6, bug_in=None if version else 3) + f"\n# revision {version}\n"
 
 
+def request_header(i: int) -> str:
+    """The first line of the system prompt of request i in the "header" shape."""
+    cch = hashlib.sha256(f"request {i}".encode()).hexdigest()[:5]
+    return f"x-anthropic-billing-header: cc_version=2.1.42.{834 + i}; cc_entrypoint=cli; cch={cch};\n"
+
+
 def render(system: str, history: list[Turn], current: Turn, *, shape: str, workspace_version: int = 0) -> str:
     """The prompt sent at a turn: everything so far, ending where the assistant answers."""
-    parts = [f"<start_of_turn>system\n{system}<end_of_turn>\n"]
+    header = request_header(len(history)) if shape == "header" else ""
+    parts = [f"<start_of_turn>system\n{header}{system}<end_of_turn>\n"]
     if shape == "workspace":
         parts.append(f"<start_of_turn>user\nFiles in the chat:\nmathkit/core.py\n```\n{workspace_file(workspace_version)}```"
                      f"<end_of_turn>\n")
@@ -126,11 +138,15 @@ def render(system: str, history: list[Turn], current: Turn, *, shape: str, works
     return "".join(parts)
 
 
-def session_task(i: int) -> list[Turn]:
-    """Short independent tasks for the shared-system-prompt shape."""
+def session_task(i: int, n: int = 4) -> list[Turn]:
+    """Agent i's own short task, for the shapes where agents share the system prompt: n turns
+    (read, edit, test, done; past 4, the bug-fixing session of `turns` goes on)."""
     module = ["core", "stats", "io"][i % 3]
-    return [Turn(f"User: Task {i}: add a docstring example to {module}_op_{i}.", "Read the file first.",
+    task = [Turn(f"User: Task {i}: add a docstring example to {module}_op_{i}.", "Read the file first.",
                  json.dumps({"tool": "read_file", "arguments": {"path": f"mathkit/{module}.py"}})),
             Turn(f"Tool result (read_file mathkit/{module}.py):\n" + python_file(module, 2 + i % 3), "Edit it.",
                  json.dumps({"tool": "edit_file", "arguments": {"path": f"mathkit/{module}.py", "old": "x", "new": "y"}})),
-            Turn("Tool result (edit_file): ok", "Done.", "Added the example.")]
+            Turn("Tool result (edit_file): ok", "Run the tests.", json.dumps({"tool": "run_tests", "arguments": {
+                "pattern": f"test_{module}"}})),
+            Turn("Tool result (run_tests):\n" + test_output(4 + i, []), "Done.", "Added the example.")]
+    return (task + turns(max(n - 3, 1))[1:])[:n]
