@@ -9,9 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent
 
 STRESS = textwrap.dedent('''
     import random, sys, threading, time
@@ -108,10 +106,10 @@ STRESS = textwrap.dedent('''
 ''')
 
 
-def test_sessions_driven_from_threads_give_typed_errors_or_correct_results(tiny_model_path):
-    try:
+def test_sessions_driven_from_threads_give_typed_errors_or_correct_results(tiny_model_path, tmp_path):
+    try:  # outside the checkout: its pyllamaopt/ (without the built extension) must not shadow the installed one
         r = subprocess.run([sys.executable, "-c", STRESS, str(tiny_model_path)], capture_output=True, text=True,
-                           timeout=60, cwd=TESTS.parent)
+                           timeout=60, cwd=tmp_path)
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"deadlock: the stress did not end in 60 s\n{e.stdout}\n{e.stderr}") from None
     assert r.returncode == 0, f"exit {r.returncode} (negative: killed by that signal)\n{r.stdout}\n{r.stderr[-3000:]}"

@@ -218,8 +218,8 @@ OPENAI_BAD = [
     ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "body.tools.0.function.name"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "rm"}}}, "not among the tools"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "body.tool_choice"),
-    ({"tools": [{"type": "function", "function": {"name": "grep", "parameters": {
-        "type": "object", "properties": {"pattern": {"type": "string", "pattern": "^a+$"}}}}}]},
+    ({"tools": [{"type": "function", "function": {"name": "grep", "parameters": {  # a lookahead: no grammar
+        "type": "object", "properties": {"pattern": {"type": "string", "pattern": "^(?=a)a+$"}}}}}]},
      "tools[0] (grep): its parameters cannot be used"),
     ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format cannot be combined with tools"),
     ({"messages": ASK + [{"role": "assistant", "content": None, "tool_calls": [
@@ -269,4 +269,4 @@ def test_the_clients_raise_their_bad_request_errors(served):
     with pytest.raises(anthropic.BadRequestError, match="cannot be used"):
         client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}],
                                tools=[{"name": "grep", "input_schema": {
-                                   "type": "object", "properties": {"p": {"type": "string", "pattern": "a+"}}}}])
+                                   "type": "object", "properties": {"p": {"type": "string", "pattern": "(?=a)a+"}}}}])
