@@ -1,6 +1,8 @@
 """Chat templates (jinja2) and the Chat conversation helper."""
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -150,9 +152,11 @@ def test_random_hostile_templates_give_text_or_a_typed_error(source, content):
     """Expressions chained from the pieces of known escapes (tools/fuzz.sh: at volume): the output
     or ChatTemplateError, never another exception, never the environment, never a command run,
     and the messages are never changed."""
-    import os
-    os.environ["PYLLAMAOPT_CANARY"] = CANARY_SECRET
-    messages = [{"role": "user", "content": content}]
-    out = render_hostile(source, messages)
+    os.environ["PYLLAMAOPT_CANARY"] = CANARY_SECRET  # (hypothesis runs many examples per fixture)
+    try:
+        messages = [{"role": "user", "content": content}]
+        out = render_hostile(source, messages)
+    finally:
+        del os.environ["PYLLAMAOPT_CANARY"]
     assert out is None or CANARY_SECRET not in out, (source, out)
     assert messages == [{"role": "user", "content": content}]
