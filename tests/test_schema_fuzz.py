@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -114,3 +116,29 @@ def test_random_schemas_give_a_grammar_or_a_typed_error(schema, strict, compact,
     for _ in range(3):
         check = grammar.check(parsed.sample(rng, budget=200))
         assert check.valid is not False or not strict, check.error  # (None: jsonschema could not run it)
+
+
+def _contains_itself() -> dict:
+    schema: dict = {"type": "object", "properties": {}}
+    schema["properties"]["a"] = schema
+    return schema
+
+
+# what the fuzzing found (a TypeError, ValueError or OverflowError escaped for minItems NaN, pattern [],
+# minimum 10**400, dependencies [[]], a tuple in enum, a non-string key, a dict inside itself) and neighbours
+@pytest.mark.parametrize("schema", [
+    {"minItems": math.nan}, {"maximum": math.inf}, {"pattern": []}, {"$ref": 5}, {"minimum": 10**400},
+    {"dependencies": {"a": [[]]}}, {"dependentRequired": {"a": "b"}}, {"dependentSchemas": {"a": 3}},
+    {"enum": [(1, 2)]}, {"const": {1: 2}}, {"not": []}, {"prefixItems": {}}, _contains_itself(),
+], ids=repr)
+def test_what_fuzzing_found_is_a_grammar_error(schema):
+    with pytest.raises(GrammarError):
+        compile_json_schema(schema)
+
+
+def test_a_sub_schema_used_twice_and_huge_integers_are_fine():
+    shared = {"type": "integer", "maximum": 10**400}
+    grammar = compile_json_schema({"type": "object", "properties": {"a": shared, "b": shared},
+                                   "required": ["a", "b"]})
+    assert grammar.check('{"a":1,"b":2}').valid
+    assert compile_json_schema({"const": 10**400}).check(str(10**400)).valid
