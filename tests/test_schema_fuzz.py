@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gbnf_check import parse_gbnf
@@ -110,8 +110,10 @@ def test_random_schemas_give_a_grammar_or_a_typed_error(schema, strict, compact,
     Generation's check says so), judged by jsonschema's Draft 2020-12 validator."""
     try:
         grammar = compile_json_schema(schema, strict=strict, compact=compact)
-    except GrammarError:
+    except GrammarError as e:
+        event(type(e).__name__)  # (tools/fuzz.sh shows the shares: --hypothesis-show-statistics)
         return
+    event("grammar")
     parsed = parse_gbnf(grammar.gbnf)  # llama.cpp's syntax and limits (repetitions, left recursion)
     for _ in range(3):
         check = grammar.check(parsed.sample(rng, budget=200))
