@@ -276,6 +276,10 @@ class Service:
 
         return _done_last(self.scheduler.stream(start))
 
+    async def tokenize(self, text: str, *, add_bos: bool, special: bool) -> list[int]:
+        """The model's token ids of `text` (no template): for clients without a tokenizer of their own."""
+        return await self._run(lambda: self.model.tokenize(text, add_bos=add_bos, special=special))
+
     async def expire_idle(self) -> int:
         """Closes sessions idle for longer than the TTL; returns how many."""
         def expire() -> int:
@@ -474,6 +478,7 @@ class Service:
         started = time.perf_counter()
         history = session.n_tokens
         self.metrics.session_history_tokens.observe(history)
+        generation = None
         try:
             yield PENDING  # see _started
             generation = _typed_errors(lambda: session.generate(params.max_tokens, **params.kwargs()))
@@ -495,6 +500,10 @@ class Service:
             self.metrics.count_usage(usage)
             yield DoneEvent(generation.finish_reason or "stop", usage, generation.stop_string)
         finally:
+            if generation is not None:
+                # a request cancelled mid-stream: the turn ends now (the session becomes evictable
+                # again), not when the garbage collector finds the generation (it is a cycle)
+                generation.close()
             if entry is not None:
                 entry.busy = None
                 entry.last_used = time.monotonic()
