@@ -7,7 +7,7 @@
 //
 // An https:// --url (a server with --tls-cert) works as is; trust a self-signed certificate with
 // NODE_EXTRA_CA_CERTS=cert.pem.
-import { createInterface } from "node:readline/promises";
+import { createInterface } from "node:readline";
 
 import { commandLine, detect, tokens } from "./chatformat.js";
 
@@ -21,11 +21,12 @@ const system = String(values.system);
 async function* messages() {
   yield* positionals;
   if (positionals.length > 0) return;
-  const terminal = createInterface({ input: process.stdin, output: process.stdout });
-  for (;;) {
-    const line = (await terminal.question("> ")).trim();
-    if (!line) break;
-    yield line;
+  const terminal = createInterface({ input: process.stdin, output: process.stdout, prompt: "> " });
+  terminal.prompt();
+  for await (const line of terminal) { // lines typed (or piped) during a reply wait their turn
+    if (!line.trim()) break;
+    yield line.trim();
+    terminal.prompt();
   }
   terminal.close();
 }

@@ -5,8 +5,8 @@
 //   node sdks/typescript/examples/tools.js "What is the weather in Paris?"
 //
 // Each round the model replies with a call of one of the tools it has not called yet, or with its
-// answer: the schema of the round says which (the list shrinks as tools are used, and the last round
-// allows only the answer). The application runs the call and appends the result as the next turn;
+// answer: the schema of the round says which (the list shrinks as tools are used, the last round allows
+// only the answer, and with --tool-choice required the first one only a call). The application runs the call and appends the result as the next turn;
 // the session keeps everything before it.
 import { commandLine, detect, tokens } from "./chatformat.js";
 
@@ -40,18 +40,22 @@ const SYSTEM = "You can call these tools:\n" +
   "the user. A tool's result comes back as {\"result\": ...}.";
 
 /**
- * A call of one of `tools` (its arguments an instance of its parameters' schema) or an answer.
+ * A call of one of `tools` (its arguments an instance of its parameters' schema), or an answer.
  * @param {string[]} tools
+ * @param {boolean} answer
  */
-function replySchema(tools) {
+function replySchema(tools, answer) {
   const calls = tools.map((name) => ({
     type: "object", properties: { tool: { const: name }, arguments: TOOLS[name].parameters },
     required: ["tool", "arguments"], additionalProperties: false,
   }));
-  return { anyOf: [...calls, ANSWER] };
+  return { anyOf: answer ? [...calls, ANSWER] : calls };
 }
 
-const { client, values, positionals } = commandLine({ "max-rounds": { type: "string", default: "4" } });
+const { client, values, positionals } = commandLine({
+  "max-rounds": { type: "string", default: "4" },
+  "tool-choice": { type: "string", default: "auto" }, // required: the first reply is a call
+});
 const question = positionals[0] || "What is the weather in Paris?";
 const maxRounds = Number(values["max-rounds"]);
 
@@ -62,7 +66,10 @@ try {
   const unused = Object.keys(TOOLS);
   let round = 1;
   for (; round <= maxRounds; round++) {
-    const generation = session.generate({ maxTokens: 256, jsonSchema: round < maxRounds ? replySchema(unused) : ANSWER });
+    const required = round === 1 && values["tool-choice"] === "required";
+    const generation = session.generate({
+      maxTokens: 256, jsonSchema: round < maxRounds ? replySchema(unused, !required) : ANSWER,
+    });
     for await (const _ of generation); // eslint-disable-line no-unused-vars
     if (generation.finishReason === "length") { // a string or number the model kept writing
       console.log(`round ${round}: the reply did not end within 256 tokens: ${generation.text}`);
