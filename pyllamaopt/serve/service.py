@@ -232,6 +232,7 @@ class Service:
                 session.close()
                 raise
             entry.busy = None
+            entry.last_used = time.monotonic()  # idle from now: a long prefill does not count against the TTL
             self._verify(session, entry, grew_from=0)
             self.metrics.session_total.labels(outcome="created").inc()
             self._update_gauges()
