@@ -574,11 +574,12 @@ def test_metrics_parse_and_count_the_work(server):
 
 
 def test_idle_sessions_expire(tiny_model_path, tmp_path):
-    s = start_server(tiny_model_path, tmp_path, "--session-ttl", "0.5")
+    # a TTL a loaded machine's two requests cannot outlast (0.5 s did, at a load of 11 on 2 cores)
+    s = start_server(tiny_model_path, tmp_path, "--session-ttl", "3")
     try:
         sid = s.request("POST", "/v1/sessions", {"tokens": [1, 2]})[1]["session_id"]
         assert s.request("GET", f"/v1/sessions/{sid}")[0] == 200
-        time.sleep(2.0)  # idle for four TTLs (a request would touch it); the sweeper runs every TTL / 4
+        time.sleep(6.0)  # idle for two TTLs (a request would touch it); the sweeper runs every TTL / 4
         assert s.request("GET", f"/v1/sessions/{sid}")[0] == 404
         assert s.metrics()["session_evicted_total[('reason', 'ttl')]"] == 1
     finally:
