@@ -17,7 +17,8 @@ from .formats import ALIASES, FORMATS, format_pattern
 from .formats import UNENFORCEABLE as UNENFORCEABLE_FORMATS
 from .gbnf import EMPTY, Node, _alt, _gbnf_char, _is_atom, _lit, _opt, _r, _seq
 from .json_values import _json_key, _json_kind, _json_text
-from .numbers import MAX_EXP_DIGITS, MAX_INT_DIGITS, _INT_MAX, _frac_opt, _int_range, _magnitudes, _uint
+from .numbers import (MAX_EXP_DIGITS, MAX_FRAC_DIGITS, MAX_INT_DIGITS, MAX_SAFE_DIGITS, _INT_MAX, _frac_opt,
+                      _int_range, _tenths, _uint, decimal_range, lower_threshold, upper_threshold)
 from .refs import local_refs
 from .regex import Regex, may_overlap, parse_regex, regex_node
 from .rules import _Rules
@@ -371,14 +372,26 @@ class _Converter(_Rules):
 
     def gen_number(self, t: str, schema: dict, hint: str, path: str) -> Node:
         lo, hi = _bounds(schema, path)
+        frac_digits = MAX_FRAC_DIGITS
+        limit = _INT_MAX + 1  # |value| below this
         if "multipleOf" in schema:
             m = _as_number(schema["multipleOf"], path, "multipleOf")
             if m <= 0:
                 raise _err(path, "'multipleOf' must be > 0")
-            if not (t == "integer" and (1 / m).denominator == 1):
+            tenths = _tenths(m)
+            if t == "integer" and (1 / m).denominator == 1:
+                pass  # every integer is a multiple
+            elif t == "number" and tenths is not None and tenths <= MAX_SAFE_DIGITS - 1:
+                # multiples of 10^-s: at most s fraction digits, and at most 15 significant digits
+                # in all, so that the text's double reads back as the same decimal
+                frac_digits = tenths
+                if tenths:
+                    limit = 10 ** (MAX_SAFE_DIGITS - tenths)
+            else:
                 self.relax(_unenforceable(path, "multipleOf", f"'multipleOf' {schema['multipleOf']!r} is not "
-                                          "supported (only when every integer is a multiple, e.g. 1 with type "
-                                          "integer); drop it and check the value after generation"))
+                                          "supported (only powers of ten such as 0.01 or 1 on numbers, and "
+                                          "where every integer is a multiple on integers); drop it and check the "
+                                          "value after generation"))
         if t == "integer":
             if lo is None and hi is None:
                 return self.integer()
@@ -391,31 +404,22 @@ class _Converter(_Rules):
                 raise _err(path, f"the bounds leave no integer of at most {MAX_INT_DIGITS} digits (the limit "
                                  "of the canonical form)")
             return self.define(hint, _alt(*_int_range(a, b)))
-        if lo is None and hi is None:
+        if lo is None and hi is None and frac_digits == MAX_FRAC_DIGITS:
             return self.number()
-        for b in (lo, hi):
-            if b is not None and b[0].denominator != 1:
-                self.relax(_unenforceable(path, "minimum" if b is lo else "maximum",
-                                          f"a non-integer bound ({float(b[0])!r}) on a number is not supported; "
-                                          "use integer bounds (such as 0 and 1) or scale the quantity"))
-        # relaxed: a fractional bound widened to the next integer outward
-        if lo is not None and lo[0].denominator != 1:
-            lo = (Fraction(math.floor(lo[0])), False)
-        if hi is not None and hi[0].denominator != 1:
-            hi = (Fraction(math.ceil(hi[0])), False)
-        limit = Fraction(_INT_MAX + 1)
-        if lo is None or lo[0] < -limit:
-            lo = (-limit, True)
-        if hi is None or hi[0] > limit:
-            hi = (limit, True)
-        a, ea, b, eb = int(lo[0]), lo[1], int(hi[0]), hi[1]
-        alts = []
-        if b > 0 or (b == 0 and not eb):  # values written without '-'
-            alts += _magnitudes(max(a, 0), ea if a >= 0 else False, b, eb)
-        if a < 0:  # values written with '-': magnitudes w with -w in range ('-0.0' if 0 is)
-            wl, wl_excl = (-b, eb) if b < 0 else (0, b == 0 and eb)
-            for x in _magnitudes(wl, wl_excl, -a, ea):
-                alts.append(_seq(_lit("-"), x))
+        # every bound as an inclusive decimal threshold (exact for how jsonschema compares)
+        high = limit - Fraction(1, 10 ** frac_digits)
+        low = -high
+        for key, lower in (("minimum", True), ("exclusiveMinimum", True), ("maximum", False),
+                           ("exclusiveMaximum", False)):
+            value = schema.get(key)
+            if value is None or isinstance(value, bool):
+                continue
+            exclusive = key.startswith("exclusive") or schema.get("exclusiveM" + key[1:]) is True
+            if lower:
+                low = max(low, lower_threshold(value, exclusive, frac_digits))
+            else:
+                high = min(high, upper_threshold(value, exclusive, frac_digits))
+        alts = decimal_range(low, high, frac_digits) if low <= high else []
         if not alts:
             raise _Unsat(path, "no number lies between minimum and maximum")
         return self.define(hint, _alt(*alts))
