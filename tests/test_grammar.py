@@ -164,7 +164,8 @@ def valid(v: Any, s: Any, root: Any) -> bool:
             return False
         if not isinstance(emax, bool) and emax is not None and v >= emax:
             return False
-        if "multipleOf" in s and Fraction(v) % Fraction(s["multipleOf"]) != 0:
+        # (on the decimal values, as pyllamaopt's check reads multipleOf: 0.07 is a multiple of 0.01)
+        if "multipleOf" in s and Fraction(repr(v)) % Fraction(repr(s["multipleOf"])) != 0:
             return False
     if isinstance(v, dict):
         props = s.get("properties", {})
@@ -432,6 +433,16 @@ FOCUSED = {
                     "unevaluatedProperties": {"type": "string", "format": "uuid"}},
     "recursive": {"$defs": {"t": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/t"}, {"type": "boolean"}]},
                                   "maxItems": 3}}, "$ref": "#/$defs/t"},
+    "fractional_bounds": {"type": "array", "items": {"type": "number", "minimum": -0.5, "exclusiveMaximum": 2.25,
+                                                     "multipleOf": 0.01}},
+    "min_properties_one": {"type": "array", "items": {
+        "anyOf": [{"type": "object", "properties": {k: {"type": "integer"} for k in "abcdef"}, "minProperties": 1},
+                  {"type": "object", "properties": {"x": {"type": "null"}}, "additionalProperties": {"type": "null"},
+                   "minProperties": 1}]}},
+    "max_properties": {"type": "array", "items": {
+        "anyOf": [{"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 2},
+                  {"type": "object", "properties": {"a": {"type": "null"}}, "required": ["a"],
+                   "additionalProperties": {"type": "boolean"}, "minProperties": 1, "maxProperties": 3}]}},
 }
 
 
@@ -795,8 +806,8 @@ def test_formats():
     ({"type": "array", "itens": {"type": "string"}}, "misspelling of 'items'"),
     ({"type": "object", "requires": ["a"]}, "misspelling of 'required'"),
     ({"type": "integer", "multipleOf": 2}, "multipleOf"),
-    ({"type": "object", "properties": {"a": {}}, "minProperties": 1}, "minProperties"),
-    ({"type": "object", "maxProperties": 2}, "maxProperties"),
+    ({"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 2}, "minProperties"),
+    ({"type": "object", "properties": {"a": {}}, "additionalProperties": True, "maxProperties": 2}, "maxProperties"),
     ({"$ref": "https://example.com/s.json"}, "refers to another document"),
     ({"$ref": "#/$defs/missing"}, "does not resolve"),
     ({"$ref": "#foo"}, "anchor that no subschema declares"),
@@ -914,7 +925,7 @@ RELAXABLE = [  # (schema, the keyword left out, the schema without it: what the 
      {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}),
     ({"type": "number", "minimum": 0, "maximum": 9, "multipleOf": 0.25}, "multipleOf",
      {"type": "number", "minimum": 0, "maximum": 9}),
-    ({"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}}, "minProperties": 1},
+    ({"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}}, "minProperties": 2},
      "minProperties", {"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}}}),
     ({"type": "string", "pattern": "^(?!x)[a-z]{1,4}$"}, "pattern", {"type": "string"}),
     ({"type": "string", "format": "email", "pattern": "^[a-z]+$"}, "format", {"type": "string", "pattern": "^[a-z]+$"}),

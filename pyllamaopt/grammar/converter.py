@@ -475,21 +475,31 @@ class _Converter(_Rules):
                 extras.append(_seq(key, self.colon(), value))
         extra = self.simple(_alt(*extras), f"{hint}-extra") if extras else None
         n_req = sum(1 for _, r in fields if r)
+        nonempty = False
         if "minProperties" in schema:
             m = _as_count(schema["minProperties"], path, "minProperties")
-            if m > n_req:
+            if m == 1 and n_req == 0:  # at least one of the optional properties (or another key)
+                if not fields and extra is None:
+                    raise _Unsat(path, "'minProperties' 1, but no property is allowed")
+                nonempty = True
+            elif m > n_req:
                 self.relax(_unenforceable(path, "minProperties", f"'minProperties' {m} is more than the {n_req} "
-                                          "required properties; the grammar cannot count optional ones: list "
-                                          "enough properties in 'required'"))
+                                          "required properties; the grammar counts optional ones only for "
+                                          "'minProperties' 1: list enough properties in 'required'"))
+        max_extra = None
         if "maxProperties" in schema:
             m = _as_count(schema["maxProperties"], path, "maxProperties")
-            if extra is not None or m < len(fields):
-                if m < n_req:
-                    raise _Unsat(path, f"'maxProperties' {m} is less than the required properties")
+            if m < n_req:
+                raise _Unsat(path, f"'maxProperties' {m} is less than the required properties")
+            if extra is not None and n_req == len(fields):  # all declared ones present: count the others
+                max_extra = m - n_req
+                if max_extra == 0:
+                    extra = None
+            elif extra is not None or m < len(fields):
                 self.relax(_unenforceable(path, "maxProperties", f"'maxProperties' {m} cannot be expressed (the "
                                           "object may have more properties); drop it, or set "
                                           f"'additionalProperties': false and list at most {m} properties"))
-        return self.define(hint, self.object_body(fields, extra, hint))
+        return self.define(hint, self.object_body(fields, extra, hint, nonempty, max_extra))
 
     def pattern_extras(self, patterns: list[tuple[Regex, Any]], names: list[str], hint: str, path: str
                        ) -> list[Node]:
@@ -518,9 +528,12 @@ class _Converter(_Rules):
             out.append(_seq(key, self.colon(), value))
         return out
 
-    def object_body(self, fields: list[tuple[Node, bool]], extra: Node | None, hint: str) -> Node:
+    def object_body(self, fields: list[tuple[Node, bool]], extra: Node | None, hint: str, nonempty: bool = False,
+                    max_extra: int | None = None) -> Node:
+        """The members of an object: ``fields`` (key-value, required?) in order, then any number
+        (at most ``max_extra``) of ``extra`` ones; with ``nonempty``, at least one member."""
         comma = self.comma()
-        more = self.rep(_seq(comma, extra), 0, None, f"{hint}-more") if extra is not None else EMPTY
+        more = self.rep(_seq(comma, extra), 0, max_extra, f"{hint}-more") if extra is not None else EMPTY
         if any(r for _, r in fields):
             first = next(i for i, (_, r) in enumerate(fields) if r)
             parts = [_opt(_seq(kv, comma)) for kv, _ in fields[:first]] + [fields[first][0]]
@@ -530,8 +543,9 @@ class _Converter(_Rules):
         if len(kvs) <= 4:  # one alternative per first property present
             alts = [_seq(kv, *(_opt(_seq(comma, k)) for k in kvs[i + 1:]), more) for i, kv in enumerate(kvs)]
             if extra is not None:
-                alts.append(_seq(extra, more))
-            return self.bracket("{", _alt(*alts) if alts else EMPTY, True, "}")
+                alts.append(_seq(extra, more if max_extra is None else
+                                 self.rep(_seq(comma, extra), 0, max_extra - 1, f"{hint}-more")))
+            return self.bracket("{", _alt(*alts) if alts else EMPTY, not nonempty, "}")
         # the same in rules linear in the number of properties: rest[i] = the properties from i on,
         # each after a comma; first[i] = the first present one from i on, then rest
         tail: Node = more
@@ -541,7 +555,7 @@ class _Converter(_Rules):
             tail = self.define(f"{hint}-rest", _seq(_opt(_seq(comma, kvs[i])), tail))
             head = self.define(f"{hint}-first", _alt(_seq(kvs[i], after), head) if head != EMPTY
                                else _seq(kvs[i], after))
-        return self.bracket("{", head, True, "}")
+        return self.bracket("{", head, not nonempty, "}")
 
     def key_excluding(self, names: list[str], hint: str) -> Node:
         """A JSON string key (without escapes) that is none of ``names``."""
