@@ -754,12 +754,14 @@ def test_any_of_one_of_all_of():
 def test_one_of_needs_exclusive_alternatives():
     for schema in [{"oneOf": [{"type": "string"}, {"type": "integer"}]},
                    {"oneOf": [{"const": "a"}, {"const": "b"}]},
-                   BY_NAME["any_tool"], BY_NAME["agent_step"]]:
+                   BY_NAME["any_tool"], BY_NAME["agent_step"],
+                   {"oneOf": [{"type": "object", "properties": {"a": {"const": 1}}},  # narrowed: 'a' required
+                              {"type": "object", "properties": {"a": {"const": 2}}}]}]:
         json_schema_to_gbnf(schema)
     for schema in [{"oneOf": [{"type": "number"}, {"type": "integer"}]},
                    {"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]},
-                   {"oneOf": [{"type": "object", "properties": {"a": {"const": 1}}},
-                              {"type": "object", "properties": {"a": {"const": 2}}}]}]:  # 'a' not required
+                   {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                              {"type": "object", "properties": {"a": {"type": "number"}}}]}]:
         with pytest.raises(GrammarError, match="oneOf.*anyOf"):
             json_schema_to_gbnf(schema)
 
@@ -994,6 +996,27 @@ REWRITTEN = {  # constraints a grammar enforces once rewritten into alternatives
     "oneOf-required": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                         "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}, ['{"a":1}', '{"b":1}'],
                        ['{"a":1,"b":2}', "{}"]),
+    # oneOf alternatives narrowed until no two overlap
+    "oneOf-optional-discriminator": ({"type": "object", "oneOf": [
+        {"properties": {"kind": {"enum": ["callback"]}, "value": {"type": "string"}}},
+        {"properties": {"kind": {"enum": ["field", "value"]}, "value": {"type": ["string", "null"]}}}]},
+        ['{"kind":"callback","value":"x"}', '{"kind":"field","value":null}'], ["{}", '{"value":"x"}']),
+    "oneOf-different-required": ({"oneOf": [
+        {"type": "object", "required": ["delete"], "properties": {"delete": {"type": "integer"}}},
+        {"type": "object", "required": ["insert"], "properties": {"insert": {"type": "string"}}},
+        {"type": "object", "required": ["x"], "additionalProperties": {"type": "boolean"}}]},
+        ['{"delete":1}', '{"insert":"a"}', '{"x":true}', '{"x":true,"y":false}'],
+        ['{"delete":1,"insert":"a"}', '{"x":true,"delete":true}', '{"x":true,"insert":true}']),
+    "oneOf-enums": ({"oneOf": [{"enum": ["red", "blue", 3]}, {"enum": ["blue", "orange", 6, 3]}]},
+                    ['"red"', '"orange"', "6"], ['"blue"', "3"]),
+    "oneOf-any-and-string": ({"oneOf": [{}, {"type": "string"}, {"type": "string", "maxLength": 2}]},
+                             ["1", "null", '{"a":"x"}'], ['"x"', '"long"']),
+    "oneOf-closed-objects": ({"type": "array", "items": {"oneOf": [
+        {"type": "object", "properties": {"ios": {"type": "integer"}}, "required": ["ios"],
+         "additionalProperties": False},
+        {"type": "object", "patternProperties": {"^[0-9]x$": {"type": "integer"}}, "additionalProperties": False},
+        {"type": "object", "properties": {"ref": {"type": "string"}}, "additionalProperties": False}]}},
+        ['[{"ios":1},{"ref":"a"}]', '[{"1x":2}]'], ['[{"ios":1,"ref":"a"}]', "[{}]"]),
 }
 
 

@@ -11,7 +11,7 @@ from typing import Any, Union
 from urllib.parse import unquote
 
 from ..errors import GrammarError, UnenforceableSchemaError, UnsupportedRegexError
-from .composition import (_all_of, _check_exclusive, _exclusive_required, _merge_all_of, _negate,
+from .composition import (_all_of, _exclusive, _exclusive_required, _merge_all_of, _negate,
                           _split_conditional, _split_dependencies)
 from .formats import ALIASES, FORMATS, format_pattern
 from .formats import UNENFORCEABLE as UNENFORCEABLE_FORMATS
@@ -54,6 +54,13 @@ class _Converter(_Rules):
         self.ref_rules: dict[str, str] = {}
         self.unsat_refs: dict[str, str] = {}
         self.regex_nodes: dict[tuple, Node | None] = {}
+        self.validator: Any = None
+
+    def matches(self, value: Any, schema: Any) -> bool:
+        """Whether a value is valid against a subschema (jsonschema, references resolved in root)."""
+        if self.validator is None:
+            self.validator = validator(self.root)
+        return bool(self.validator.evolve(schema=schema).is_valid(value))
 
     def relax(self, err: UnenforceableSchemaError) -> None:
         """strict: refuse the constraint; else leave it to the check of the finished output."""
@@ -251,11 +258,8 @@ class _Converter(_Rules):
         constrained = any(_constrains(k) for k in rest)
         if constrained:  # S and (A or B) = (S and A) or (S and B)
             alts = [{**rest, "allOf": [a, *rest.get("allOf", ())]} for a in alts]
-        if key == "oneOf" and exclusive is None:
-            try:
-                _check_exclusive(self.root, alts, path)
-            except UnenforceableSchemaError as e:  # relaxed: as anyOf
-                self.relax(e)
+        if key == "oneOf" and exclusive is None:  # narrowed until no two overlap (else relaxed: as anyOf)
+            alts = _exclusive(self.root, alts, path, self.relax, self.matches)
         branches = []
         last: _Unsat | None = None
         for i, alt in enumerate(alts):

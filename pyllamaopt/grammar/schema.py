@@ -137,6 +137,8 @@ def _unenforceable(path: str, keyword: str, msg: str) -> UnenforceableSchemaErro
 
 #: what the converter does with an UnenforceableSchemaError: raise it (strict) or note it
 Relax = Callable[[UnenforceableSchemaError], None]
+#: whether a value is valid against a subschema of the schema being converted (jsonschema)
+Matches = Callable[[Any, Any], bool]
 
 
 def _raise(err: UnenforceableSchemaError) -> None:
