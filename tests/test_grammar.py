@@ -885,6 +885,17 @@ def test_ids_and_anchors_resolve_references():
         json_schema_to_gbnf({"$id": "http://example.com/a", "$ref": "http://example.com/b"})
 
 
+def test_an_id_beside_a_ref_is_ignored_up_to_draft_7():
+    # draft 7 and earlier ignore every keyword beside '$ref', '$id' included: the reference is
+    # resolved against the enclosing base (as JSON Schema Store's cryproj schemas need)
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "$id": "https://example.com/root.json",
+              "definitions": {"cvar": {"enum": ["r_Width", "r_Height"]}},
+              "type": "object", "properties": {"name": {"$id": "/properties/name", "$ref": "#/definitions/cvar"}},
+              "required": ["name"]}
+    g = grammar(schema)
+    assert g.matches('{"name":"r_Width"}') and not g.matches('{"name":"x"}')
+
+
 def test_unsatisfiable_branches_are_dropped_not_errors():
     assert accepts({"anyOf": [{"type": "integer", "minimum": 3, "maximum": 1}, {"type": "null"}]}, "null")
     optional_false = {"type": "object", "properties": {"a": False, "b": {"type": "integer"}}}
@@ -936,6 +947,9 @@ RELAXABLE = [  # (schema, the keyword left out, the schema without it: what the 
      {"type": "object", "properties": {"x": True}, "required": ["x"]}),
     ({"enum": [[1, 2], [3]], "items": {"maximum": 2}}, "items", {"enum": [[1, 2], [3]]}),
     ({"type": "string", "pattern": "^(?:a|bc)$", "minLength": 2}, "pattern", {"type": "string", "pattern": "^(?:a|bc)$"}),
+    # a misspelling is what JSON Schema says it is, an annotation (jsonschema ignores it too)
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additonalProperties": False}, "additonalProperties",
+     {"type": "object", "properties": {"a": {"type": "integer"}}}),
 ]
 
 

@@ -20,7 +20,7 @@ def _flatten_all_of(root: Any, schema: Any, path: str, out: list, refs: tuple, t
         raise _Unsat(path, "an 'allOf' member is 'false'")
     if not isinstance(schema, dict):
         raise _err(path, f"a schema must be an object or a boolean, got {type(schema).__name__}")
-    _check_keywords(schema, path)
+    _check_keywords(schema, path, relax)
     if not top:
         for key in ("unevaluatedProperties", "unevaluatedItems"):
             if key in schema and schema[key] is not True:

@@ -149,7 +149,7 @@ class _Converter(_Rules):
             raise _Unsat(path, "the schema is 'false'")
         if not isinstance(schema, dict):
             raise _err(path, f"a schema must be an object or a boolean, got {type(schema).__name__}")
-        _check_keywords(schema, path)
+        _check_keywords(schema, path, self.relax)
         rewritten = _negate(schema) if "not" in schema else None
         if rewritten is None and any(k in schema for k in ("dependentRequired", "dependentSchemas", "dependencies")):
             rewritten = _split_dependencies(schema)

@@ -12,6 +12,7 @@ from urllib.parse import unquote
 from ..errors import GrammarError, UnenforceableSchemaError
 from .json_values import _json_kind
 from .formats import format_pattern
+from .refs import follow
 from .regex import parse_regex
 
 
@@ -176,7 +177,9 @@ def _schema_types(schema: dict, path: str) -> list[str] | None:
     return list(types)
 
 
-def _check_keywords(schema: dict, path: str) -> None:
+def _check_keywords(schema: dict, path: str, relax: Relax) -> None:
+    """The keywords' values checked. A keyword that looks like a misspelling is refused (strict)
+    or, relaxed, ignored as JSON Schema ignores unknown keywords (jsonschema's check too)."""
     for key in schema:
         if not isinstance(key, str):
             raise _err(path, f"keyword {key!r} is not a string")
@@ -186,8 +189,9 @@ def _check_keywords(schema: dict, path: str) -> None:
             continue  # the converter refuses or relaxes it
         meant = _typo_of(key)
         if meant is not None:
-            raise _err(path, f"unknown keyword '{key}' looks like a misspelling of '{meant}', which would "
-                             f"then not be enforced: correct it (or prefix it with 'x-' if it only annotates)")
+            relax(_unenforceable(path, key, f"unknown keyword '{key}' looks like a misspelling of '{meant}', which "
+                                 "would then not be enforced: correct it (or prefix it with 'x-' if it only "
+                                 "annotates)"))
     for key in ("anyOf", "oneOf", "allOf"):
         if key in schema and (not isinstance(schema[key], list) or not schema[key]):
             raise _err(path, f"'{key}' must be a non-empty list of schemas")
@@ -232,16 +236,10 @@ def _resolve(root: Any, ref: Any, path: str) -> Any:
     if fragment and not fragment.startswith("/"):
         raise _err(path, f"'$ref': {ref!r} names an anchor that no subschema declares ('$anchor', or "
                          "'$id'/'id' \"#name\"); declare it or use a JSON pointer such as '#/$defs/Name'")
-    node: Any = root
-    for part in fragment.split("/")[1:] if fragment else []:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            raise _err(path, f"'$ref': {ref!r} does not resolve: no {part!r} in the schema")
-    return node
+    try:
+        return follow(root, fragment)
+    except KeyError as e:
+        raise _err(path, f"'$ref': {ref!r} does not resolve: no {e.args[0]!r} in the schema") from None
 
 
 def _pointer_escape(name: str) -> str:
