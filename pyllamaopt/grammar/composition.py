@@ -3,7 +3,6 @@ into one schema, and whether two schemas are disjoint (oneOf alternatives must b
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from ..errors import GrammarError, UnenforceableSchemaError
@@ -323,7 +322,7 @@ def _forbids(schema: dict, name: Any) -> bool:
         return False
     patterns = schema.get("patternProperties", {})
     try:
-        return isinstance(patterns, dict) and not any(re.search(parse_regex(p).python(), name) for p in patterns)
+        return isinstance(patterns, dict) and not any(parse_regex(p).search(name) for p in patterns)
     except GrammarError:  # a pattern not understood: it may match
         return False
 

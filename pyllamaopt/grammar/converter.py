@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from fractions import Fraction
 from dataclasses import dataclass
 from typing import Any, Union
@@ -455,7 +454,7 @@ class _Converter(_Rules):
         for name in names:
             # a declared name is checked by its properties schema and by every pattern it matches;
             # additionalProperties only applies to names that are neither
-            matching = [sub for rx, sub in patterns if re.search(rx.python(), name)]
+            matching = [sub for rx, sub in patterns if rx.search(name)]
             sub = _all_of([props[name] if name in props else (True if matching else addl), *matching])
             is_req = name in required
             sub_path = f"{path}/properties/{_pointer_escape(name)}"
@@ -516,7 +515,7 @@ class _Converter(_Rules):
         for i, (rx, sub) in enumerate(patterns):
             if rx.universal:
                 key = self.key_excluding(names, f"{hint}-key") if names else self.string()
-            elif any(re.search(rx.python(), n) for n in names):
+            elif any(rx.search(n) for n in names):
                 continue
             else:
                 found = regex_node(rx, 0, None, self.rep, self.define, f"{hint}-key")

@@ -3,8 +3,8 @@ values checked, the types a schema declares, local $ref resolution, numeric boun
 errors."""
 from __future__ import annotations
 
+import functools
 import math
-import re
 from fractions import Fraction
 from typing import Any, Callable
 from urllib.parse import unquote
@@ -77,6 +77,7 @@ def _osa_distance(a: str, b: str) -> int:
     return prev[-1]
 
 
+@functools.lru_cache(maxsize=4096)
 def _typo_of(key: str) -> str | None:
     """The constraining keyword ``key`` is likely a misspelling of, if any: the same but for
     case or a trailing ':' / '"' / space; for keywords of 6 or 7 letters one edit away, for
@@ -293,7 +294,7 @@ def _value_ok(v: Any, schema: dict, path: str) -> bool:
                 regex = parse_regex(source) if source is not None else None
             except GrammarError:  # an untranslatable pattern: refused or relaxed by the converter
                 continue
-            if regex is not None and not re.search(regex.python(), v):
+            if regex is not None and not regex.search(v):
                 return False
         return schema.get("minLength", 0) <= n and ("maxLength" not in schema or n <= schema["maxLength"])
     if kind == "array":
