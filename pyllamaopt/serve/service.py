@@ -529,6 +529,7 @@ class Service:
         """The request's JSON Schema compiled (strict as the request says), from the cache if an
         earlier request had the same. A strict request whose schema has a constraint no grammar
         enforces is refused with that constraint named."""
+        assert params.json_schema is not None
         key = (json.dumps(params.json_schema, sort_keys=True), params.schema_strict)
         compiled = self._schemas.pop(key, None)
         if compiled is None:
