@@ -24,6 +24,12 @@ llama-cpp-python's grammar path; time to first token and grammar time per token.
     python benchmarks/schemabench.py PATH [--generate] [--sample 10] [--seed 0] [--datasets A,B]
 
 PATH: the JSONSchemaBench data directory (PATH/<Dataset>/*.json).
+
+llama-cpp-python 0.3.36 (the llama.cpp tree pyllamaopt pins), built without AMX, e.g. into a
+directory of its own:
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" \
+    pip install --no-deps --target DIR llama-cpp-python==0.3.36 diskcache
+  PYTHONPATH=.:DIR python benchmarks/schemabench.py PATH
 """
 from __future__ import annotations
 
