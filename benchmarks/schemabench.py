@@ -257,15 +257,17 @@ def classify(run: Run, check: Callable[[str], Any]) -> str:
     return "valid" if valid else "invalid" if valid is False else "unchecked"
 
 
-def empirical(files: dict[str, list[Path]], sample: int, seed: int, max_tokens: int, model_name: str) -> None:
+def empirical(files: dict[str, list[Path]], sample: int, seed: int, max_tokens: int, model_name: str,
+              engines: list[str]) -> None:
     path = models.resolve(model_name)
     model = Model(path, progress=False)
-    ours, theirs = Pyllamaopt(model, True), LlamaCppPython(path)
+    ours = Pyllamaopt(model, True)
+    theirs = LlamaCppPython(path) if "llama-cpp-python" in engines else None
     parser = LlamaParser(path)
     results: dict[str, dict[str, Outcomes]] = {}
     for dataset, paths in files.items():
         chosen = random.Random(f"{seed}:{dataset}").sample(paths, min(sample, len(paths)))
-        res = results[dataset] = {"ours": Outcomes(), "llama-cpp-python": Outcomes()}
+        res = results[dataset] = {e: Outcomes() for e in engines}
         for p in chosen:
             text, schema = load(p)
             prompt = prompt_for(schema)
@@ -279,6 +281,9 @@ def empirical(files: dict[str, list[Path]], sample: int, seed: int, max_tokens: 
             else:
                 outcome = "refused"
             res["ours"].counts[outcome] += 1
+            if theirs is None:
+                print(f"  {dataset}/{p.name}: ours {outcome}", file=sys.stderr)
+                continue
             theirs_gbnf = timed(lambda: llama_cpp_converter(text))
             if theirs_gbnf.ok and parser.accepts(theirs_gbnf.grammar) is True:  # (else it could crash)
                 check = SchemaGrammar(schema, "", False, ()).check
@@ -295,7 +300,7 @@ def empirical(files: dict[str, list[Path]], sample: int, seed: int, max_tokens: 
     print("| dataset | engine | " + " | ".join(kinds) + " | invalid where enforced | first token ms (median) "
           "| grammar µs / token | tok/s |")
     print("|---|---|" + "---|" * len(kinds) + "---|---|---|---|")
-    totals: dict[str, Outcomes] = {"ours": Outcomes(), "llama-cpp-python": Outcomes()}
+    totals: dict[str, Outcomes] = {e: Outcomes() for e in engines}
     for dataset, res in results.items():
         for engine, o in res.items():
             totals[engine].counts.update(o.counts)
@@ -327,6 +332,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--model", default="gemma3-270m")
+    ap.add_argument("--engines", default="ours,llama-cpp-python",
+                    help="for --generate: ours, llama-cpp-python or both (comma-separated)")
     args = ap.parse_args()
     if not args.path.is_dir():
         ap.error(f"{args.path} is not a directory")
@@ -336,7 +343,10 @@ def main() -> int:
         stats, relaxed, refused = compile_coverage(files, LlamaParser(models.resolve(args.model)))
         print_compile_table(stats, relaxed, refused)
     if args.generate:
-        empirical(files, args.sample, args.seed, args.max_tokens, args.model)
+        engines = args.engines.split(",")
+        if "ours" not in engines or not set(engines) <= {"ours", "llama-cpp-python"}:
+            ap.error("--engines: ours, optionally with llama-cpp-python")
+        empirical(files, args.sample, args.seed, args.max_tokens, args.model, engines)
     return 0
 
 
