@@ -534,11 +534,30 @@ def test_bad_input_is_a_4xx_with_a_message_and_the_server_lives_on(server, path,
     assert server.request("GET", "/health")[0] == 200
 
 
-def test_a_schema_we_cannot_express_is_a_400(server):
+def test_a_strict_schema_we_cannot_enforce_is_a_400_a_non_strict_one_is_checked(server):
+    import jsonschema
+
     sid = server.request("POST", "/v1/sessions", {"tokens": [1, 2, 3]})[1]["session_id"]
-    bad = {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "(?!a)b"}}}  # a lookahead
+    lookahead = {"type": "string", "pattern": "(?!a)b", "maxLength": 6}
+    bad = {"type": "json_schema", "json_schema": {"schema": lookahead, "strict": True}}
     status, out = server.request("POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 4, "response_format": bad})
-    assert status == 400 and "lookahead" in out["error"]["message"]
+    assert status == 400 and "lookahead" in out["error"]["message"] and "'pattern' at #" in out["error"]["message"]
+    assert out["error"]["pyllamaopt_error"] == "UnsupportedRegexError"
+    for strict in (False, None):  # OpenAI's meaning: absent is false
+        spec = {"schema": lookahead} if strict is None else {"schema": lookahead, "strict": strict}
+        status, out = server.request("POST", f"/v1/sessions/{sid}/generate",
+                                     {"max_tokens": 12, "response_format": {"type": "json_schema", "json_schema": spec}})
+        assert status == 200, out
+        try:
+            jsonschema.validate(json.loads(out["text"]), lookahead)
+            expected = True
+        except (ValueError, jsonschema.ValidationError):
+            expected = False
+        assert out["schema_valid"] is expected and (out["schema_error"] is None) == expected, out
+    status, out = server.request("POST", f"/v1/sessions/{sid}/generate",
+                                 {"max_tokens": 4, "response_format": {"type": "json_schema",
+                                                                       "json_schema": {"schema": {}, "strict": "yes"}}})
+    assert status == 400 and "strict must be true or false" in out["error"]["message"]
     status, out = server.request("POST", f"/v1/sessions/{sid}/generate",
                                  {"max_tokens": 4, "response_format": {"type": "xml"}})
     assert status == 400 and "response_format.type" in out["error"]["message"]
@@ -547,7 +566,7 @@ def test_a_schema_we_cannot_express_is_a_400(server):
     status, out = server.request("POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 40, "response_format": ok})
     assert status == 200, out
     if out["finish_reason"] != "length":
-        assert isinstance(json.loads(out["text"])["a"], int)
+        assert isinstance(json.loads(out["text"])["a"], int) and out["schema_valid"] is True
     server.request("DELETE", f"/v1/sessions/{sid}")
 
 
