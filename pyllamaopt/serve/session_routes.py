@@ -74,11 +74,12 @@ async def generate(session_id: str, body: SessionGenerateRequest, request: Reque
         def chunk(event: Event) -> list[dict[str, Any]]:
             if isinstance(event, TokenEvent):
                 return [{"token": event.id, "text": event.text}]
-            return [{"finish_reason": event.finish_reason, "usage": event.usage.as_dict()}]
+            return [{"finish_reason": event.finish_reason, "usage": event.usage.as_dict(), **event.schema_fields()}]
 
         return sse(events, chunk, error_body, done_line=False)
     tokens, text, done = await collect(events)
-    return {"tokens": tokens, "text": text, "finish_reason": done.finish_reason, "usage": done.usage.as_dict()}
+    return {"tokens": tokens, "text": text, "finish_reason": done.finish_reason, "usage": done.usage.as_dict(),
+            **done.schema_fields()}
 
 
 @tokenizer_router.post("/v1/tokenize")
