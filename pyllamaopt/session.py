@@ -5,7 +5,6 @@ import codecs
 import math
 import numbers
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,19 +13,11 @@ from . import _core
 from .errors import ContextOverflowError, InvalidArgumentError
 from .model import check_token_ids
 from .stats import Stats
+from .tokens import Token
 
 if TYPE_CHECKING:
     from .context import Context
     from .grammar import SchemaCheck, SchemaGrammar
-
-
-@dataclass(frozen=True)
-class Token:
-    """One generated token: its id and the text it releases (may be '' while text is held
-    back, e.g. an unfinished UTF-8 character or a possible stop string)."""
-
-    id: int
-    text: str
 
 
 def _check_sampling(temperature: object, top_k: object, top_p: object, min_p: object) -> None:

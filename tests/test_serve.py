@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -37,6 +38,7 @@ class Server:
     url: str
     process: subprocess.Popen
     log: Path
+    ssl_context: ssl.SSLContext | None = None  # https: the context that trusts the server's certificate
 
     def request(self, method: str, path: str, body: object = None, *, raw: bytes | None = None,
                 headers: dict[str, str] | None = None) -> tuple[int, dict]:
@@ -44,7 +46,7 @@ class Server:
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers={"content-type": "application/json", **(headers or {})})
         try:
-            with urllib.request.urlopen(req, timeout=60) as r:
+            with urllib.request.urlopen(req, timeout=60, context=self.ssl_context) as r:
                 text = r.read()
                 return r.status, json.loads(text) if text else {}
         except urllib.error.HTTPError as e:
@@ -54,7 +56,7 @@ class Server:
         """Server-sent events of a streaming POST, as they arrive."""
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
                                      headers={"content-type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=60, context=self.ssl_context) as r:
             for line in r:
                 line = line.decode().strip()
                 if line.startswith("data: ") and line != "data: [DONE]":
@@ -65,7 +67,7 @@ class Server:
                              **kwargs)
 
     def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30, context=self.ssl_context) as r:
             text = r.read().decode()
         return {f"{s.name}{sorted(s.labels.items()) if s.labels else ''}": s.value
                 for family in text_string_to_metric_families(text) for s in family.samples}
@@ -77,14 +79,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: Path, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Server:
+def start_server(model: Path, tmp_path: Path, *args: str, env: dict[str, str] | None = None,
+                 cafile: Path | None = None) -> Server:
+    """The server as a process (N_CTX, two threads unless ``args`` say otherwise); with ``cafile`` (a
+    server given --tls-cert), reached over https trusting that certificate."""
     port = free_port()
     log = tmp_path / f"server-{port}.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "pyllamaopt.cli", "serve", "--model", str(model), "--port", str(port),
          "--n-ctx", str(N_CTX), "--threads", "2", *args],
         cwd=tmp_path, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    server = Server(f"http://127.0.0.1:{port}", process, log)
+    context = ssl.create_default_context(cafile=cafile) if cafile else None
+    server = Server(f"{'https' if cafile else 'http'}://127.0.0.1:{port}", process, log, context)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:

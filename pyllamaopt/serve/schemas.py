@@ -149,6 +149,13 @@ class Tokens(BaseModel):
     tokens: list[int] = Field(default_factory=list)
 
 
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str
+    add_bos: bool = False   # the model's BOS token first, if the model uses one
+    special: bool = False   # special-token text such as "<start_of_turn>" parsed as those tokens
+
+
 class SessionGenerateRequest(Sampling):
     """A generation of the session protocol, over HTTP (this body) and gRPC (its fields, copied)."""
 

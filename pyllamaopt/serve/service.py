@@ -252,6 +252,7 @@ class Service:
                 session.close()
                 raise
             entry.busy = None
+            entry.last_used = time.monotonic()  # idle from now: a long prefill does not count against the TTL
             self._verify(session, entry, grew_from=0)
             self.metrics.session_total.labels(outcome="created").inc()
             self._update_gauges()
@@ -295,6 +296,10 @@ class Service:
             return _started(self._generation(entry.session, 0, params, entry.session.stats, entry=entry)), entry.session
 
         return _done_last(self.scheduler.stream(start))
+
+    async def tokenize(self, text: str, *, add_bos: bool, special: bool) -> list[int]:
+        """The model's token ids of `text` (no template): for clients without a tokenizer of their own."""
+        return await self._run(lambda: self.model.tokenize(text, add_bos=add_bos, special=special))
 
     async def expire_idle(self) -> int:
         """Closes sessions idle for longer than the TTL; returns how many."""
@@ -494,6 +499,7 @@ class Service:
         started = time.perf_counter()
         history = session.n_tokens
         self.metrics.session_history_tokens.observe(history)
+        generation = None
         try:
             yield PENDING  # see _started
             schema = None if params.json_schema is None else _typed_errors(lambda: self._compiled(params))
@@ -518,6 +524,10 @@ class Service:
             check = None if schema is None else SchemaCheck(generation.schema_valid, generation.schema_error)
             yield DoneEvent(generation.finish_reason or "stop", usage, generation.stop_string, check)
         finally:
+            if generation is not None:
+                # a request cancelled mid-stream: the turn ends now (the session becomes evictable
+                # again), not when the garbage collector finds the generation (it is a cycle)
+                generation.close()
             if entry is not None:
                 entry.busy = None
                 entry.last_used = time.monotonic()
