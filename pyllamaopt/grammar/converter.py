@@ -418,6 +418,8 @@ class _Converter(_Rules):
             if value is None or isinstance(value, bool):
                 continue
             exclusive = key.startswith("exclusive") or schema.get("exclusiveM" + key[1:]) is True
+            # a bound beyond the range written (10**400 has no double) acts as one at its edge
+            value = min(max(value, -limit), limit)
             if lower:
                 low = max(low, lower_threshold(value, exclusive, frac_digits))
             else:
