@@ -100,10 +100,11 @@ def assert_same(outputs, reference, name):
 
 
 def check_combinations(model, prompts, tmp_path, combinations, constraint, expect_work, n_threads, n_gen):
+    """Returns each switch's work (its counter) in each combination that turns it on."""
     run_trace = lambda name, **switches: run(model, prompts, tmp_path / name, constraint,  # noqa: E731
                                              n_threads, n_gen, **switches)
     reference, _ = run_trace("off", **dict.fromkeys(SWITCHES, False))
-    did = dict.fromkeys(SWITCHES, 0)
+    did: dict[str, list[int]] = {s: [] for s in SWITCHES}
     for combination in combinations:
         switches = dict(zip(SWITCHES, combination))
         name = "+".join(s.removesuffix("_enabled") for s, on in switches.items() if on) or "off"
@@ -112,16 +113,27 @@ def check_combinations(model, prompts, tmp_path, combinations, constraint, expec
         for switch, counter in WORK.items():
             work = sum(getattr(s, counter) for s in stats)
             assert switches[switch] or work == 0, f"{name}: {counter} = {work} with {switch} off"
-            did[switch] += work
-    assert all(did[s] > 0 for s in expect_work), f"a switch never did any work: {did}"
+            if switches[switch]:
+                did[switch].append(work)
+    assert all(sum(did[s]) > 0 for s in expect_work), f"a switch never did any work: {did}"
+    return did
+
+
+def print_work(did: dict[str, list[int]]) -> None:
+    """The table of docs/reliability.md (shown by pytest -s)."""
+    print("\n| switch | counter | combinations with it on | doing work | work: total (min–max) |")
+    print("|---|---|---|---|---|")
+    for switch, works in did.items():
+        print(f"| {switch.removesuffix('_enabled')} | `{WORK[switch]}` | {len(works)} | {sum(w > 0 for w in works)} | "
+              f"{sum(works):,} ({min(works, default=0):,}–{max(works, default=0):,}) |")
 
 
 @pytest.mark.slow
 def test_every_combination_of_tier1_switches_gives_the_all_off_tokens(tmp_path):
     words_model = Model(write_tiny_llama(tmp_path / "words.gguf", characters=False))
     prompts = trace(6, words_encoder(words_model))
-    check_combinations(words_model, prompts, tmp_path, list(itertools.product((False, True), repeat=6)),
-                       {"grammar": WORDS_CALL}, SWITCHES, n_threads=1, n_gen=10)
+    print_work(check_combinations(words_model, prompts, tmp_path, list(itertools.product((False, True), repeat=6)),
+                                  {"grammar": WORDS_CALL}, SWITCHES, n_threads=1, n_gen=10))
 
 
 @pytest.mark.integration
@@ -131,5 +143,5 @@ def test_tier1_switches_all_on_give_the_all_off_tokens_on_gemma(gemma, tmp_path)
     run with the diff off computes every prompt whole (about 10,000 tokens)."""
     prompts = trace(3, lambda text: gemma.tokenize(text, special=True))
     all_on, but_diff = (True,) * 6, tuple(s != "diff_enabled" for s in SWITCHES)
-    check_combinations(gemma, prompts, tmp_path, [all_on, but_diff], {"json_schema": TOOL_CALL},
-                       [s for s in SWITCHES if s != "schema_skip_enabled"], n_threads=2, n_gen=8)
+    print_work(check_combinations(gemma, prompts, tmp_path, [all_on, but_diff], {"json_schema": TOOL_CALL},
+                                  [s for s in SWITCHES if s != "schema_skip_enabled"], n_threads=2, n_gen=8))
