@@ -9,7 +9,8 @@
 # 3. runs the Python suite with that extension and the sanitizer runtimes preloaded (LD_PRELOAD:
 #    Python itself is not instrumented, and ASan must be loaded first), PYTHONMALLOC=malloc so that
 #    Python's own allocations are checked too, leak detection off (the interpreter does not free
-#    everything at exit). Child processes (the server the tests start) inherit all of it.
+#    everything at exit), hypothesis's timing checks off (profile 'sanitize', tests/conftest.py).
+#    Child processes (the server the tests start) inherit all of it.
 # Every report is written to build/sanitize/reports/ (ASan: asan.PID, UBSan: ubsan.PID) and printed
 # at the end; the script fails if there is any, or if a test fails. Known reports of upstream code
 # are suppressed, each with its reason, in tools/sanitize-ubsan.supp.
@@ -67,7 +68,7 @@ echo "+ Python suite under ASan + UBSan: pytest ${*:-tests}" >&2
     # allocator_may_return_null: tests ask for impossible sizes and expect a typed error, not an abort
     export ASAN_OPTIONS="log_path=$reports/asan:detect_leaks=0:allocator_may_return_null=1"
     if [ $# -eq 0 ]; then set -- tests; fi
-    "$venv/bin/python" -m pytest -p no:cacheprovider "$@"
+    "$venv/bin/python" -m pytest -p no:cacheprovider --hypothesis-profile=sanitize "$@"
 ) || suite_failed=1
 
 found=$(find "$reports" -type f | sort)
