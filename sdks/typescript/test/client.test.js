@@ -1,5 +1,5 @@
 // The TypeScript (JavaScript + JSDoc) client against real `pyllamaopt serve` processes: the one at
-// PYLLAMAOPT_URL and, for the TTL test, one started with --session-ttl 1 at PYLLAMAOPT_TTL_URL, if set
+// PYLLAMAOPT_URL and, for the TTL test, one started with --session-ttl 3 at PYLLAMAOPT_TTL_URL, if set
 // (tests/test_grpc.py runs this file that way, on the tiny test model); else they are started here on
 // free ports (PYTHON, default python3; the model: LLAMA_OPT_MODEL, default gemma3-270m).
 import { spawn } from "node:child_process";
@@ -154,10 +154,10 @@ test("errors are the pyllamaopt classes", async () => {
 });
 
 test("a session idle beyond the TTL is not found: SessionClosedError (404)", async () => {
-  const client = new Client(process.env.PYLLAMAOPT_TTL_URL || await startServer(["--session-ttl", "1"]));
+  const client = new Client(process.env.PYLLAMAOPT_TTL_URL || await startServer(["--session-ttl", "3"]));
   const session = await client.createSession({ tokens: PROMPT.slice(0, 10) });
   assert.equal((await session.info()).n_tokens, 10);
-  await sleep(2000); // idle beyond the TTL; the server sweeps every TTL/4
+  await sleep(5000); // idle beyond the TTL; the server sweeps every TTL/4
   await assert.rejects(session.info(), (err) => err instanceof SessionClosedError && err.status === 404);
   await assert.rejects(session.append([5]), SessionClosedError);
   await session.close(); // closing what is gone is not an error
