@@ -232,18 +232,24 @@ bool llama_opt_persist_store::read_header(const std::string & path, llama_opt_pe
         e.problem = "format version " + std::to_string(h.version) + ", this build reads " + std::to_string(VERSION);
         return false;
     }
-    const uint64_t n_blocks    = h.block_size ? h.n_tokens / h.block_size : 0;
-    const uint64_t block_bytes = (uint64_t) h.block_size * h.bytes_per_token;
-    const bool sane = h.block_size > 0 && h.n_tokens % h.block_size == 0 && n_blocks > 0 &&
+    const uint64_t n_blocks = h.block_size ? h.n_tokens / h.block_size : 0;
+    // the size of the rows without wrapping around 2^64: a header whose sizes wrap to the real
+    // file size would otherwise pass, and the tables be allocated for its n_tokens (fuzz-persist)
+    uint64_t block_bytes = 0, data_bytes = 0, data_end = 0;
+    const bool sizes_fit = !__builtin_mul_overflow((uint64_t) h.block_size, h.bytes_per_token, &block_bytes) &&
+                           !__builtin_mul_overflow(n_blocks, block_bytes, &data_bytes) &&
+                           !__builtin_add_overflow(h.data_offset, data_bytes, &data_end);
+    const bool sane = h.block_size > 0 && h.n_tokens % h.block_size == 0 && n_blocks > 0 && sizes_fit &&
                       h.tokens_offset == sizeof(h) && h.chain_offset == h.tokens_offset + 4 * (uint64_t) h.n_tokens &&
                       h.checksums_offset == h.chain_offset + 8 * n_blocks && h.data_offset >= h.checksums_offset + 8 * n_blocks &&
-                      h.bytes_per_token > 0 && h.file_size == h.data_offset + n_blocks * block_bytes;
+                      h.bytes_per_token > 0 && h.file_size == data_end;
     if (!sane) {
         e.problem = "inconsistent header";
         return false;
     }
-    if (e.file_size != h.file_size) {
-        e.problem = "truncated: " + std::to_string(e.file_size) + " of " + std::to_string(h.file_size) + " bytes";
+    if (e.file_size != h.file_size) {  // (so the tables below lie inside the file and are no larger than it)
+        e.problem = (e.file_size < h.file_size ? "truncated: " : "longer than its header says: ") +
+                    std::to_string(e.file_size) + " of " + std::to_string(h.file_size) + " bytes";
         return false;
     }
     std::vector<llama_token> toks(h.n_tokens);

@@ -473,6 +473,10 @@ class PersistStore:
         ...
     def _fail_after_bytes(self, n: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
+    def check_dir(self) -> str:
+        """
+        Why a context with persistence would refuse the directory ('' if it would use it); tightens a 0755 one of ours to 0700, as such a context does.
+        """
     def cleanup(self, max_age_s: typing.SupportsInt | typing.SupportsIndex, max_bytes: typing.SupportsInt | typing.SupportsIndex) -> int:
         ...
     def list(self) -> list[_PersistEntryInfo]:

@@ -50,17 +50,57 @@ def _raise_exception(message: str) -> None:
     raise ChatTemplateError(f"chat template: {message}")
 
 
+# The largest string or list a template may build with one operator or padding call: a chat
+# prompt is far smaller, and `'x' * 10**10` would take the memory of the machine.
+MAX_BUILT_SIZE = 1 << 24
+_PADDING_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs"})
+
+
+class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """jinja2's immutable sandbox (no attribute starting with `_`, no mutation of the messages),
+    and a bound on the values a short template can blow up: repetition (`*`), powers (`**`) and
+    str padding methods. A template can still spend time (nested loops of jinja2's 100,000-item
+    ranges): it is a sandbox against escapes, not against its author's denial of service."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for sequence, times in ((left, right), (right, left)):
+                if isinstance(sequence, (str, bytes, list, tuple)) and isinstance(times, int):
+                    _check_size(len(sequence) * times, "a repetition")
+        elif isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0:
+            _check_size(right * abs(left).bit_length() // 8, "a power")  # (in bytes)
+        return super().call_binop(context, operator, left, right)
+
+    def call(__self, __context: jinja2.runtime.Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        if getattr(__obj, "__name__", None) in _PADDING_METHODS and isinstance(getattr(__obj, "__self__", None), str):
+            for size in (*args, *kwargs.values()):
+                if isinstance(size, int):
+                    _check_size(size, f"str.{__obj.__name__}")
+        return super().call(__context, __obj, *args, **kwargs)
+
+
+def _check_size(size: int, what: str) -> None:
+    if size > MAX_BUILT_SIZE:
+        raise jinja2.sandbox.SecurityError(f"{what} of size {size} is more than a chat template may build "
+                                           f"({MAX_BUILT_SIZE})")
+
+
 class ChatTemplate:
-    """A jinja2 chat template (rendered in a sandbox, as llama-cpp-python does)."""
+    """A jinja2 chat template (rendered in a sandbox, as llama-cpp-python does). Whatever goes
+    wrong in it, a sandbox escape refused included, is a ChatTemplateError."""
 
     def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
-        env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env = _Sandbox(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
         try:
             self._template = env.from_string(source)
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"invalid chat template: {exc}") from None
+        except Exception as exc:  # e.g. RecursionError on deeply nested expressions
+            raise ChatTemplateError(f"invalid chat template: {type(exc).__name__}: {exc}") from None
         self.source = source
         self.bos_token, self.eos_token = bos_token, eos_token
 
@@ -94,8 +134,12 @@ class ChatTemplate:
         try:
             return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
                                          bos_token=self.bos_token, eos_token=self.eos_token, **extra)
-        except jinja2.TemplateError as exc:
+        except ChatTemplateError:  # raise_exception(), the template's own message
+            raise
+        except jinja2.TemplateError as exc:  # a sandbox escape refused (SecurityError) among them
             raise ChatTemplateError(f"chat template failed to render: {exc}") from None
+        except Exception as exc:  # the template's own bug: 1/0, a bad filter argument, recursion, ...
+            raise ChatTemplateError(f"chat template failed to render: {type(exc).__name__}: {exc}") from None
 
 
 class Chat:

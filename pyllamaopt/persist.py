@@ -60,6 +60,15 @@ class PersistStore:
         return [PersistEntry(Path(e["path"]), e["n_tokens"], e["size"], float(e["mtime"]), e["model_hash"], e["problem"])
                 for e in self._core.list()]
 
+    def refusal(self) -> str:
+        """Why a Context with persistence would refuse this directory (another user's, writable by
+        group or others, not a directory), with what to do; '' if it would use it or it does not
+        exist yet (it is then created 0700). A 0755 directory of ours is tightened to 0700, as such
+        a context does. docs/persist-format.md: permissions and threat model."""
+        if not os.path.lexists(self.directory):
+            return ""
+        return self._core.check_dir()
+
     @property
     def size(self) -> int:
         """Bytes used by the entries."""

@@ -6,9 +6,18 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 import pyllamaopt
 from tinymodel import write_tiny_llama
+
+# tools/fuzz.sh: `pytest --hypothesis-profile=fuzz` runs the fuzz tests (those without their own
+# max_examples) at volume; FUZZ_EXAMPLES sets how many examples each.
+settings.register_profile("fuzz", max_examples=int(os.environ.get("FUZZ_EXAMPLES", "10000")), deadline=None,
+                          print_blob=True)
+# tools/sanitize.sh: under ASan + UBSan with PYTHONMALLOC=malloc, drawing examples is several times
+# slower; hypothesis's timing checks (not the tests' assertions) are off there.
+settings.register_profile("sanitize", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # No test may touch the network: the Hub client is forced offline.
 os.environ["HF_HUB_OFFLINE"] = "1"

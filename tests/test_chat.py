@@ -1,7 +1,11 @@
 """Chat templates (jinja2) and the Chat conversation helper."""
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from pyllamaopt import Chat, ChatTemplate, ChatTemplateError
 from pyllamaopt.chat import BUILTIN_TEMPLATES
@@ -58,3 +62,103 @@ def test_conversation_reuses_the_previous_turns(tiny_context):
     block = tiny_context.block_size
     assert spent.diff_tokens_unchanged >= 3 * block  # the earlier turns were not computed again
     assert spent.tokens_prefilled < chat.session.n_tokens - 3 * block
+
+
+# --- hostile templates (issue 20): a template comes with the model file, so it may be anyone's ----
+
+CANARY_SECRET = "pyllamaopt-sandbox-canary-7f3a"
+
+# The classic escapes out of a jinja2 template (server-side template injection): each reaches
+# Python objects through dunder attributes, a global's function attributes or str.format.
+ESCAPES = [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ messages.__class__.__base__.__subclasses__() }}",
+    "{{ cycler.__init__.__globals__.os.environ }}",
+    "{{ joiner.__init__.__globals__.os.popen('id').read() }}",
+    "{{ namespace.__init__.__globals__.os.environ }}",
+    "{{ lipsum.__globals__['os'].environ }}",
+    "{{ lipsum.__globals__.__builtins__.__import__('os').environ }}",
+    "{{ self.__init__.__globals__.__builtins__ }}",
+    "{{ self._TemplateReference__context.cycler.__init__.__globals__.os.environ }}",
+    "{{ raise_exception.__globals__.os.environ }}",
+    "{{ strftime_now.__globals__.os.environ }}",
+    "{{ (messages|attr('__class__')).__mro__[1].__subclasses__() }}",
+    "{{ messages|attr('\\x5f\\x5fclass\\x5f\\x5f') }}",
+    "{{ '{0.__class__.__mro__[1].__subclasses__}'.format(messages) }}",
+    "{{ '{0.__init__.__globals__[os].environ}'.format(cycler) }}",
+    "{{ messages.append('x') }}{{ messages.pop() }}",
+    "{% set d = {} %}{{ d.update({'a': 1}) }}",
+    "{{ range.__self__.__import__('os').environ }}",
+    "{{ dict(a=1).__class__.__init__.__globals__ }}",
+    "{{ loop.__class__ }}{% for x in [1] %}{{ loop.__class__.__init__.__globals__ }}{% endfor %}",
+]
+
+
+def render_hostile(source: str, messages: list) -> str | None:
+    """Renders a hostile template: a string, or None for a ChatTemplateError; anything else fails."""
+    try:
+        return ChatTemplate(source).render(messages)
+    except ChatTemplateError:
+        return None
+
+
+@pytest.mark.parametrize("source", ESCAPES)
+def test_sandbox_escapes_are_refused_with_a_typed_error(source, monkeypatch):
+    monkeypatch.setenv("PYLLAMAOPT_CANARY", CANARY_SECRET)
+    messages = [{"role": "user", "content": "hi"}]
+    out = render_hostile(source, messages)
+    assert out is None or (CANARY_SECRET not in out and "<class" not in out), out
+    assert messages == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("source", ["{{ 1/0 }}", "{{ [1, 'a'] | sort }}", "{{ 'a' | wordwrap(0) }}",
+                                    "{{ strftime_now(5) }}", "{{ range(10**9) | list }}", "{{ x | tojson }}",
+                                    "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}", "{{" * 3000,
+                                    "{{ 'x' * 10**10 }}", "{{ [0] * 10**10 }}", "{{ 10 ** 1000000000 }}",
+                                    "{{ 'x'.center(10**10) }}", "{{ 'x'.zfill(width=10**10) }}"])
+def test_any_failure_of_a_template_is_a_typed_error(source):
+    """A template's own bugs (some only reached by certain messages, as a server's requests can)
+    and values too large to build: ChatTemplateError, never another exception or the machine's memory."""
+    with pytest.raises(ChatTemplateError):
+        ChatTemplate(source).render([{"role": "user", "content": "hi"}])
+
+
+_ROOTS = ["messages", "messages[0]", "messages[0].content", "''", "'abc'", "1", "[]", "{}", "cycler", "joiner",
+          "namespace", "lipsum", "range", "dict", "self", "raise_exception", "strftime_now", "bos_token",
+          "namespace(a=1)", "loop", "x", "(1, 2)", "true", "none"]
+_STEPS = [".__class__", ".__mro__", ".__mro__[1]", ".__subclasses__()", ".__globals__", ".__init__",
+          ".__builtins__", ".__dict__", ".mro()", "['__class__']", "|attr('__class__')", "|attr('__globals__')",
+          ".__getattribute__('__class__')", ".__reduce_ex__(2)", ".gi_frame", ".f_back", ".f_globals", ".os",
+          ".environ", "['os']", ".__import__('os')", ".popen('echo " + CANARY_SECRET + "')", ".read()",
+          ".append(1)", ".update({'a': 1})", ".pop()", ".clear()", ".format('{0.__class__}')",
+          ".format_map({})", "|map(attribute='__class__')|list", "|selectattr('__class__')|list", ".items()",
+          ".keys()", "[0]", ".__code__", ".co_consts", ".__self__", ".__func__", ".__closure__", ".environment",
+          ".globals", "()", "|string", "|list", "|tojson", "|length", "|first", "|join(',')", ".__len__()",
+          ".__str__()", ".__format__('')", "|sort", "|sum", " * 3", " ~ 'x'", " + 1", "|int", ".upper()",
+          ".split(',')", "[1:]", "|items", ".get('os')", "|dictsort"]
+
+
+@st.composite
+def hostile_templates(draw):
+    expression = draw(st.sampled_from(_ROOTS)) + "".join(draw(st.lists(st.sampled_from(_STEPS), max_size=6)))
+    return draw(st.sampled_from([
+        "{{ %s }}", "{%% set v = %s %%}{{ v }}", "{%% for v in %s %%}{{ v }}{%% endfor %%}",
+        "{%% if %s %%}yes{%% endif %%}", "{{ (%s)|string }}"])) % expression
+
+
+@given(hostile_templates(), st.text(max_size=20))
+@settings(deadline=None)
+@pytest.mark.filterwarnings("ignore::SyntaxWarning")  # jinja2 compiling `1[0]` and the like: meant
+def test_random_hostile_templates_give_text_or_a_typed_error(source, content):
+    """Expressions chained from the pieces of known escapes (tools/fuzz.sh: at volume): the output
+    or ChatTemplateError, never another exception, never the environment, never a command run,
+    and the messages are never changed."""
+    os.environ["PYLLAMAOPT_CANARY"] = CANARY_SECRET  # (hypothesis runs many examples per fixture)
+    try:
+        messages = [{"role": "user", "content": content}]
+        out = render_hostile(source, messages)
+    finally:
+        del os.environ["PYLLAMAOPT_CANARY"]
+    event("ChatTemplateError" if out is None else "text")
+    assert out is None or CANARY_SECRET not in out, (source, out)
+    assert messages == [{"role": "user", "content": content}]

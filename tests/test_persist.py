@@ -1039,3 +1039,31 @@ def test_symbolic_links_are_never_followed(tiny_model, tmp_path):
     link.symlink_to(victim)
     assert store.clean() == 1
     assert not link.is_symlink() and victim.exists() and entry.exists()
+
+
+def test_cache_help_documents_the_permissions_and_the_command_warns(tiny_model, tmp_path, capsys):
+    """`pyllamaopt cache --help` states what is enforced (each statement is tested above); the
+    command warns about a directory contexts would refuse, and still lists and cleans it."""
+    from pyllamaopt.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["cache", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for claim in ("created 0700 and entries 0600", "refuse a directory owned by another user or writable by group "
+                  "or others (chmod 700 DIR)", "(0755, from older versions) to 0700",
+                  "Symbolic links are never followed"):
+        assert claim in text
+    directory = tmp_path / "kv"
+    save_history(tiny_model, directory, text_tokens(tiny_model, 2 * BLOCK))
+    directory.chmod(0o777)
+    assert "writable by other users" in PersistStore(directory).refusal()
+    assert main(["cache", "ls", "--dir", str(directory)]) == 0
+    out = capsys.readouterr()
+    assert f"contexts with persistence refuse this directory: {directory} is writable" in out.err
+    assert "1 entries" in out.out
+    assert main(["cache", "clean", "--all", "--dir", str(directory)]) == 0
+    assert PersistStore(directory).entries() == []
+    directory.chmod(0o755)
+    assert PersistStore(directory).refusal() == "" and directory.stat().st_mode & 0o777 == 0o700
+    assert PersistStore(tmp_path / "missing").refusal() == ""

@@ -40,6 +40,11 @@ void register_persist(py::module_ & m) {
                  return s.cleanup(max_age_s, max_bytes);
              }, py::arg("max_age_s"), py::arg("max_bytes"), py::call_guard<py::gil_scoped_release>())
         .def("remove", &llama_opt_persist_store::remove, py::arg("path"))
+        .def("check_dir", [](const llama_opt_persist_store & s) {
+                 std::string why;
+                 return llama_opt_persist_check_dir(s.dir(), why) ? std::string() : why;
+             }, "Why a context with persistence would refuse the directory ('' if it would use it); "
+                "tightens a 0755 one of ours to 0700, as such a context does.")
         .def("_fail_after_bytes", &llama_opt_persist_store::fail_after_bytes, py::arg("n"));
     m.def("default_persist_dir", &llama_opt_persist_default_dir);
 }

@@ -88,10 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Inspects the persistent KV cache directory ($LLAMA_OPT_PERSIST_DIR or the default). "
                                    "Entries are written by sessions when LLAMA_OPT_PERSIST_ENABLED=1. "
                                    "Permissions: the directory is created 0700 and entries 0600 (they hold "
-                                   "prompts' token ids); a directory owned by another user or writable by group "
-                                   "or others is refused (chmod 700 DIR), one readable by others (0755, from "
-                                   "older versions) is tightened to 0700; symbolic links are never followed "
-                                   "(clean and verify --remove unlink the link itself). See docs/persist-format.md.")
+                                   "prompts' token ids). Contexts with persistence refuse a directory owned by "
+                                   "another user or writable by group or others (chmod 700 DIR), and tighten one "
+                                   "readable by others (0755, from older versions) to 0700; this command warns "
+                                   "about such a directory (and tightens a 0755 one) but still lists, verifies and "
+                                   "cleans it, so that clean --all can clear one you do not trust. Symbolic links "
+                                   "are never followed (clean and verify --remove unlink the link itself). See "
+                                   "docs/persist-format.md.")
     p.add_argument("action", choices=["ls", "clean", "verify"],
                    help="ls: list entries; clean: remove unreadable, old (--max-age) or least recently used "
                         "(--max-mb) entries, or all (--all); verify: check every checksum")

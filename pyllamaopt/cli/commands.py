@@ -154,6 +154,9 @@ def info(args: argparse.Namespace) -> int:
 
 def cache(args: argparse.Namespace) -> int:
     store = PersistStore(args.dir)
+    refusal = store.refusal()
+    if refusal:  # still listed, verified and cleaned: `clean --all` is how to clear an untrusted one
+        print(f"pyllamaopt: warning: contexts with persistence refuse this directory: {refusal}", file=sys.stderr)
     if args.action == "ls":
         entries = store.entries()
         print(f"{store.directory}: {len(entries)} entries, {sum(e.size for e in entries) / 2**20:.1f} MiB")

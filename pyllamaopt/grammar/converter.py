@@ -23,7 +23,7 @@ from .regex import Regex, may_overlap, parse_regex, regex_node
 from .rules import _Rules
 from .schema import (_ARRAY_KEYWORDS, _NUMBER_KEYWORDS, _OBJECT_KEYWORDS, _STRING_KEYWORDS, _SUPPORTED, _UNSUPPORTED,
                      _VALUE_CHECKS, _Unsat, _as_count, _as_number, _bounds, _check_keywords, _constrains, _err,
-                     _kinds_of_type, _pointer_escape, _resolve, _schema_types, _unenforceable, _value_ok)
+                     _kinds_of_type, _pointer_escape, _resolve, _schema_types, _unenforceable, _value_ok, check_json)
 from .validation import SchemaCheck, check_text, validator
 
 #: compact=False: at most this many whitespace characters between two tokens
@@ -418,6 +418,8 @@ class _Converter(_Rules):
             if value is None or isinstance(value, bool):
                 continue
             exclusive = key.startswith("exclusive") or schema.get("exclusiveM" + key[1:]) is True
+            # a bound beyond the range written (10**400 has no double) acts as one at its edge
+            value = min(max(value, -limit), limit)
             if lower:
                 low = max(low, lower_threshold(value, exclusive, frac_digits))
             else:
@@ -699,9 +701,10 @@ def compile_json_schema(schema: Union[dict, bool], *, compact: bool = True, stri
     if not isinstance(schema, (dict, bool)):
         raise GrammarError(f"a JSON Schema must be a dict or a bool, got {type(schema).__name__}")
     original = schema
-    schema = local_refs(schema)
-    conv = _Converter(schema, bool(compact), bool(strict))
     try:
+        check_json(schema)
+        schema = local_refs(schema)
+        conv = _Converter(schema, bool(compact), bool(strict))
         name = conv.alloc("root")
         conv.ref_rules["#"] = name
         conv.define("root", conv.gen(schema, "root", "#"), "root")

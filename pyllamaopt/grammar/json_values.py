@@ -43,7 +43,8 @@ def _json_key(value: Any) -> Any:
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return (type(value).__name__, value)
     if isinstance(value, (int, float)):
-        return ("number", Fraction(value)) if math.isfinite(value) else ("?", repr(value))
+        finite = isinstance(value, int) or math.isfinite(value)  # (math.isfinite(10**400) would overflow)
+        return ("number", Fraction(value)) if finite else ("?", repr(value))
     if isinstance(value, (list, tuple)):
         return ("array", tuple(_json_key(v) for v in value))
     if isinstance(value, dict):

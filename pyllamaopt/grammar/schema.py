@@ -151,15 +151,35 @@ def _kinds_of_type(t: str) -> set[str]:
     return {"integer", "fraction"} if t == "number" else {t}
 
 
+def check_json(value: Any, path: str = "#", ancestors: frozenset[int] = frozenset()) -> None:
+    """GrammarError unless ``value`` is JSON (what json.loads gives): dicts with str keys, lists,
+    str, finite numbers, bools and None, and no container inside itself (a Python caller can
+    pass anything; a sub-schema used in two places is fine)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _err(path, f"{value!r} is not a JSON number")
+    if isinstance(value, (dict, list)):
+        if id(value) in ancestors:
+            raise _err(path, "the schema contains itself (a JSON Schema is a tree: use $ref)")
+        if isinstance(value, dict) and not all(isinstance(key, str) for key in value):
+            raise _err(path, f"an object's keys must be strings, got {[k for k in value if not isinstance(k, str)]!r}")
+        inside = ancestors | {id(value)}
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            check_json(item, f"{path}/{_pointer_escape(str(key))}", inside)
+    elif value is not None and not isinstance(value, (bool, int, float, str)):
+        raise _err(path, f"a {type(value).__name__} is not a JSON value")
+
+
 def _as_count(value: Any, path: str, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+            or (isinstance(value, float) and not value.is_integer())):
         raise _err(path, f"'{key}' must be a non-negative integer, got {value!r}")
     return int(value)
 
 
 def _as_number(value: Any, path: str, key: str) -> Fraction:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _err(path, f"'{key}' must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float)
+                                                                         and not math.isfinite(value)):
+        raise _err(path, f"'{key}' must be a number, got {value!r}")  # (math.isfinite(10**400) would overflow)
     return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
 
 
@@ -211,8 +231,26 @@ def _check_keywords(schema: dict, path: str, relax: Relax) -> None:
     for key in ("additionalProperties", "unevaluatedProperties", "additionalItems", "unevaluatedItems"):
         if key in schema and not isinstance(schema[key], (bool, dict)):
             raise _err(path, f"'{key}' must be a schema (an object or a boolean)")
-    if "format" in schema and not isinstance(schema["format"], str):
-        raise _err(path, f"'format' must be a string, got {schema['format']!r}")
+    for key in ("not", "if", "then", "else", "contains", "propertyNames"):
+        if key in schema and not isinstance(schema[key], (bool, dict)):
+            raise _err(path, f"'{key}' must be a schema (an object or a boolean)")
+    for key in ("dependentRequired", "dependentSchemas", "dependencies"):
+        # property name -> the names it requires (dependentRequired), a schema (dependentSchemas), or either
+        for name, dep in (schema[key].items() if isinstance(schema.get(key), dict) else ()):
+            names_ok = key != "dependentSchemas" and isinstance(dep, list) and all(isinstance(x, str) for x in dep)
+            if not names_ok and (key == "dependentRequired" or not isinstance(dep, (bool, dict))):
+                raise _err(path, f"'{key}' of {name!r} must be "
+                                 + {"dependentRequired": "a list of property names", "dependentSchemas": "a schema",
+                                    "dependencies": "a list of property names or a schema"}[key])
+        if key in schema and not isinstance(schema[key], dict):
+            raise _err(path, f"'{key}' must be an object mapping property names to what they bring")
+    if "items" in schema and not isinstance(schema["items"], (bool, dict, list)):
+        raise _err(path, "'items' must be a schema (an object or a boolean)")
+    if "prefixItems" in schema and not isinstance(schema["prefixItems"], list):
+        raise _err(path, "'prefixItems' must be a list of schemas")
+    for key in ("format", "pattern", "$ref"):
+        if key in schema and not isinstance(schema[key], str):
+            raise _err(path, f"'{key}' must be a string, got {schema[key]!r}")
     if "uniqueItems" in schema and not isinstance(schema["uniqueItems"], bool):
         raise _err(path, "'uniqueItems' must be a boolean")
     for key in ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"):

@@ -268,7 +268,43 @@ static void test_permissions_and_links() {  // issue 20
     CHECK(access(link.c_str(), F_OK) != 0 && access(target.c_str(), F_OK) == 0 && store.list().size() == 1);
 }
 
+// A header whose sizes agree with each other and whose 64-bit arithmetic wraps around to the real
+// file size (found by fuzz-persist): inconsistent, read no further, no table allocated for its
+// 2^31 tokens.
+static void test_sizes_that_wrap_around_are_inconsistent() {
+    llama_opt_persist_store store(fresh_dir("kv"));
+    const context c = make(2, 1);
+    std::string why;
+    CHECK(store.save(layout(), c.tokens, c.chain, c.rows.data(), why));
+    const std::string path = store.list().at(0).path;
+    struct stat st;
+    CHECK(stat(path.c_str(), &st) == 0);
+    const uint64_t n_tokens = 0x7fffffff;  // odd: invertible mod 2^64
+    const uint64_t chain_offset = 128 + 4 * n_tokens, sums_offset = chain_offset + 8 * n_tokens;
+    const uint64_t data_offset = (sums_offset + 8 * n_tokens + 4095) / 4096 * 4096;
+    uint64_t inverse = n_tokens;
+    for (int i = 0; i < 6; ++i) {
+        inverse *= 2 - n_tokens * inverse;
+    }
+    const uint64_t bytes_per_token = ((uint64_t) st.st_size - data_offset) * inverse;  // n_tokens * it wraps
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    auto put = [&](long offset, uint64_t v, size_t n) { f.seekp(offset); f.write((const char *) &v, (std::streamsize) n); };
+    put(40, n_tokens, 4);
+    put(44, 1, 4);  // block size
+    put(72, bytes_per_token, 8);
+    put(88, chain_offset, 8);
+    put(96, sums_offset, 8);
+    put(104, data_offset, 8);
+    put(112, (uint64_t) st.st_size, 8);
+    f.close();
+    CHECK(data_offset + n_tokens * bytes_per_token == (uint64_t) st.st_size);  // what a wrapping check would accept
+    const auto entries = store.list();
+    CHECK(entries.size() == 1 && entries[0].problem == "inconsistent header");
+    CHECK(store.find(layout(), c.chain, c.tokens.data(), 2).n_blocks == 0);
+}
+
 int main() {
+    test_sizes_that_wrap_around_are_inconsistent();
     test_permissions_and_links();
     test_the_budget_keeps_the_entry_just_saved();
     test_a_file_rewritten_with_its_mtime_restored_is_hashed_again();
