@@ -1,0 +1,457 @@
+#!/usr/bin/env python3
+"""One quality harness for every approximate (Tier-2) method: what a method costs in quality
+for the KV it saves, beside the exact baseline and a plain sink + recent window at the same
+KV budget, on the same inputs.
+
+    python benchmarks/quality.py [--methods exact,sink-window,attn-prune,sparse-tool]
+        [--lengths 1024,2048,4096,8192,16384] [--depths 0,10,25,50,75,90,100]
+        [--budgets 0.5,0.25,0.125] [--trace-turns 12] [--json out.json] [--markdown out.md]
+
+Methods (each off by default in the engine; here each runs in its own Context):
+  exact        pyllamaopt defaults: the baseline every other method is compared with
+  sink-window  StreamingLLM: the first 64 tokens (attention sinks, one block) and the most
+               recent ones, the rest dropped (Session.drop_span), at budget·n tokens
+  attn-prune   attention-sink pruning (000 §4.1): attn_prune_enabled, attn_prune_budget
+  sparse-tool  sparse attention over tool results (000 §4.2): the context is appended as a tool
+               result, the question drops its irrelevant spans; sparse_attn_budget = budget: a
+               share of each tool result (the rest of a session, e.g. a system prompt, stays)
+
+Measures:
+  needle grid  a key (5 digits, or a code identifier) hidden at each depth of deterministic
+               filler (prose, or code) of each length, and a multi-needle variant (3 keys, one
+               asked); greedy answer; recall per cell = share of the variants answered.
+               The exact baseline comes first: a cell whose exact recall is below 0.9 says
+               little about a method (Gemma 3 270M is small) and is marked so.
+  agent trace  benchmarks/agent_trace_data.py's conversation appended message by message
+               (system prompt, user messages, tool results, answers); at every third turn
+               from the fourth: KL(exact || method) and top-1 agreement of the next-token
+               distributions, greedy agreement of --gen generated tokens, and the perplexity of
+               the scripted answer after the (compressed) context.
+  cost         KV cells kept and their fraction, prefill time, decode tok/s (at the longest
+               length), the process's peak RSS.
+
+Output: one JSON record per method × setting × length × depth (recall, kv_cells, kv_fraction,
+prefill_s, decode_tok_s, kl_mean, top1_agree of the answer's first token) and a summary record
+per method × setting; a markdown table for docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import agent_trace_data as trace_data  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from pyllamaopt import Context, Model, OptConfig, models  # noqa: E402
+from pyllamaopt.session import Session  # noqa: E402
+
+SINK = 64             # tokens kept at the start by the sink + window baseline (one block, as attn-prune guards)
+ANSWER_TOKENS = 12    # generated for a needle answer
+MEANINGFUL = 0.9      # exact recall from which a cell says something about a method
+
+# ---------------------------------------------------------------------------------------------
+# inputs
+
+SUBJECTS = ["The committee", "A traveller", "The old library", "Our neighbour", "The river", "A small company",
+            "The orchestra", "Every gardener", "The museum", "A young pilot", "The village council", "The chef"]
+VERBS = ["discussed", "painted", "carried", "forgot", "described", "repaired", "visited", "measured", "collected",
+         "borrowed", "ignored", "celebrated"]
+OBJECTS = ["the wooden bridge", "a quiet afternoon", "the annual report", "three blue lanterns", "the northern road",
+           "a box of letters", "the winter market", "an unfinished song", "the harbour lights", "a list of names",
+           "the broken clock", "the autumn festival"]
+CLAUSES = ["before the rain started", "while the bells were ringing", "without saying a word", "after a long debate",
+           "as the sun went down", "because nobody else would", "during the spring fair", "in the early morning"]
+COLORS = ["red", "green", "blue", "yellow", "white", "black"]
+
+
+def prose_sentence(rng: random.Random) -> str:
+    return f" {rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(CLAUSES)}."
+
+
+def code_sentence(rng: random.Random) -> str:
+    name, i = rng.choice(["core", "stats", "io", "util", "net"]), rng.randrange(100)
+    return rng.choice([
+        f"\ndef {name}_op_{i}(a: float, b: float) -> float:\n    return a + b * {rng.randrange(1, 9)}\n",
+        f"\n# {name}: keep the cache of op {i} small\nCACHE_{i} = {{}}\n",
+        f"\nclass {name.title()}Helper{i}:\n    limit = {rng.randrange(1000)}\n",
+        f"\nassert {name}_op_{i}(1, 2) >= 0\n"])
+
+
+@dataclass
+class Case:
+    """One needle input: the context (to be appended), the question, the expected answer."""
+    context: list[int]
+    question: list[int]
+    expected: str
+
+
+def needle_case(model: Model, n_tokens: int, depth: int, variant: str, seed: int) -> Case:
+    """Deterministic filler of about n_tokens tokens with the needle(s) at `depth` percent."""
+    rng = random.Random(f"{variant}/{n_tokens}/{depth}/{seed}")
+    tok = lambda text: model.tokenize(text, add_bos=False)  # noqa: E731
+    intro = model.tokenize("Below is a long text. Somewhere in it is an important piece of information. "
+                           "Remember it: you will be asked about it.\n", add_bos=True)
+    if variant == "passkey":
+        key = f"{rng.randrange(10000, 99999)}"
+        needles = [(depth, f" The pass key is {key}. Remember it. {key} is the pass key.")]
+        question = "\nWhat is the pass key? The pass key is"
+    elif variant == "code":
+        key = f"{rng.choice(['zq', 'kx', 'vw', 'pj'])}_{rng.choice(['merge', 'split', 'fold', 'scan'])}_{rng.randrange(10, 99)}"
+        needles = [(depth, f"\n# NOTE: the secret function is named {key}. Remember: {key}.\n")]
+        question = "\n# QUESTION: what is the secret function named? ANSWER: the secret function is named"
+    else:  # multi: three keys, one asked
+        colors = rng.sample(COLORS, 3)
+        keys = [f"{rng.randrange(10000, 99999)}" for _ in colors]
+        needles = [((depth + 33 * i) % 101, f" The pass key of the {c} door is {k}.") for i, (c, k) in
+                   enumerate(zip(colors, keys))]
+        key = keys[0]
+        question = f"\nWhat is the pass key of the {colors[0]} door? The pass key of the {colors[0]} door is"
+    sentence = code_sentence if variant == "code" else prose_sentence
+    question_tokens = tok(question)
+    needle_tokens = [(d, tok(text)) for d, text in needles]
+    budget = n_tokens - len(intro) - len(question_tokens) - sum(len(t) for _, t in needle_tokens)
+    filler: list[list[int]] = []
+    total = 0
+    while total < budget:
+        filler.append(tok(sentence(rng)))
+        total += len(filler[-1])
+    # each needle goes at the sentence boundary nearest its depth
+    at: dict[int, list[list[int]]] = {}
+    for d, t in needle_tokens:
+        target, acc, index = d / 100 * total, 0, 0
+        while index < len(filler) and acc + len(filler[index]) / 2 < target:
+            acc += len(filler[index])
+            index += 1
+        at.setdefault(index, []).append(t)
+    context = list(intro)
+    for i in range(len(filler) + 1):
+        for t in at.get(i, []):
+            context += t
+        if i < len(filler):
+            context += filler[i]
+    return Case(context, question_tokens, key)
+
+
+VARIANTS = ("passkey", "code", "multi")
+
+
+def trace_segments(model: Model, n_turns: int) -> Iterator[tuple[int, list[tuple[list[int], str]], list[int]]]:
+    """The agent trace appended message by message: for each turn, the segments to append
+    (tokens, kind) before the model answers, and the scripted answer that follows."""
+    turns = trace_data.turns(n_turns)
+    tok = lambda text, bos=False: model.tokenize(text, add_bos=bos, special=True)  # noqa: E731
+    first = [(tok(f"<start_of_turn>system\n{trace_data.system_prompt()}<end_of_turn>\n", True), "system")]
+    for i, turn in enumerate(turns):
+        kind = "tool" if turn.user.startswith("Tool result") else "text"
+        segments = first + [(tok(f"<start_of_turn>user\n{turn.user}<end_of_turn>\n"), kind),
+                            (tok("<start_of_turn>model\n"), "text")]
+        first = []
+        yield i, segments, tok(f"<think>{turn.reasoning}</think>\n{turn.answer}<end_of_turn>\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# methods
+
+
+@dataclass
+class Method:
+    name: str
+    setting: str
+    budget: float | None  # KV fraction kept; None: no compression (exact)
+
+    @property
+    def label(self) -> str:
+        return self.name if self.budget is None else f"{self.name}@{self.setting}"
+
+    def config(self) -> dict:
+        if self.name == "attn-prune":
+            # the threshold is left to the budget: blocks go weakest first until the budget holds
+            return dict(attn_prune_enabled=True, attn_prune_budget=self.budget, attn_prune_window=1,
+                        attn_prune_threshold=0.0, attn_prune_recent=SINK)
+        if self.name == "sparse-tool":
+            # the budget is a share of each tool result: the rest of the session is always kept
+            return dict(sparse_attn_enabled=True, sparse_relevance_threshold=0.0, sparse_attn_budget=self.budget)
+        return {}
+
+    def context_kind(self) -> str:
+        return "tool" if self.name == "sparse-tool" else "text"
+
+    def before_query(self, session: Session, n_query: int) -> None:
+        """What the baseline does when the context is in and the query is about to come (the
+        engine's methods act by themselves, inside append)."""
+        if self.name == "sink-window" and self.budget is not None:
+            total = session.n_tokens + n_query
+            window = max(1, int(self.budget * total) - SINK)
+            session.drop_span(SINK, max(SINK, total - window))
+
+
+def parse_methods(names: list[str], budgets: list[float]) -> list[Method]:
+    out = []
+    for name in names:
+        if name == "exact":
+            out.append(Method("exact", "-", None))
+        elif name in ("sink-window", "attn-prune", "sparse-tool"):
+            out += [Method(name, f"{b:g}", b) for b in budgets]
+        else:
+            raise SystemExit(f"unknown method {name!r} (exact, sink-window, attn-prune, sparse-tool)")
+    return out
+
+
+def kv_cells(session: Session) -> int:
+    return session.n_tokens - sum(b - a for a, b in session.holes)
+
+
+# ---------------------------------------------------------------------------------------------
+# measures
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x = x - x.max()
+    return x - math.log(np.exp(x).sum())
+
+
+def kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
+    """KL(P || Q) of the softmax distributions, in nats."""
+    lp, lq = log_softmax(p_logits), log_softmax(q_logits)
+    return float((np.exp(lp) * (lp - lq)).sum())
+
+
+def generate(session: Session, n: int) -> tuple[list[int], float]:
+    """Greedy tokens and the decode speed after the first token (tok/s)."""
+    generation = session.generate(n)
+    first = next(generation, None)
+    start = time.perf_counter()
+    rest = [t.id for t in generation]
+    elapsed = time.perf_counter() - start
+    return ([first.id] if first else []) + rest, (len(rest) / elapsed if rest and elapsed > 0 else 0.0)
+
+
+@dataclass
+class NeedleRun:
+    answer: str
+    first_logits: np.ndarray
+    kv_cells: int
+    n_tokens: int
+    prefill_s: float
+    decode_tok_s: float
+
+
+def run_needle(method: Method, ctx: Context, case: Case) -> NeedleRun:
+    session = ctx.session()
+    try:
+        start = time.perf_counter()
+        session.append(case.context, kind=method.context_kind())
+        method.before_query(session, len(case.question))
+        session.append(case.question)
+        prefill = time.perf_counter() - start
+        logits = session.logits()
+        cells = kv_cells(session)
+        tokens, speed = generate(session, ANSWER_TOKENS)
+        return NeedleRun(ctx.model.detokenize(tokens), logits, cells, len(case.context) + len(case.question),
+                         prefill, speed)
+    finally:
+        session.discard()
+
+
+@dataclass
+class TraceTurn:
+    logits: np.ndarray
+    generated: list[int]
+    nll: list[float]
+    kv_cells: int
+    n_tokens: int
+
+
+def run_trace(method: Method, ctx: Context, model: Model, n_turns: int, n_gen: int, n_ppl: int) -> list[TraceTurn]:
+    """The conversation appended message by message; measured at every third turn from the fourth."""
+    session = ctx.session()
+    out = []
+    try:
+        for i, segments, answer in trace_segments(model, n_turns):
+            measured = i >= 3 and i % 3 == 0
+            for k, (tokens, kind) in enumerate(segments):
+                if k == len(segments) - 2 and measured:  # the last message is the query
+                    method.before_query(session, sum(len(t) for t, _ in segments[k:]))
+                session.append(tokens, kind=kind if method.name == "sparse-tool" or kind == "system" else "text")
+            if not measured:
+                session.append(answer)
+                continue
+            prompt = session.tokens
+            logits = session.logits()
+            cells = kv_cells(session)
+            generated, _ = generate(session, n_gen)
+            session.sync(prompt)  # back to the prompt: the scripted answer follows
+            nll = []
+            for t in answer[:n_ppl]:
+                nll.append(-float(log_softmax(session.logits())[t]))
+                session.append([t])
+            session.append(answer[n_ppl:])
+            out.append(TraceTurn(logits, generated, nll, cells, len(prompt)))
+    finally:
+        session.discard()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def markdown(records: list[dict], summaries: list[dict], lengths: list[int], depths: list[int]) -> str:
+    exact = {(r["n_ctx"], r["depth"]): r["recall"] for r in records if r["method"] == "exact"}
+    meaningful = {cell for cell, recall in exact.items() if recall >= MEANINGFUL}
+    lines = ["Recall per cell (length × depth); cells where exact recall < "
+             f"{MEANINGFUL:g} are in parentheses: they say little about a method.", ""]
+    cells = [(n, d) for n in lengths for d in depths]
+    lines.append("| method | " + " | ".join(f"{n // 1024}k@{d}" for n, d in cells) + " |")
+    lines.append("|---|" + "---|" * len(cells))
+    for s in summaries:
+        by_cell = {(r["n_ctx"], r["depth"]): r["recall"] for r in records
+                   if r["method"] == s["method"] and r["setting"] == s["setting"]}
+        row = [f"{by_cell[c]:.2f}" if c in meaningful else f"({by_cell[c]:.2f})" for c in cells if c in by_cell]
+        lines.append(f"| {s['label']} | " + " | ".join(row) + " |")
+    lines += ["", "| method | KV fraction | recall (meaningful cells) | Δ vs exact | worst cell Δ | beats sink-window? "
+              "| trace KL mean | trace top-1 | trace greedy agree | trace PPL | trace KV fraction | prefill s | "
+              "decode tok/s (longest) |", "|---|" + "---|" * 12]
+    for s in summaries:
+        lines.append(
+            f"| {s['label']} | {s['kv_fraction']:.3f} | {s['recall']:.3f} | {s['recall_delta']:+.3f} | "
+            f"{s['worst_cell_delta']:+.2f} | {s['beats_sink_window']} | {s['kl_mean']:.4f} | {s['top1_agree']:.3f} | "
+            f"{s['greedy_agree']:.3f} | {s['ppl']:.2f} | {s['trace_kv_fraction']:.3f} | {s['prefill_s']:.2f} | "
+            f"{s['decode_tok_s']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gemma3-270m")
+    parser.add_argument("--methods", default="exact,sink-window,attn-prune,sparse-tool")
+    parser.add_argument("--lengths", default="1024,2048,4096,8192,16384")
+    parser.add_argument("--depths", default="0,10,25,50,75,90,100")
+    parser.add_argument("--budgets", default="0.5,0.25,0.125", help="KV fractions kept")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--trials", type=int, default=1, help="inputs per variant and cell")
+    parser.add_argument("--trace-turns", type=int, default=12, help="agent-trace turns (0: none)")
+    parser.add_argument("--gen", type=int, default=16, help="generated tokens per measured trace turn")
+    parser.add_argument("--ppl-tokens", type=int, default=16, help="scripted answer tokens scored for perplexity")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="write the records here")
+    parser.add_argument("--markdown", type=Path, help="write the tables here")
+    args = parser.parse_args()
+
+    lengths = [int(x) for x in args.lengths.split(",")]
+    depths = [int(x) for x in args.depths.split(",")]
+    budgets = [float(x) for x in args.budgets.split(",")]
+    variants = args.variants.split(",")
+    names = args.methods.split(",")
+    if "exact" not in names:
+        names.insert(0, "exact")  # everything is measured against it
+    methods = parse_methods(names, budgets)
+    model = Model(models.resolve(args.model), progress=False)
+    n_ctx = max(lengths + [8192 if args.trace_turns else 0]) + 256
+    print(f"model {model.description}; {args.threads} threads; n_ctx {n_ctx}; KV {model.kv_bytes_per_token} "
+          f"bytes/token; variants {variants} × {args.trials} trial(s) per cell", flush=True)
+
+    def context_for(method: Method) -> Context:
+        return Context(model, n_ctx=n_ctx, n_seq_max=2, n_threads=args.threads,
+                       config=OptConfig(env={}, **method.config()))
+
+    records: list[dict] = []
+    exact_runs: dict[tuple[int, int, str, int], NeedleRun] = {}
+    for method in methods:  # exact first: the others compare with it
+        ctx = context_for(method)
+        t0 = time.perf_counter()
+        for n in lengths:
+            for d in depths:
+                runs = []
+                for variant in variants:
+                    for trial in range(args.trials):
+                        case = needle_case(model, n, d, variant, trial)
+                        run = run_needle(method, ctx, case)
+                        key = (n, d, variant, trial)
+                        if method.budget is None:
+                            exact_runs[key] = run
+                        ref = exact_runs[key]
+                        runs.append((case.expected in run.answer, run, ref))
+                records.append({
+                    "method": method.name, "setting": method.setting, "n_ctx": n, "depth": d,
+                    "recall": statistics.mean(float(ok) for ok, _, _ in runs),
+                    "kv_cells": statistics.mean(r.kv_cells for _, r, _ in runs),
+                    "kv_fraction": statistics.mean(r.kv_cells / r.n_tokens for _, r, _ in runs),
+                    "prefill_s": statistics.mean(r.prefill_s for _, r, _ in runs),
+                    "decode_tok_s": statistics.mean(r.decode_tok_s for _, r, _ in runs),
+                    "kl_mean": statistics.mean(kl(ref.first_logits, r.first_logits) for _, r, ref in runs),
+                    "top1_agree": statistics.mean(float(np.argmax(ref.first_logits) == np.argmax(r.first_logits))
+                                                  for _, r, ref in runs)})
+                print(f"  {method.label:<18} {n:>6} @{d:>3}%: recall {records[-1]['recall']:.2f} "
+                      f"kv {records[-1]['kv_fraction']:.3f} prefill {records[-1]['prefill_s']:.2f}s", flush=True)
+        ctx.close()
+        print(f"{method.label}: needle grid in {time.perf_counter() - t0:.0f}s", flush=True)
+
+    trace: dict[str, list[TraceTurn]] = {}
+    if args.trace_turns:
+        for method in methods:
+            ctx = context_for(method)
+            t0 = time.perf_counter()
+            trace[method.label] = run_trace(method, ctx, model, args.trace_turns, args.gen, args.ppl_tokens)
+            ctx.close()
+            print(f"{method.label}: agent trace in {time.perf_counter() - t0:.0f}s", flush=True)
+
+    exact_cells = {(r["n_ctx"], r["depth"]): r["recall"] for r in records if r["method"] == "exact"}
+    meaningful = [c for c, v in exact_cells.items() if v >= MEANINGFUL]
+    summaries: list[dict] = []
+    for method in methods:
+        mine = [r for r in records if r["method"] == method.name and r["setting"] == method.setting]
+        recall = {(r["n_ctx"], r["depth"]): r["recall"] for r in mine}
+        cells = meaningful or list(recall)
+        turns, ref_turns = trace.get(method.label, []), trace.get("exact", [])
+        pairs = list(zip(ref_turns, turns))
+        longest = [r for r in mine if r["n_ctx"] == max(lengths)]
+        summary = {
+            "method": method.name, "setting": method.setting, "label": method.label, "summary": True,
+            "meaningful_cells": len(meaningful),
+            "recall": statistics.mean(recall[c] for c in cells),
+            "recall_delta": statistics.mean(recall[c] - exact_cells[c] for c in cells),
+            "worst_cell_delta": min(recall[c] - exact_cells[c] for c in cells),
+            "kv_fraction": statistics.mean(r["kv_fraction"] for r in mine),
+            "prefill_s": statistics.mean(r["prefill_s"] for r in mine),
+            "decode_tok_s": statistics.mean(r["decode_tok_s"] for r in longest),
+            "kl_mean": statistics.mean(kl(a.logits, b.logits) for a, b in pairs) if pairs else math.nan,
+            "top1_agree": statistics.mean(float(np.argmax(a.logits) == np.argmax(b.logits)) for a, b in pairs)
+            if pairs else math.nan,
+            "greedy_agree": statistics.mean(float(a.generated == b.generated) for a, b in pairs) if pairs else math.nan,
+            "ppl": math.exp(statistics.mean(x for t in turns for x in t.nll)) if turns else math.nan,
+            "trace_kv_fraction": statistics.mean(t.kv_cells / t.n_tokens for t in turns) if turns else math.nan,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+        summaries.append(summary)
+    for s in summaries:  # a method pays only if it beats the sink + window baseline at equal budget
+        base = next((b for b in summaries if b["method"] == "sink-window" and b["setting"] == s["setting"]), None)
+        s["beats_sink_window"] = ("-" if base is None or s["method"] in ("exact", "sink-window") else
+                                  "yes" if s["recall"] > base["recall"] and s["kl_mean"] <= base["kl_mean"] else
+                                  "recall only" if s["recall"] > base["recall"] else
+                                  "KL only" if s["kl_mean"] < base["kl_mean"] else "no")
+    table = markdown(records, summaries, lengths, depths)
+    print("\n" + table)
+    print(f"peak RSS of the process: {summaries[-1]['peak_rss_mib']:.0f} MiB")
+    if args.json:
+        args.json.write_text(json.dumps(records + summaries, indent=1))
+    if args.markdown:
+        args.markdown.write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
