@@ -175,18 +175,19 @@ class Method:
     def label(self) -> str:
         return self.name if self.budget is None else f"{self.name}@{self.setting}"
 
-    def config(self) -> dict:
+    def tier2(self) -> dict:
+        """The session's Tier-2 settings (Session.configure_tier2): every method runs in one
+        context made with attn_prune_enabled (observing the queries changes no bit)."""
+        off = dict(attn_prune_enabled=False, sparse_attn_enabled=False)
         if self.name == "attn-prune":
             # the threshold is left to the budget: blocks go weakest first until the budget holds
-            return dict(attn_prune_enabled=True, attn_prune_budget=self.budget, attn_prune_window=1,
-                        attn_prune_threshold=0.0, attn_prune_recent=SINK)
+            return {**off, "attn_prune_enabled": True, "attn_prune_budget": self.budget, "attn_prune_window": 1,
+                    "attn_prune_threshold": 0.0, "attn_prune_recent": SINK}
         if self.name == "sparse-tool":
-            # the budget is a share of each tool result: the rest of the session is always kept
-            return dict(sparse_attn_enabled=True, sparse_relevance_threshold=0.0, sparse_attn_budget=self.budget)
-        return {}
-
-    def context_kind(self) -> str:
-        return "tool" if self.name == "sparse-tool" else "text"
+            # the budget is a share of each tool result: the rest of a session is always kept
+            return {**off, "sparse_attn_enabled": True, "sparse_relevance_threshold": 0.0,
+                    "sparse_attn_budget": self.budget}
+        return off
 
     def before_query(self, session: Session, n_query: int) -> None:
         """What the baseline does when the context is in and the query is about to come (the
@@ -197,11 +198,14 @@ class Method:
             session.drop_span(SINK, max(SINK, total - window))
 
 
+EXACT = Method("exact", "-", None)
+
+
 def parse_methods(names: list[str], budgets: list[float]) -> list[Method]:
     out = []
     for name in names:
         if name == "exact":
-            out.append(Method("exact", "-", None))
+            out.append(EXACT)
         elif name in ("sink-window", "attn-prune", "sparse-tool"):
             out += [Method(name, f"{b:g}", b) for b in budgets]
         else:
@@ -215,6 +219,12 @@ def kv_cells(session: Session) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # measures
+
+
+def mean(values: Iterator[float] | list[float]) -> float:
+    """The mean, NaN when there is nothing (a part of the harness that was not run)."""
+    values = list(values)
+    return statistics.mean(values) if values else math.nan
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -249,21 +259,34 @@ class NeedleRun:
     decode_tok_s: float
 
 
-def run_needle(method: Method, ctx: Context, case: Case) -> NeedleRun:
-    session = ctx.session()
+def run_needle(methods: list[Method], ctx: Context, case: Case) -> list[NeedleRun]:
+    """The context is computed once (a tool result, for sparse-tool) in a base session; each
+    method goes on from a fork of it (sharing its complete blocks; bitwise a fresh session)."""
+    base = ctx.session()
+    base.configure_tier2(**EXACT.tier2())
+    start = time.perf_counter()
+    base.append(case.context, kind="tool")
+    base_prefill = time.perf_counter() - start
+    runs = []
     try:
-        start = time.perf_counter()
-        session.append(case.context, kind=method.context_kind())
-        method.before_query(session, len(case.question))
-        session.append(case.question)
-        prefill = time.perf_counter() - start
-        logits = session.logits()
-        cells = kv_cells(session)
-        tokens, speed = generate(session, ANSWER_TOKENS)
-        return NeedleRun(ctx.model.detokenize(tokens), logits, cells, len(case.context) + len(case.question),
-                         prefill, speed)
+        for method in methods:
+            session = base.fork()
+            try:
+                session.configure_tier2(**method.tier2())
+                start = time.perf_counter()
+                method.before_query(session, len(case.question))
+                session.append(case.question)
+                prefill = base_prefill + time.perf_counter() - start
+                logits = session.logits()
+                cells = kv_cells(session)
+                tokens, speed = generate(session, ANSWER_TOKENS)
+                runs.append(NeedleRun(ctx.model.detokenize(tokens), logits, cells,
+                                      len(case.context) + len(case.question), prefill, speed))
+            finally:
+                session.discard()
     finally:
-        session.discard()
+        base.discard()
+    return runs
 
 
 @dataclass
@@ -278,6 +301,7 @@ class TraceTurn:
 def run_trace(method: Method, ctx: Context, model: Model, n_turns: int, n_gen: int, n_ppl: int) -> list[TraceTurn]:
     """The conversation appended message by message; measured at every third turn from the fourth."""
     session = ctx.session()
+    session.configure_tier2(**method.tier2())
     out = []
     try:
         for i, segments, answer in trace_segments(model, n_turns):
@@ -285,7 +309,7 @@ def run_trace(method: Method, ctx: Context, model: Model, n_turns: int, n_gen: i
             for k, (tokens, kind) in enumerate(segments):
                 if k == len(segments) - 2 and measured:  # the last message is the query
                     method.before_query(session, sum(len(t) for t, _ in segments[k:]))
-                session.append(tokens, kind=kind if method.name == "sparse-tool" or kind == "system" else "text")
+                session.append(tokens, kind=kind)
             if not measured:
                 session.append(answer)
                 continue
@@ -323,12 +347,13 @@ def markdown(records: list[dict], summaries: list[dict], lengths: list[int], dep
         row = [f"{by_cell[c]:.2f}" if c in meaningful else f"({by_cell[c]:.2f})" for c in cells if c in by_cell]
         lines.append(f"| {s['label']} | " + " | ".join(row) + " |")
     lines += ["", "| method | KV fraction | recall (meaningful cells) | Δ vs exact | worst cell Δ | beats sink-window? "
-              "| trace KL mean | trace top-1 | trace greedy agree | trace PPL | trace KV fraction | prefill s | "
-              "decode tok/s (longest) |", "|---|" + "---|" * 12]
+              "| needle KL | needle top-1 | trace KL mean | trace top-1 | trace greedy agree | trace PPL "
+              "| trace KV fraction | prefill s | decode tok/s (longest) |", "|---|" + "---|" * 14]
     for s in summaries:
         lines.append(
             f"| {s['label']} | {s['kv_fraction']:.3f} | {s['recall']:.3f} | {s['recall_delta']:+.3f} | "
-            f"{s['worst_cell_delta']:+.2f} | {s['beats_sink_window']} | {s['kl_mean']:.4f} | {s['top1_agree']:.3f} | "
+            f"{s['worst_cell_delta']:+.2f} | {s['beats_sink_window']} | {s['needle_kl_mean']:.4f} | "
+            f"{s['needle_top1_agree']:.3f} | {s['kl_mean']:.4f} | {s['top1_agree']:.3f} | "
             f"{s['greedy_agree']:.3f} | {s['ppl']:.2f} | {s['trace_kv_fraction']:.3f} | {s['prefill_s']:.2f} | "
             f"{s['decode_tok_s']:.1f} |")
     return "\n".join(lines) + "\n"
@@ -338,7 +363,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma3-270m")
     parser.add_argument("--methods", default="exact,sink-window,attn-prune,sparse-tool")
-    parser.add_argument("--lengths", default="1024,2048,4096,8192,16384")
+    parser.add_argument("--lengths", default="1024,2048,4096,8192,16384", help="'' : no needle grid")
     parser.add_argument("--depths", default="0,10,25,50,75,90,100")
     parser.add_argument("--budgets", default="0.5,0.25,0.125", help="KV fractions kept")
     parser.add_argument("--variants", default=",".join(VARIANTS))
@@ -351,7 +376,7 @@ def main() -> int:
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     args = parser.parse_args()
 
-    lengths = [int(x) for x in args.lengths.split(",")]
+    lengths = [int(x) for x in args.lengths.split(",") if x]
     depths = [int(x) for x in args.depths.split(",")]
     budgets = [float(x) for x in args.budgets.split(",")]
     variants = args.variants.split(",")
@@ -364,50 +389,43 @@ def main() -> int:
     print(f"model {model.description}; {args.threads} threads; n_ctx {n_ctx}; KV {model.kv_bytes_per_token} "
           f"bytes/token; variants {variants} × {args.trials} trial(s) per cell", flush=True)
 
-    def context_for(method: Method) -> Context:
-        return Context(model, n_ctx=n_ctx, n_seq_max=2, n_threads=args.threads,
-                       config=OptConfig(env={}, **method.config()))
-
+    ctx = Context(model, n_ctx=n_ctx, n_seq_max=4, n_threads=args.threads,
+                  config=OptConfig(env={}, attn_prune_enabled=True))
     records: list[dict] = []
-    exact_runs: dict[tuple[int, int, str, int], NeedleRun] = {}
-    for method in methods:  # exact first: the others compare with it
-        ctx = context_for(method)
-        t0 = time.perf_counter()
-        for n in lengths:
-            for d in depths:
-                runs = []
-                for variant in variants:
-                    for trial in range(args.trials):
-                        case = needle_case(model, n, d, variant, trial)
-                        run = run_needle(method, ctx, case)
-                        key = (n, d, variant, trial)
-                        if method.budget is None:
-                            exact_runs[key] = run
-                        ref = exact_runs[key]
-                        runs.append((case.expected in run.answer, run, ref))
+    t0 = time.perf_counter()
+    for n in lengths:
+        for d in depths:
+            runs: dict[str, list[tuple[bool, NeedleRun, NeedleRun]]] = {m.label: [] for m in methods}
+            for variant in variants:
+                for trial in range(args.trials):
+                    case = needle_case(model, n, d, variant, trial)
+                    results = run_needle(methods, ctx, case)  # methods[0] is exact
+                    for method, run in zip(methods, results):
+                        runs[method.label].append((case.expected in run.answer, run, results[0]))
+            for method in methods:
+                mine = runs[method.label]
                 records.append({
                     "method": method.name, "setting": method.setting, "n_ctx": n, "depth": d,
-                    "recall": statistics.mean(float(ok) for ok, _, _ in runs),
-                    "kv_cells": statistics.mean(r.kv_cells for _, r, _ in runs),
-                    "kv_fraction": statistics.mean(r.kv_cells / r.n_tokens for _, r, _ in runs),
-                    "prefill_s": statistics.mean(r.prefill_s for _, r, _ in runs),
-                    "decode_tok_s": statistics.mean(r.decode_tok_s for _, r, _ in runs),
-                    "kl_mean": statistics.mean(kl(ref.first_logits, r.first_logits) for _, r, ref in runs),
+                    "recall": statistics.mean(float(ok) for ok, _, _ in mine),
+                    "kv_cells": statistics.mean(r.kv_cells for _, r, _ in mine),
+                    "kv_fraction": statistics.mean(r.kv_cells / r.n_tokens for _, r, _ in mine),
+                    "prefill_s": statistics.mean(r.prefill_s for _, r, _ in mine),
+                    "decode_tok_s": statistics.mean(r.decode_tok_s for _, r, _ in mine),
+                    "kl_mean": statistics.mean(kl(ref.first_logits, r.first_logits) for _, r, ref in mine),
                     "top1_agree": statistics.mean(float(np.argmax(ref.first_logits) == np.argmax(r.first_logits))
-                                                  for _, r, ref in runs)})
+                                                  for _, r, ref in mine)})
                 print(f"  {method.label:<18} {n:>6} @{d:>3}%: recall {records[-1]['recall']:.2f} "
-                      f"kv {records[-1]['kv_fraction']:.3f} prefill {records[-1]['prefill_s']:.2f}s", flush=True)
-        ctx.close()
-        print(f"{method.label}: needle grid in {time.perf_counter() - t0:.0f}s", flush=True)
+                      f"kv {records[-1]['kv_fraction']:.3f} prefill {records[-1]['prefill_s']:.2f}s "
+                      f"KL {records[-1]['kl_mean']:.3f}", flush=True)
+    print(f"needle grid in {time.perf_counter() - t0:.0f}s", flush=True)
 
     trace: dict[str, list[TraceTurn]] = {}
     if args.trace_turns:
         for method in methods:
-            ctx = context_for(method)
             t0 = time.perf_counter()
             trace[method.label] = run_trace(method, ctx, model, args.trace_turns, args.gen, args.ppl_tokens)
-            ctx.close()
             print(f"{method.label}: agent trace in {time.perf_counter() - t0:.0f}s", flush=True)
+    ctx.close()
 
     exact_cells = {(r["n_ctx"], r["depth"]): r["recall"] for r in records if r["method"] == "exact"}
     meaningful = [c for c, v in exact_cells.items() if v >= MEANINGFUL]
@@ -418,31 +436,35 @@ def main() -> int:
         cells = meaningful or list(recall)
         turns, ref_turns = trace.get(method.label, []), trace.get("exact", [])
         pairs = list(zip(ref_turns, turns))
-        longest = [r for r in mine if r["n_ctx"] == max(lengths)]
+        longest = [r for r in mine if r["n_ctx"] == max(lengths, default=0)]
         summary = {
             "method": method.name, "setting": method.setting, "label": method.label, "summary": True,
             "meaningful_cells": len(meaningful),
-            "recall": statistics.mean(recall[c] for c in cells),
-            "recall_delta": statistics.mean(recall[c] - exact_cells[c] for c in cells),
-            "worst_cell_delta": min(recall[c] - exact_cells[c] for c in cells),
-            "kv_fraction": statistics.mean(r["kv_fraction"] for r in mine),
-            "prefill_s": statistics.mean(r["prefill_s"] for r in mine),
-            "decode_tok_s": statistics.mean(r["decode_tok_s"] for r in longest),
-            "kl_mean": statistics.mean(kl(a.logits, b.logits) for a, b in pairs) if pairs else math.nan,
-            "top1_agree": statistics.mean(float(np.argmax(a.logits) == np.argmax(b.logits)) for a, b in pairs)
-            if pairs else math.nan,
-            "greedy_agree": statistics.mean(float(a.generated == b.generated) for a, b in pairs) if pairs else math.nan,
-            "ppl": math.exp(statistics.mean(x for t in turns for x in t.nll)) if turns else math.nan,
-            "trace_kv_fraction": statistics.mean(t.kv_cells / t.n_tokens for t in turns) if turns else math.nan,
+            "recall": mean(recall[c] for c in cells),
+            "recall_delta": mean(recall[c] - exact_cells[c] for c in cells),
+            "worst_cell_delta": min((recall[c] - exact_cells[c] for c in cells), default=math.nan),
+            "needle_kl_mean": mean(r["kl_mean"] for r in mine),
+            "needle_top1_agree": mean(r["top1_agree"] for r in mine),
+            "kv_fraction": mean(r["kv_fraction"] for r in mine),
+            "prefill_s": mean(r["prefill_s"] for r in mine),
+            "decode_tok_s": mean(r["decode_tok_s"] for r in longest),
+            "kl_mean": mean(kl(a.logits, b.logits) for a, b in pairs),
+            "top1_agree": mean(float(np.argmax(a.logits) == np.argmax(b.logits)) for a, b in pairs),
+            "greedy_agree": mean(float(a.generated == b.generated) for a, b in pairs),
+            "ppl": math.exp(mean(x for t in turns for x in t.nll)),
+            "trace_kv_fraction": mean(t.kv_cells / t.n_tokens for t in turns),
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
         summaries.append(summary)
     for s in summaries:  # a method pays only if it beats the sink + window baseline at equal budget
         base = next((b for b in summaries if b["method"] == "sink-window" and b["setting"] == s["setting"]), None)
-        s["beats_sink_window"] = ("-" if base is None or s["method"] in ("exact", "sink-window") else
-                                  "yes" if s["recall"] > base["recall"] and s["kl_mean"] <= base["kl_mean"] else
-                                  "recall only" if s["recall"] > base["recall"] else
-                                  "KL only" if s["kl_mean"] < base["kl_mean"] else "no")
+        if base is None or s["method"] in ("exact", "sink-window"):
+            s["beats_sink_window"] = "-"
+            continue
+        kl_of = lambda x: x["needle_kl_mean"] if math.isnan(x["kl_mean"]) else x["kl_mean"]  # noqa: E731
+        recall, kl_ = s["recall"] - base["recall"], kl_of(s) - kl_of(base)
+        s["beats_sink_window"] = ("yes" if (recall > 0 and kl_ <= 0) or (recall >= 0 and kl_ < 0) else
+                                  "recall only" if recall > 0 else "KL only" if kl_ < 0 else "no")
     table = markdown(records, summaries, lengths, depths)
     print("\n" + table)
     print(f"peak RSS of the process: {summaries[-1]['peak_rss_mib']:.0f} MiB")

@@ -55,6 +55,29 @@ static void span_subtract(std::vector<span_t> & spans, size_t a, size_t b) {
     spans = std::move(out);
 }
 
+const llama_opt_config & llama_opt_session::tier2() const {
+    return tier2_ ? *tier2_ : ctx_->settings().config;
+}
+
+void llama_opt_session::set_tier2(const llama_opt_config & config) {
+    lock_t lock(ctx_->mutex());
+    check_open();
+    if (config.attn_prune_enabled && !ctx_->attn_capture()) {
+        throw llama_opt_error(llama_opt_errc::invalid_argument,
+            "attention-sink pruning needs a context made with attn_prune_enabled (the model's queries are "
+            "observed through the eval callback, which is set when the context is made)", "attn_prune_enabled");
+    }
+    tier2_ = std::make_unique<llama_opt_config>(config);
+}
+
+void llama_opt_session::copy_tier2_to(llama_opt_session & fork) const {
+    if (tier2_) {
+        fork.tier2_ = std::make_unique<llama_opt_config>(*tier2_);
+    }
+    fork.system_end_ = system_end_;
+    fork.tool_spans_ = tool_spans_;
+}
+
 std::vector<span_t> llama_opt_session::holes() const {
     lock_t lock(ctx_->mutex());
     return holes_;
@@ -119,8 +142,8 @@ void llama_opt_session::forget_holes(size_t pos) {
         it = (it->first + 1) * B > pos ? cold_.erase(it) : std::next(it);
     }
     pruner_.truncate(pos / B);
-    span_subtract(tool_spans_, pos, SIZE_MAX);
-    system_end_ = std::min(system_end_, pos);
+    // the marks of tool results and of the system prompt are the history's (its tokens stay
+    // when only their KV goes): append() cuts them to the history's length
 }
 
 // Words whose tokens mark structure in tool output (000 §4.2's structural heuristic).
@@ -140,7 +163,7 @@ static std::vector<llama_token> cue_tokens(const llama_opt_model & model) {
 }
 
 void llama_opt_session::drop_irrelevant_tool_spans(const std::vector<llama_token> & query) {
-    const llama_opt_config & cfg = ctx_->settings().config;
+    const llama_opt_config & cfg = tier2();
     llama_opt_sparse_params params;
     params.threshold  = cfg.sparse_relevance_threshold;
     params.span       = cfg.sparse_attn_span;
@@ -160,7 +183,6 @@ void llama_opt_session::drop_irrelevant_tool_spans(const std::vector<llama_token
             }
         }
     }
-    tool_spans_.clear();  // each tool result is scored once, against the query that follows it
 }
 
 void llama_opt_session::append(const std::vector<llama_token> & tokens, llama_opt_span_kind kind) {
@@ -168,11 +190,19 @@ void llama_opt_session::append(const std::vector<llama_token> & tokens, llama_op
     check_open();
     ctx_->model().check_tokens(tokens.data(), tokens.size());  // before anything is dropped
     check_fits(tokens_.size() + tokens.size());
-    const llama_opt_config & cfg = ctx_->settings().config;
-    if (cfg.sparse_attn_enabled && kind != llama_opt_span_kind::tool && !tool_spans_.empty() && !tokens.empty()) {
-        drop_irrelevant_tool_spans(tokens);
-    }
+    const llama_opt_config & cfg = tier2();
     const size_t begin = tokens_.size();
+    span_subtract(tool_spans_, begin, SIZE_MAX);  // the history was cut since they were marked
+    system_end_ = std::min(system_end_, begin);
+    if (kind != llama_opt_span_kind::tool && !tokens.empty()) {
+        if (cfg.sparse_attn_enabled && !tool_spans_.empty()) {
+            if (n_evaluated_ < tokens_.size()) {  // a fork's tail, a pending token: their KV first
+                prefill_or_cut_back(tokens_.size());
+            }
+            drop_irrelevant_tool_spans(tokens);
+        }
+        tool_spans_.clear();  // each tool result is scored once, against the query that follows it
+    }
     llama_opt_attn_capture * capture = cfg.attn_prune_enabled ? ctx_->attn_capture() : nullptr;
     if (capture) {
         capture->arm();
@@ -191,8 +221,8 @@ void llama_opt_session::append(const std::vector<llama_token> & tokens, llama_op
     if (kind == llama_opt_span_kind::system) {
         system_end_ = std::max(system_end_, tokens_.size());
     }
-    if (kind == llama_opt_span_kind::tool && cfg.sparse_attn_enabled && begin < tokens_.size()) {
-        span_add(tool_spans_, begin, tokens_.size());
+    if (kind == llama_opt_span_kind::tool && begin < tokens_.size()) {  // kept for a fork that turns sparse_attn on
+        tool_spans_.emplace_back(begin, tokens_.size());  // two results in a row stay two
     }
     if (capture && capture->available() && !tokens.empty()) {
         prune_turn(begin);
@@ -275,7 +305,7 @@ bool llama_opt_session::restore_block(size_t block) {
 
 void llama_opt_session::prune_turn(size_t turn_begin) {
     const auto                     t0      = std::chrono::steady_clock::now();
-    const llama_opt_config &       cfg     = ctx_->settings().config;
+    const llama_opt_config &       cfg     = tier2();
     const llama_opt_attn_capture & capture = *ctx_->attn_capture();
     const size_t                   B       = ctx_->block_size();
     const size_t                   end     = n_evaluated_;

@@ -717,6 +717,7 @@ std::shared_ptr<llama_opt_session> llama_opt_session::fork() {
             ctx_->hold_block(other->seq_, pool->find(id));
         }
     }
+    copy_tier2_to(*other);
     if (!ctx_->canonical() && logits_for_ == n_evaluated_) {
         other->logits_     = logits_;
         other->logits_for_ = logits_for_;

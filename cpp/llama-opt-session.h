@@ -71,6 +71,10 @@ public:
     // the rest stay. The last evaluated token always keeps its KV. The session is approximate
     // from p0 on; its logits are computed again.
     void drop_span(size_t p0, size_t p1);
+    // The Tier-2 settings of this session (attn_prune_*, sparse_*; the rest of `config` is not
+    // read), instead of the context's. attn_prune_enabled needs a context made with it (its
+    // queries are observed from then on): invalid_argument otherwise.
+    void set_tier2(const llama_opt_config & config);
     // Positions without KV below n_evaluated() (dropped, or pruned to cold storage), as [begin, end).
     std::vector<std::pair<size_t, size_t>> holes() const;
     size_t n_cold() const;  // tokens pruned to cold storage (RAM) that can come back
@@ -184,6 +188,8 @@ private:
     std::vector<uint64_t> persist_chain(size_t n_blocks) const;  // unmasked chained hashes
     bool approximate() const { return approx_from_ != npos; }
     // Tier 2 (llama-opt-session-tier2.cpp)
+    const llama_opt_config & tier2() const;       // set_tier2's, or the context's
+    void copy_tier2_to(llama_opt_session & fork) const;  // what a fork keeps: settings, tool spans, system end
     void drop_cells(size_t p0, size_t p1);         // a hole; approximate from p0
     void forget_holes(size_t pos);                 // the history is cut at pos
     bool in_hole(size_t pos) const;
@@ -211,6 +217,7 @@ private:
     llama_opt_stats                    turn_start_;
     // Tier 2: positions without KV (sorted, disjoint), the KV rows of pruned blocks (by block),
     // the pruner's statistics, the end of the system prompt, tool results not yet scored
+    std::unique_ptr<llama_opt_config>        tier2_;  // null: the context's
     std::vector<std::pair<size_t, size_t>>   holes_;
     std::map<size_t, std::vector<uint8_t>>   cold_;
     llama_opt_attn_pruner                    pruner_{ 0.001f, 10 };

@@ -146,6 +146,7 @@ class Generation(Iterator[Token]):
                 self._on_finish(self)
 
 
+_TIER2_PREFIXES = ("attn_prune_", "sparse_")
 _SPAN_KINDS = {"text": _core.SpanKind.text, "system": _core.SpanKind.system, "tool": _core.SpanKind.tool}
 
 
@@ -221,6 +222,22 @@ class Session:
         if kind not in _SPAN_KINDS:
             raise InvalidArgumentError(f"kind must be one of {', '.join(map(repr, _SPAN_KINDS))}, got {kind!r}")
         self._core.append(check_token_ids(tokens), _SPAN_KINDS[kind])
+
+    def configure_tier2(self, **values: Any) -> None:
+        """This session's settings of the Tier-2 methods that take KV out of attention
+        (``attn_prune_*``, ``sparse_attn_*``, ``sparse_relevance_threshold``), instead of the
+        context's; forks keep them. ``attn_prune_enabled=True`` needs a context made with it.
+        Raises ConfigError for a bad value, InvalidArgumentError for another option."""
+        other = [name for name in values if not name.startswith(_TIER2_PREFIXES)]
+        if other:
+            raise InvalidArgumentError(f"configure_tier2 takes attn_prune_* and sparse_* options only, got {other}")
+        from .config import OptConfig
+
+        config = OptConfig(env={})
+        for name, value in {**self.context.config.as_dict(), **values}.items():
+            if name.startswith(_TIER2_PREFIXES):
+                config.set(name, value)
+        self._core.set_tier2(config._settings)
 
     def drop_span(self, start: int, end: int) -> None:
         """Tier 2: take the KV of positions [start, end) out of attention (its cells are freed;

@@ -208,3 +208,24 @@ def test_sparse_tool_drops_irrelevant_spans_and_keeps_the_edges(tiny_model):
         # scored once: a later query drops nothing more
         s.append(tok(" and of italy"))
         assert s.holes == holes
+
+
+def test_session_settings_override_the_context_and_forks_keep_them(tiny_model):
+    tok = lambda text: tiny_model.tokenize(text, add_bos=False)  # noqa: E731
+    rng = random.Random(6)
+    tool = tok(" ".join(rng.choice([w for w in WORDS if w not in {"capital", "france"}]) for _ in range(500)))[:400]
+    with context(tiny_model) as ctx:  # the context: nothing of Tier 2
+        base = ctx.session()
+        base.append(text_tokens(tiny_model, 30, seed=5))
+        base.append(tool, kind="tool")
+        sparse = base.fork()  # keeps the tool result's span
+        sparse.configure_tier2(sparse_attn_enabled=True, sparse_attn_keep_edges=16, sparse_relevance_threshold=0.5)
+        plain = base.fork()
+        sparse.append(tok(" capital france"))
+        plain.append(tok(" capital france"))
+        assert sparse.holes and sparse.stats.sparse_tokens_dropped > 0
+        assert plain.holes == [] and np.array_equal(plain.logits(), reference(tiny_model, plain.tokens)[0])
+        with pytest.raises(InvalidArgumentError, match="attn_prune_enabled"):
+            plain.configure_tier2(attn_prune_enabled=True)  # the context observes no queries
+        with pytest.raises(InvalidArgumentError, match="attn_prune_"):
+            plain.configure_tier2(dedup_enabled=False)

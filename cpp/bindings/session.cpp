@@ -34,6 +34,8 @@ void register_session(py::module_ & m) {
     py::class_<llama_opt_session, std::shared_ptr<llama_opt_session>>(m, "Session", "One sequence of a context (see pyllamaopt.Session).")
         .def("append", py::overload_cast<const std::vector<llama_token> &, llama_opt_span_kind>(&llama_opt_session::append),
              py::arg("tokens"), py::arg("kind") = llama_opt_span_kind::text, py::call_guard<py::gil_scoped_release>())
+        .def("set_tier2", [](llama_opt_session & self, const llama_opt_settings & settings) { self.set_tier2(settings.config); },
+             py::arg("settings"))
         .def("drop_span", &llama_opt_session::drop_span, py::arg("start"), py::arg("end"))
         .def_property_readonly("holes", &llama_opt_session::holes)
         .def_property_readonly("n_cold", &llama_opt_session::n_cold)
