@@ -27,8 +27,10 @@ Measures:
                from the fourth: KL(exact || method) and top-1 agreement of the next-token
                distributions, greedy agreement of --gen generated tokens, and the perplexity of
                the scripted answer after the (compressed) context.
-  cost         KV cells kept and their fraction, prefill time, decode tok/s (at the longest
-               length), the process's peak RSS.
+  cost         KV cells kept and their fraction, prefill time (the context's, shared by all
+               methods, plus the method's own: the question and, for attn-prune, scoring),
+               decode tok/s and attention scoring time (at the longest length), the process's
+               peak RSS.
 
 Output: one JSON record per method × setting × length × depth (recall, kv_cells, kv_fraction,
 prefill_s, decode_tok_s, kl_mean, top1_agree of the answer's first token) and a summary record
@@ -257,6 +259,7 @@ class NeedleRun:
     n_tokens: int
     prefill_s: float
     decode_tok_s: float
+    score_ms: float  # attention scoring on the host (attn_score_us), part of prefill_s
 
 
 def run_needle(methods: list[Method], ctx: Context, case: Case) -> list[NeedleRun]:
@@ -281,7 +284,8 @@ def run_needle(methods: list[Method], ctx: Context, case: Case) -> list[NeedleRu
                 cells = kv_cells(session)
                 tokens, speed = generate(session, ANSWER_TOKENS)
                 runs.append(NeedleRun(ctx.model.detokenize(tokens), logits, cells,
-                                      len(case.context) + len(case.question), prefill, speed))
+                                      len(case.context) + len(case.question), prefill, speed,
+                                      session.stats.attn_score_us / 1000))
             finally:
                 session.discard()
     finally:
@@ -348,14 +352,14 @@ def markdown(records: list[dict], summaries: list[dict], lengths: list[int], dep
         lines.append(f"| {s['label']} | " + " | ".join(row) + " |")
     lines += ["", "| method | KV fraction | recall (meaningful cells) | Δ vs exact | worst cell Δ | beats sink-window? "
               "| needle KL | needle top-1 | trace KL mean | trace top-1 | trace greedy agree | trace PPL "
-              "| trace KV fraction | prefill s | decode tok/s (longest) |", "|---|" + "---|" * 14]
+              "| trace KV fraction | prefill s | decode tok/s (longest) | scoring ms (longest) |", "|---|" + "---|" * 15]
     for s in summaries:
         lines.append(
             f"| {s['label']} | {s['kv_fraction']:.3f} | {s['recall']:.3f} | {s['recall_delta']:+.3f} | "
             f"{s['worst_cell_delta']:+.2f} | {s['beats_sink_window']} | {s['needle_kl_mean']:.4f} | "
             f"{s['needle_top1_agree']:.3f} | {s['kl_mean']:.4f} | {s['top1_agree']:.3f} | "
             f"{s['greedy_agree']:.3f} | {s['ppl']:.2f} | {s['trace_kv_fraction']:.3f} | {s['prefill_s']:.2f} | "
-            f"{s['decode_tok_s']:.1f} |")
+            f"{s['decode_tok_s']:.1f} | {s['score_ms']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -411,6 +415,7 @@ def main() -> int:
                     "kv_fraction": statistics.mean(r.kv_cells / r.n_tokens for _, r, _ in mine),
                     "prefill_s": statistics.mean(r.prefill_s for _, r, _ in mine),
                     "decode_tok_s": statistics.mean(r.decode_tok_s for _, r, _ in mine),
+                    "score_ms": statistics.mean(r.score_ms for _, r, _ in mine),
                     "kl_mean": statistics.mean(kl(ref.first_logits, r.first_logits) for _, r, ref in mine),
                     "top1_agree": statistics.mean(float(np.argmax(ref.first_logits) == np.argmax(r.first_logits))
                                                   for _, r, ref in mine)})
@@ -448,6 +453,7 @@ def main() -> int:
             "kv_fraction": mean(r["kv_fraction"] for r in mine),
             "prefill_s": mean(r["prefill_s"] for r in mine),
             "decode_tok_s": mean(r["decode_tok_s"] for r in longest),
+            "score_ms": mean(r["score_ms"] for r in longest),
             "kl_mean": mean(kl(a.logits, b.logits) for a, b in pairs),
             "top1_agree": mean(float(np.argmax(a.logits) == np.argmax(b.logits)) for a, b in pairs),
             "greedy_agree": mean(float(a.generated == b.generated) for a, b in pairs),

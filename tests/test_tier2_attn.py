@@ -229,3 +229,17 @@ def test_session_settings_override_the_context_and_forks_keep_them(tiny_model):
             plain.configure_tier2(attn_prune_enabled=True)  # the context observes no queries
         with pytest.raises(InvalidArgumentError, match="attn_prune_"):
             plain.configure_tier2(dedup_enabled=False)
+
+
+def test_a_session_with_a_hole_persists_only_its_exact_prefix(tiny_model, tmp_path):
+    tokens = text_tokens(tiny_model, 700)
+    with context(tiny_model, persist_enabled=True, persist_dir=str(tmp_path / "kv")) as ctx:
+        s = ctx.session()
+        s.append(tokens)
+        s.drop_span(130, 500)
+        assert s.save() == 2 * B  # the complete blocks before the hole
+        s.discard()
+        t = ctx.session()
+        t.append(tokens)
+        assert t.stats.persist_tokens_restored <= 2 * B
+        assert np.array_equal(t.logits(), reference(tiny_model, tokens)[0])
