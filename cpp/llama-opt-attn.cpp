@@ -11,6 +11,23 @@
 // attention scores
 //
 
+// q·k in float with 8 partial sums (the compiler vectorizes them; a single running sum is a
+// serial chain it may not reorder): scoring costs O(keys × queries × heads × head_dim) per layer
+static float dot(const float * a, const float * b, uint32_t n) {
+    float    acc[8] = { 0 };
+    uint32_t d      = 0;
+    for (; d + 8 <= n; d += 8) {
+        for (int j = 0; j < 8; ++j) {
+            acc[j] += a[d + j] * b[d + j];
+        }
+    }
+    float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; d < n; ++d) {
+        sum += a[d] * b[d];
+    }
+    return sum;
+}
+
 void llama_opt_attn_accumulate(const llama_opt_attn_shape & shape, const float * q, const llama_pos * q_pos,
                                size_t n_query, const float * k, const llama_pos * k_pos, size_t n_keys,
                                float * scores) {
@@ -31,12 +48,7 @@ void llama_opt_attn_accumulate(const llama_opt_attn_shape & shape, const float *
                     z[s] = -std::numeric_limits<double>::infinity();
                     continue;
                 }
-                const float * ks  = k + (s * shape.n_head_kv + g) * D;
-                double        dot = 0;
-                for (uint32_t d = 0; d < D; ++d) {
-                    dot += (double) qh[d] * ks[d];
-                }
-                z[s] = dot * shape.scale;
+                z[s] = (double) dot(qh, k + (s * shape.n_head_kv + g) * D, D) * shape.scale;
                 zmax = std::max(zmax, z[s]);
             }
             if (zmax == -std::numeric_limits<double>::infinity()) {
