@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import openai
@@ -27,7 +30,7 @@ from pyllamaopt import Context, OptConfig
 from pyllamaopt.serve.metrics import Metrics
 from pyllamaopt.serve.scheduler import STREAM_AHEAD, Scheduler
 from pyllamaopt.serve.service import (Busy, DoneEvent, GenerateParams, InvariantViolation, NotFound, Overloaded,
-                                      Service)
+                                      Service, TokenEvent)
 
 N_CTX = 1024
 
@@ -37,6 +40,7 @@ class Server:
     url: str
     process: subprocess.Popen
     log: Path
+    ssl_context: ssl.SSLContext | None = None  # https: the context that trusts the server's certificate
 
     def request(self, method: str, path: str, body: object = None, *, raw: bytes | None = None,
                 headers: dict[str, str] | None = None) -> tuple[int, dict]:
@@ -44,7 +48,7 @@ class Server:
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers={"content-type": "application/json", **(headers or {})})
         try:
-            with urllib.request.urlopen(req, timeout=60) as r:
+            with urllib.request.urlopen(req, timeout=60, context=self.ssl_context) as r:
                 text = r.read()
                 return r.status, json.loads(text) if text else {}
         except urllib.error.HTTPError as e:
@@ -54,7 +58,7 @@ class Server:
         """Server-sent events of a streaming POST, as they arrive."""
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
                                      headers={"content-type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=60, context=self.ssl_context) as r:
             for line in r:
                 line = line.decode().strip()
                 if line.startswith("data: ") and line != "data: [DONE]":
@@ -65,7 +69,7 @@ class Server:
                              **kwargs)
 
     def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30, context=self.ssl_context) as r:
             text = r.read().decode()
         return {f"{s.name}{sorted(s.labels.items()) if s.labels else ''}": s.value
                 for family in text_string_to_metric_families(text) for s in family.samples}
@@ -77,14 +81,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: Path, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Server:
+def start_server(model: Path, tmp_path: Path, *args: str, env: dict[str, str] | None = None,
+                 cafile: Path | None = None) -> Server:
+    """The server as a process (N_CTX, two threads unless ``args`` say otherwise); with ``cafile`` (a
+    server given --tls-cert), reached over https trusting that certificate."""
     port = free_port()
     log = tmp_path / f"server-{port}.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "pyllamaopt.cli", "serve", "--model", str(model), "--port", str(port),
          "--n-ctx", str(N_CTX), "--threads", "2", *args],
         cwd=tmp_path, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    server = Server(f"http://127.0.0.1:{port}", process, log)
+    context = ssl.create_default_context(cafile=cafile) if cafile else None
+    server = Server(f"{'https' if cafile else 'http'}://127.0.0.1:{port}", process, log, context)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -534,11 +542,30 @@ def test_bad_input_is_a_4xx_with_a_message_and_the_server_lives_on(server, path,
     assert server.request("GET", "/health")[0] == 200
 
 
-def test_a_schema_we_cannot_express_is_a_400(server):
+def test_a_strict_schema_we_cannot_enforce_is_a_400_a_non_strict_one_is_checked(server):
+    import jsonschema
+
     sid = server.request("POST", "/v1/sessions", {"tokens": [1, 2, 3]})[1]["session_id"]
-    bad = {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "(?!a)b"}}}  # a lookahead
+    lookahead = {"type": "string", "pattern": "(?!a)b", "maxLength": 6}
+    bad = {"type": "json_schema", "json_schema": {"schema": lookahead, "strict": True}}
     status, out = server.request("POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 4, "response_format": bad})
-    assert status == 400 and "lookahead" in out["error"]["message"]
+    assert status == 400 and "lookahead" in out["error"]["message"] and "'pattern' at #" in out["error"]["message"]
+    assert out["error"]["pyllamaopt_error"] == "UnsupportedRegexError"
+    for strict in (False, None):  # OpenAI's meaning: absent is false
+        spec = {"schema": lookahead} if strict is None else {"schema": lookahead, "strict": strict}
+        status, out = server.request("POST", f"/v1/sessions/{sid}/generate",
+                                     {"max_tokens": 12, "response_format": {"type": "json_schema", "json_schema": spec}})
+        assert status == 200, out
+        try:
+            jsonschema.validate(json.loads(out["text"]), lookahead)
+            expected = True
+        except (ValueError, jsonschema.ValidationError):
+            expected = False
+        assert out["schema_valid"] is expected and (out["schema_error"] is None) == expected, out
+    status, out = server.request("POST", f"/v1/sessions/{sid}/generate",
+                                 {"max_tokens": 4, "response_format": {"type": "json_schema",
+                                                                       "json_schema": {"schema": {}, "strict": "yes"}}})
+    assert status == 400 and "strict must be true or false" in out["error"]["message"]
     status, out = server.request("POST", f"/v1/sessions/{sid}/generate",
                                  {"max_tokens": 4, "response_format": {"type": "xml"}})
     assert status == 400 and "response_format.type" in out["error"]["message"]
@@ -547,7 +574,7 @@ def test_a_schema_we_cannot_express_is_a_400(server):
     status, out = server.request("POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 40, "response_format": ok})
     assert status == 200, out
     if out["finish_reason"] != "length":
-        assert isinstance(json.loads(out["text"])["a"], int)
+        assert isinstance(json.loads(out["text"])["a"], int) and out["schema_valid"] is True
     server.request("DELETE", f"/v1/sessions/{sid}")
 
 
@@ -603,3 +630,48 @@ def test_binding_beyond_loopback_needs_an_api_key(tiny_model_path, tmp_path):
                              "--host", "0.0.0.0", "--port", str(free_port())],
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "--api-key" in result.stderr
+
+
+@pytest.mark.parametrize("spec_version", ["2.4", "2.3"])
+def test_a_stream_whose_client_left_is_closed_at_once_down_to_the_generation(spec_version):
+    """A client that leaves while the server sends (undici's abort, at ASGI 2.4 seen only by the
+    failing send) must close the chain of event generators at once, not when the garbage collector
+    finds it: the innermost one's cleanup ends the session's generation (it stayed 'generating')."""
+    import gc
+
+    from pyllamaopt.serve.streaming import sse
+
+    closed = []
+
+    async def generation() -> Any:
+        try:
+            for i in range(100):
+                yield TokenEvent(i, "x")
+                await asyncio.sleep(0)
+        finally:
+            closed.append(True)
+
+    async def scenario() -> None:
+        sent = []
+
+        async def send(message: dict) -> None:
+            if len(sent) == 3:
+                raise OSError("the client left")
+            sent.append(message)
+
+        async def receive() -> dict:
+            await asyncio.sleep(3600)
+            return {"type": "http.disconnect"}
+
+        response = sse(generation(), lambda e: [{"token": e.id}], lambda exc: {})
+        scope = {"type": "http", "asgi": {"spec_version": spec_version}}
+        with contextlib.suppress(Exception):
+            await response(scope, receive, send)
+        await asyncio.sleep(0)  # (a close the event loop runs next counts; the end of asyncio.run would not)
+        assert closed == [True], "the generation was left open"
+
+    gc.disable()
+    try:
+        asyncio.run(scenario())
+    finally:
+        gc.enable()

@@ -8,9 +8,11 @@ lifespan): one process, one Context, whichever transport a client uses.
 """
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -66,14 +68,20 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
         await self._call(context, lambda: self.service.close(request.session_id))
         return pb.CloseSessionResponse()
 
+    async def Tokenize(self, request: pb.TokenizeRequest, context: Any) -> pb.TokenizeResponse:
+        tokens = await self._call(context, lambda: self.service.tokenize(request.text, add_bos=request.add_bos,
+                                                                         special=request.special))
+        return pb.TokenizeResponse(tokens=tokens)
+
     async def Generate(self, request: pb.GenerateRequest, context: Any) -> AsyncIterator[pb.GenerateResponse]:
         """A client that cancels raises CancelledError at the next await: leaving the loop closes the
         generation on the scheduler thread, between two steps; the session stays usable."""
         await self._check_key(context)
         try:
             events = self.service.generate(request.session_id, _params(request, self.service.context.n_ctx))
-            async for event in events:
-                yield _event(event)
+            async with contextlib.aclosing(events):  # cancelled in a write too: closed at once
+                async for event in events:
+                    yield _event(event)
         except ServiceError as exc:
             await _abort(context, exc)
 
@@ -138,13 +146,19 @@ def _event(event: Event) -> pb.GenerateResponse:
     return pb.GenerateResponse(token=pb.Token(id=event.id, text=event.text))
 
 
-async def start(service: Service, host: str, port: int, api_key: str | None) -> Any:
-    """A running grpc.aio server on host:port (on the running event loop); stop it with ``await server.stop(grace)``."""
+async def start(service: Service, host: str, port: int, api_key: str | None,
+                tls: tuple[str, str] | None = None) -> Any:
+    """A running grpc.aio server on host:port (on the running event loop), over TLS with ``tls``
+    (certificate and private key PEM files); stop it with ``await server.stop(grace)``."""
     server = grpc.aio.server()
     runtime_pb2_grpc.add_RuntimeServicer_to_server(RuntimeServicer(service, api_key), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        server.add_insecure_port(address)
+        if tls is None:
+            server.add_insecure_port(address)
+        else:
+            cert, key = (Path(f).read_bytes() for f in tls)
+            server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
     except RuntimeError as exc:
         raise SystemExit(f"pyllamaopt serve: cannot bind the gRPC port {address}: {exc}") from None
     await server.start()
