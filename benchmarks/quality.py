@@ -5,7 +5,8 @@ KV budget, on the same inputs.
 
     python benchmarks/quality.py [--methods exact,sink-window,attn-prune,sparse-tool]
         [--lengths 1024,2048,4096,8192,16384] [--depths 0,10,25,50,75,90,100]
-        [--budgets 0.5,0.25,0.125] [--trace-turns 12] [--json out.json] [--markdown out.md]
+        [--budgets 0.5,0.25,0.125] [--variants passkey,code,multi] [--answer-tokens 12]
+        [--trace-turns 12] [--threads 2] [--json out.json] [--markdown out.md]
 
 Methods (each off by default in the engine; here each runs in its own Context):
   exact        pyllamaopt defaults: the baseline every other method is compared with
@@ -60,7 +61,7 @@ from pyllamaopt import Context, Model, OptConfig, models  # noqa: E402
 from pyllamaopt.session import Session  # noqa: E402
 
 SINK = 64             # tokens kept at the start by the sink + window baseline (one block, as attn-prune guards)
-ANSWER_TOKENS = 12    # generated for a needle answer
+ANSWER_TOKENS = 12    # generated for a needle answer (default of --answer-tokens)
 MEANINGFUL = 0.9      # exact recall from which a cell says something about a method
 
 # ---------------------------------------------------------------------------------------------
@@ -266,7 +267,7 @@ class NeedleRun:
     score_ms: float  # attention scoring on the host (attn_score_us), part of prefill_s
 
 
-def run_needle(methods: list[Method], ctx: Context, case: Case) -> list[NeedleRun]:
+def run_needle(methods: list[Method], ctx: Context, case: Case, answer_tokens: int) -> list[NeedleRun]:
     """The context is computed once (a tool result, for sparse-tool) in a base session; each
     method goes on from a fork of it (sharing its complete blocks; bitwise a fresh session)."""
     base = ctx.session()
@@ -286,7 +287,7 @@ def run_needle(methods: list[Method], ctx: Context, case: Case) -> list[NeedleRu
                 prefill = base_prefill + time.perf_counter() - start
                 logits = session.logits()
                 cells = kv_cells(session)
-                tokens, speed = generate(session, ANSWER_TOKENS)
+                tokens, speed = generate(session, answer_tokens)
                 runs.append(NeedleRun(ctx.model.detokenize(tokens), logits, cells,
                                       len(case.context) + len(case.question), prefill, speed,
                                       session.stats.attn_score_us / 1000))
@@ -377,6 +378,8 @@ def main() -> int:
     parser.add_argument("--budgets", default="0.5,0.25,0.125", help="KV fractions kept")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--trials", type=int, default=1, help="inputs per variant and cell")
+    parser.add_argument("--answer-tokens", type=int, default=ANSWER_TOKENS,
+                        help="generated per needle answer (a 5-digit key is 6 tokens on Gemma)")
     parser.add_argument("--trace-turns", type=int, default=12, help="agent-trace turns (0: none)")
     parser.add_argument("--gen", type=int, default=16, help="generated tokens per measured trace turn")
     parser.add_argument("--ppl-tokens", type=int, default=16, help="scripted answer tokens scored for perplexity")
@@ -408,7 +411,7 @@ def main() -> int:
             for variant in variants:
                 for trial in range(args.trials):
                     case = needle_case(model, n, d, variant, trial)
-                    results = run_needle(methods, ctx, case)  # methods[0] is exact
+                    results = run_needle(methods, ctx, case, args.answer_tokens)  # methods[0] is exact
                     for method, run in zip(methods, results):
                         runs[method.label].append((case.expected in run.answer, run, results[0]))
             for method in methods:
