@@ -8,7 +8,7 @@ KV budget, on the same inputs.
         [--budgets 0.5,0.25,0.125] [--variants passkey,code,multi] [--answer-tokens 12]
         [--trace-turns 12] [--threads 2] [--json out.json] [--markdown out.md]
 
-Methods (each off by default in the engine; here each runs in its own Context):
+Methods (each off by default in the engine; here each set on its own session, configure_tier2):
   exact        pyllamaopt defaults: the baseline every other method is compared with
   sink-window  StreamingLLM: the first 64 tokens (attention sinks, one block) and the most
                recent ones, the rest dropped (Session.drop_span), at budget·n tokens
