@@ -5,7 +5,7 @@ KV budget, on the same inputs.
 
     python benchmarks/quality.py [--methods exact,sink-window,attn-prune,sparse-tool]
         [--lengths 1024,2048,4096,8192,16384] [--depths 0,10,25,50,75,90,100]
-        [--budgets 0.5,0.25,0.125] [--variants passkey,code,multi] [--answer-tokens 12]
+        [--budgets 0.5,0.25,0.125] [--variants passkey,code,multi] [--answer-tokens 12] [--blind-tail 0]
         [--trace-turns 12] [--threads 2] [--json out.json] [--markdown out.md]
 
 Methods (each off by default in the engine; here each set on its own session, configure_tier2):
@@ -267,13 +267,17 @@ class NeedleRun:
     score_ms: float  # attention scoring on the host (attn_score_us), part of prefill_s
 
 
-def run_needle(methods: list[Method], ctx: Context, case: Case, answer_tokens: int) -> list[NeedleRun]:
+def run_needle(methods: list[Method], ctx: Context, case: Case, answer_tokens: int, blind_tail: int) -> list[NeedleRun]:
     """The context is computed once (a tool result, for sparse-tool) in a base session; each
-    method goes on from a fork of it (sharing its complete blocks; bitwise a fresh session)."""
+    method goes on from a fork of it (sharing its complete blocks; bitwise a fresh session).
+    With blind_tail, the context's last blind_tail tokens are a turn of their own on each fork:
+    attn-prune prunes after it, scoring with queries that do not know the question (without it,
+    after the question, with the question's own queries)."""
     base = ctx.session()
     base.configure_tier2(**EXACT.tier2())
+    head, tail = case.context[:len(case.context) - blind_tail], case.context[len(case.context) - blind_tail:]
     start = time.perf_counter()
-    base.append(case.context, kind="tool")
+    base.append(head, kind="tool")
     base_prefill = time.perf_counter() - start
     runs = []
     try:
@@ -282,6 +286,8 @@ def run_needle(methods: list[Method], ctx: Context, case: Case, answer_tokens: i
             try:
                 session.configure_tier2(**method.tier2())
                 start = time.perf_counter()
+                if tail:
+                    session.append(tail, kind="tool")
                 method.before_query(session, len(case.question))
                 session.append(case.question)
                 prefill = base_prefill + time.perf_counter() - start
@@ -399,6 +405,9 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=1, help="inputs per variant and cell")
     parser.add_argument("--answer-tokens", type=int, default=ANSWER_TOKENS,
                         help="generated per needle answer (a 5-digit key is 6 tokens on Gemma)")
+    parser.add_argument("--blind-tail", type=int, default=0,
+                        help="the needle context's last N tokens as a turn of their own before the question: "
+                             "attn-prune prunes blind to the question, as in a conversation")
     parser.add_argument("--trace-turns", type=int, default=12, help="agent-trace turns (0: none)")
     parser.add_argument("--gen", type=int, default=16, help="generated tokens per measured trace turn")
     parser.add_argument("--ppl-tokens", type=int, default=16, help="scripted answer tokens scored for perplexity")
@@ -417,6 +426,8 @@ def main() -> int:
     methods = parse_methods(names, budgets)
     model = Model(models.resolve(args.model), progress=False)
     n_ctx = max(lengths + [8192 if args.trace_turns else 0]) + 256
+    if args.blind_tail:  # a fork's restored blocks take cells of their own beside the base's shared ones
+        n_ctx += max(lengths, default=0)
     print(f"model {model.description}; {args.threads} threads; n_ctx {n_ctx}; KV {model.kv_bytes_per_token} "
           f"bytes/token; variants {variants} × {args.trials} trial(s) per cell", flush=True)
 
@@ -430,7 +441,7 @@ def main() -> int:
             for variant in variants:
                 for trial in range(args.trials):
                     case = needle_case(model, n, d, variant, trial)
-                    results = run_needle(methods, ctx, case, args.answer_tokens)  # methods[0] is exact
+                    results = run_needle(methods, ctx, case, args.answer_tokens, args.blind_tail)  # methods[0] is exact
                     for method, run in zip(methods, results):
                         runs[method.label].append((case.expected in run.answer, run, results[0]))
             for method in methods:
