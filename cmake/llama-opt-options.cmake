@@ -1,6 +1,8 @@
 # Compile-time switches of the optimization layer (defaults of the specification: Tier 2 and
-# the speculative Phase-5 ones OFF). A switch that is OFF compiles the feature out: the API
-# reports it as unavailable and asking for it at runtime is an error.
+# the speculative Phase-5 ones OFF, except the Tier-2 methods that have a code path: compiled
+# in, off at runtime, as persistence is; a pip-installed package should not need a rebuild to
+# measure them). A switch that is OFF compiles the feature out: the API reports it as
+# unavailable and asking for it at runtime is an error.
 option(LLAMA_OPT_DEDUP       "context block deduplication"           ON)
 option(LLAMA_OPT_KV_DIFF     "structural KV cache diffing"           ON)
 option(LLAMA_OPT_SCHEMA_SKIP "schema-aware token skipping"           ON)
@@ -8,8 +10,8 @@ option(LLAMA_OPT_KV_CANON    "KV cache canonicalization"             ON)
 option(LLAMA_OPT_PRECOMPUTE  "deterministic precomputation"          ON)
 option(LLAMA_OPT_KV_PERSIST  "persistent cross-session KV cache"     ON)
 option(LLAMA_OPT_MEMO        "token-level output memoization"        ON)
-option(LLAMA_OPT_ATTN_PRUNE  "attention sink pruning (Tier 2)"       OFF)
-option(LLAMA_OPT_SPARSE_ATTN "sparse tool attention (Tier 2)"        OFF)
+option(LLAMA_OPT_ATTN_PRUNE  "attention sink pruning (Tier 2)"       ON)
+option(LLAMA_OPT_SPARSE_ATTN "sparse tool attention (Tier 2)"        ON)
 option(LLAMA_OPT_ACT_DEDUP   "activation deduplication (CSE)"        OFF)
 option(LLAMA_OPT_NOOP        "no-op detection and elision"           ON)
 option(LLAMA_OPT_ALGEBRAIC   "exact algebraic rewriting"             OFF)

@@ -75,6 +75,11 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
     cp.swa_full        = params.swa_full;
     cp.kv_unified      = true;  // sessions share the KV cells of a common prefix
     cp.no_perf         = true;
+    if (cfg.attn_prune_enabled) {  // Tier 2: observe queries (set only then: exact mode computes in one graph)
+        attn_capture_    = std::make_unique<llama_opt_attn_capture>(model_->get(), cfg.attn_prune_queries);
+        cp.cb_eval           = &llama_opt_attn_capture::callback;
+        cp.cb_eval_user_data = attn_capture_.get();
+    }
 
     llama_opt_log_take_errors();
     ctx_ = llama_init_from_model(model_->get(), cp);
@@ -90,6 +95,9 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
         ctx_ = nullptr;
         throw llama_opt_error(llama_opt_errc::invalid_argument,
             "this model's KV memory does not support aligned placement; use schedule='llama'", "schedule");
+    }
+    if (attn_capture_) {
+        attn_capture_->check_layout(llama_memory_kv_bytes_per_pos(llama_get_memory(ctx_)));
     }
     if (cfg.persist_enabled) {
         open_persist_store();
@@ -448,6 +456,11 @@ size_t llama_opt_context::kv_truncate(int32_t seq, size_t pos) {
 
 void llama_opt_context::kv_remove(int32_t seq, llama_pos p0, llama_pos p1) {
     llama_memory_seq_rm(llama_get_memory(ctx_), seq, p0, p1);
+}
+
+void llama_opt_context::kv_drop(int32_t seq, size_t p0, size_t p1) {
+    llama_memory_seq_rm(llama_get_memory(ctx_), seq, (llama_pos) p0, (llama_pos) p1);
+    release_blocks(seq, p0 / block_);
 }
 
 void llama_opt_context::kv_share(int32_t src, int32_t dst, size_t p0, size_t p1) {

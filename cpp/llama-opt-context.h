@@ -16,6 +16,7 @@
 // where the new tokens start, default placement), without reuse.
 
 #include "llama-kv-cache-dedup.h"
+#include "llama-opt-attn-capture.h"
 #include "llama-kv-cache-persist.h"
 #include "llama-opt-model.h"
 #include "llama-opt.h"
@@ -110,6 +111,9 @@ public:
     llama_opt_persist_store *        persist() const { return persist_.get(); }
     const llama_opt_persist_layout & persist_layout() const { return persist_layout_; }
     uint32_t kv_cells_used() const;
+    // The queries the model computes, observed for attention scores (llama-opt-attn-capture):
+    // null unless a Tier-2 method that needs them is on (attn_prune_enabled).
+    llama_opt_attn_capture * attn_capture() const { return attn_capture_.get(); }
 
     llama_opt_stats stats() const;
     void            reset_stats();
@@ -150,6 +154,9 @@ public:
     // Removes the KV of [p0, p1) (p1 < 0: to the end) without any bookkeeping: cells no block
     // or shared prefix covers (unconfirmed drafts, the scratch sequence).
     void   kv_remove(int32_t seq, llama_pos p0, llama_pos p1);
+    // Tier 2: the KV of [p0, p1) leaves the sequence (a hole; the positions of the rest stay),
+    // and so do its pooled blocks from the one p0 is in.
+    void   kv_drop(int32_t seq, size_t p0, size_t p1);
     // `dst` takes `src`'s cells of [p0, p1): stored once, held by both.
     void   kv_share(int32_t src, int32_t dst, size_t p0, size_t p1);
     // Tier-2 sync rebuilds a history in position order: spans of it are parked on the scratch
@@ -211,6 +218,7 @@ private:
     uint32_t                              chunk_     = 0;  // canonical chunk: largest multiple of block_ <= n_batch
     std::unique_ptr<llama_opt_block_pool> pool_;
     std::unique_ptr<llama_opt_persist_store> persist_;
+    std::unique_ptr<llama_opt_attn_capture>  attn_capture_;
     llama_opt_persist_layout              persist_layout_;
     std::vector<slot>                     slots_;           // by sequence id
     uint64_t                              clock_ = 0;       // for LRU

@@ -69,6 +69,7 @@ void llama_opt_session::on_evicted() {
     n_evaluated_ = n_canonical_ = 0;
     approx_from_ = npos;
     evicted_     = true;
+    forget_holes(0);
 }
 
 void llama_opt_session::on_kv_leaving() {
@@ -117,6 +118,7 @@ void llama_opt_session::forget(size_t pos) {
     chain_.resize(std::min(chain_.size(), keep_blocks));
     n_canonical_ = std::min(n_canonical_, pos / ctx_->row_align() * ctx_->row_align());
     n_evaluated_ = pos;
+    forget_holes(pos);
     if (pos <= approx_from_) {
         approx_from_ = npos;  // what is left is exact
     }
@@ -443,8 +445,9 @@ std::string llama_opt_session::invariant_violation() const {
     // holes: the first position of every block (a lookup scans the cells: the last one of each
     // block too would double the cost for little)
     for (size_t pos = 0; what.empty() && pos < n_evaluated_; pos += ctx_->block_size()) {
-        if (ctx_->kv_cell(seq_, pos) < 0) {
-            what = "no KV at position " + std::to_string(pos);
+        const bool has_kv = ctx_->kv_cell(seq_, pos) >= 0;
+        if (has_kv == in_hole(pos)) {  // a dropped position (Tier 2) must have none
+            what = (has_kv ? "KV at dropped position " : "no KV at position ") + std::to_string(pos);
         }
     }
     if (what.empty()) {
@@ -714,6 +717,7 @@ std::shared_ptr<llama_opt_session> llama_opt_session::fork() {
             ctx_->hold_block(other->seq_, pool->find(id));
         }
     }
+    copy_tier2_to(*other);
     if (!ctx_->canonical() && logits_for_ == n_evaluated_) {
         other->logits_     = logits_;
         other->logits_for_ = logits_for_;

@@ -9,14 +9,33 @@
 // one at a time, a different kernel path) are recomputed before the history grows past them.
 
 #include "llama-memo.h"
+#include "llama-opt-attn.h"
 #include "llama-opt-context.h"
 #include "llama-opt-sampler.h"
 #include "llama-opt.h"
 #include "llama.h"
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
+
+// What appended tokens are, for the Tier-2 methods that drop KV from attention: the system
+// prompt is never pruned (attn_prune), tool results are scored against the next query and their
+// irrelevant spans dropped (sparse_attn).
+enum class llama_opt_span_kind { text, system, tool };
+
+// Tier 2: what a turn's attention scores were (attention_probe), for tests against a reference.
+struct llama_opt_attn_probe {
+    llama_opt_attn_shape   shape;
+    std::vector<int32_t>   layers;     // the scored layers
+    std::vector<llama_pos> q_pos;      // positions of the queries
+    std::vector<float>     q;          // layers × queries × n_head × head_dim (before the attention scale)
+    std::vector<llama_pos> k_pos;      // positions with KV
+    std::vector<float>     k;          // layers × keys × n_head_kv × head_dim
+    std::vector<float>     scores;     // by key: mean over layers of the max over heads, mean over queries
+};
 
 // One generation step: the new token and what the caller needs to know of it, in one call.
 struct llama_opt_step {
@@ -43,6 +62,24 @@ public:
     // Adds tokens to the history and computes their KV. On error (bad token, context
     // overflow, decode failure) the history is unchanged.
     void append(const std::vector<llama_token> & tokens);
+    // append(), and then the Tier-2 methods that are on (llama-opt-session-tier2.cpp): sparse
+    // attention drops the irrelevant spans of earlier tool results before a query is computed;
+    // attention-sink pruning scores the turn's attention and prunes or restores blocks.
+    void append(const std::vector<llama_token> & tokens, llama_opt_span_kind kind);
+
+    // Tier 2: the KV of positions [p0, p1) leaves attention: its cells are freed, the positions of
+    // the rest stay. The last evaluated token always keeps its KV. The session is approximate
+    // from p0 on; its logits are computed again.
+    void drop_span(size_t p0, size_t p1);
+    // The Tier-2 settings of this session (attn_prune_*, sparse_*; the rest of `config` is not
+    // read), instead of the context's. attn_prune_enabled needs a context made with it (its
+    // queries are observed from then on): invalid_argument otherwise.
+    void set_tier2(const llama_opt_config & config);
+    // Positions without KV below n_evaluated() (dropped, or pruned to cold storage), as [begin, end).
+    std::vector<std::pair<size_t, size_t>> holes() const;
+    size_t n_cold() const;  // tokens pruned to cold storage (RAM) that can come back
+    // The scores of the last append's queries over the session's keys (needs attn_prune_enabled).
+    llama_opt_attn_probe attention_probe();
 
     // Sets the history to `tokens`: the KV of the common prefix with the current history is
     // kept (when diffing is on), blocks other sequences hold are shared (when dedup is on),
@@ -150,6 +187,16 @@ private:
     void   restore_from_disk(size_t end);  // persist: take a longer canonical prefix from disk
     std::vector<uint64_t> persist_chain(size_t n_blocks) const;  // unmasked chained hashes
     bool approximate() const { return approx_from_ != npos; }
+    // Tier 2 (llama-opt-session-tier2.cpp)
+    const llama_opt_config & tier2() const;       // set_tier2's, or the context's
+    void copy_tier2_to(llama_opt_session & fork) const;  // what a fork keeps: settings, tool spans, system end
+    void drop_cells(size_t p0, size_t p1);         // a hole; approximate from p0
+    void forget_holes(size_t pos);                 // the history is cut at pos
+    bool in_hole(size_t pos) const;
+    void drop_irrelevant_tool_spans(const std::vector<llama_token> & query);  // sparse_attn
+    void prune_turn(size_t turn_begin);            // attn_prune, after a turn's tokens are computed
+    bool restore_block(size_t block);              // attn_prune: a cold block back into the KV
+    std::vector<std::pair<size_t, size_t>> live_ranges() const;  // [0, n_evaluated_) less the holes
 
     std::shared_ptr<llama_opt_context> ctx_;
     int32_t                            seq_ = -1;
@@ -168,4 +215,12 @@ private:
     bool                               generating_ = false;  // a turn's generation is on: drafts pay off only then
     llama_opt_stats                    stats_;
     llama_opt_stats                    turn_start_;
+    // Tier 2: positions without KV (sorted, disjoint), the KV rows of pruned blocks (by block),
+    // the pruner's statistics, the end of the system prompt, tool results not yet scored
+    std::unique_ptr<llama_opt_config>        tier2_;  // null: the context's
+    std::vector<std::pair<size_t, size_t>>   holes_;
+    std::map<size_t, std::vector<uint8_t>>   cold_;
+    llama_opt_attn_pruner                    pruner_{ 0.001f, 10 };
+    size_t                                   system_end_ = 0;
+    std::vector<std::pair<size_t, size_t>>   tool_spans_;
 };

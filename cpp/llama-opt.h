@@ -101,11 +101,17 @@ struct llama_opt_config {
     uint32_t memo_draft_max = LLAMA_OPT_MEMO_MATCH_MAX;  // most drafted tokens checked per forward pass (llama-memo.h)
 
     bool     attn_prune_enabled   = false;
-    uint32_t attn_prune_window    = 10;
-    float    attn_prune_threshold = 0.001f;
+    uint32_t attn_prune_window    = 10;      // turns below the threshold before a block is pruned
+    float    attn_prune_threshold = 0.001f;  // a block's attention mass per turn (scores summed over its tokens)
+    float    attn_prune_budget    = 0.0f;    // share of the history's KV kept; 0: the threshold alone decides
+    uint32_t attn_prune_recent    = 256;     // the most recent tokens are never pruned
+    uint32_t attn_prune_queries   = 16;      // the last tokens of a turn whose attention is scored
 
-    bool  sparse_attn_enabled        = false;
-    float sparse_relevance_threshold = 0.1f;
+    bool     sparse_attn_enabled        = false;
+    float    sparse_relevance_threshold = 0.1f;
+    uint32_t sparse_attn_keep_edges     = 64;    // first and last tokens of every tool result always kept
+    uint32_t sparse_attn_span           = 64;    // tokens per scored span
+    float    sparse_attn_budget         = 0.0f;  // share of a tool result kept; 0: the threshold alone decides
 
     bool act_dedup_enabled = false;
     bool noop_enabled      = false;
@@ -209,8 +215,16 @@ struct llama_opt_stats {
     uint64_t memo_hits           = 0;
     uint64_t memo_tokens_skipped = 0;
     // Phase 4 - attention pruning
-    uint64_t attn_blocks_pruned = 0;
-    uint64_t attn_tokens_pruned = 0;
+    uint64_t attn_blocks_pruned     = 0;
+    uint64_t attn_tokens_pruned     = 0;
+    uint64_t attn_blocks_restored   = 0;  // cold blocks back in attention (relevant again)
+    uint64_t attn_tokens_restored   = 0;
+    uint64_t attn_tokens_recomputed = 0;  // a turn's tokens computed again to see restored blocks
+    uint64_t attn_keys_scored       = 0;  // keys scored on the host (cost of scoring)
+    uint64_t attn_score_us          = 0;  // time spent reading keys and scoring them
+    // Phase 4 - sparse attention over tool results
+    uint64_t sparse_spans_dropped  = 0;
+    uint64_t sparse_tokens_dropped = 0;
     // Phase 5 - activation dedup
     uint64_t act_lookups = 0;
     uint64_t act_hits    = 0;

@@ -17,7 +17,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Context', 'DiffEngine', 'Hasher', 'Model', 'PersistStore', 'Sampling', 'Session', 'Settings', 'Stats', 'Step', 'build_info', 'default_persist_dir', 'features', 'fields', 'hash_block', 'hash_block_pos', 'hash_chain', 'prefetch_steps', 'segment', 'set_verbose']
+__all__: list[str] = ['Context', 'DiffEngine', 'Hasher', 'Model', 'PersistStore', 'Sampling', 'Session', 'Settings', 'SpanKind', 'Stats', 'Step', 'build_info', 'default_persist_dir', 'features', 'fields', 'hash_block', 'hash_block_pos', 'hash_chain', 'prefetch_steps', 'segment', 'set_verbose']
 class _PersistEntryInfo(typing.TypedDict):
     """
     An item of PersistStore.list() (cpp/bindings/persist.cpp).
@@ -63,6 +63,32 @@ class Settings:
         """
         Every field's value, typed.
         """
+class SpanKind:
+    """
+    What appended tokens are, for the Tier-2 methods.
+    """
+    __members__: typing.ClassVar[dict[str, SpanKind]]
+    system: typing.ClassVar[SpanKind]
+    text: typing.ClassVar[SpanKind]
+    tool: typing.ClassVar[SpanKind]
+    def __eq__(self, other: typing.Any) -> bool:
+        ...
+    def __hash__(self) -> int:
+        ...
+    def __index__(self) -> int:
+        ...
+    def __init__(self, value: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    def __int__(self) -> int:
+        ...
+    def __ne__(self, other: typing.Any) -> bool:
+        ...
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def value(self) -> int:
+        ...
 class Stats:
     """
     Counters of the optimization layer and of the engine's work.
@@ -107,7 +133,22 @@ class Stats:
     def attn_blocks_pruned(self) -> int:
         ...
     @property
+    def attn_blocks_restored(self) -> int:
+        ...
+    @property
+    def attn_keys_scored(self) -> int:
+        ...
+    @property
+    def attn_score_us(self) -> int:
+        ...
+    @property
     def attn_tokens_pruned(self) -> int:
+        ...
+    @property
+    def attn_tokens_recomputed(self) -> int:
+        ...
+    @property
+    def attn_tokens_restored(self) -> int:
         ...
     @property
     def canon_bytes_saved(self) -> int:
@@ -201,6 +242,12 @@ class Stats:
         ...
     @property
     def sessions_evicted(self) -> int:
+        ...
+    @property
+    def sparse_spans_dropped(self) -> int:
+        ...
+    @property
+    def sparse_tokens_dropped(self) -> int:
         ...
     @property
     def tokens_decoded(self) -> int:
@@ -415,7 +462,13 @@ class Session:
     """
     One sequence of a context (see pyllamaopt.Session).
     """
-    def append(self, tokens: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> None:
+    def append(self, tokens: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], kind: SpanKind = ...) -> None:
+        ...
+    def attention_probe(self) -> dict[str, typing.Any]:
+        """
+        The last append's queries, the keys and their attention scores (needs attn_prune_enabled).
+        """
+    def drop_span(self, start: typing.SupportsInt | typing.SupportsIndex, end: typing.SupportsInt | typing.SupportsIndex) -> None:
         ...
     def close(self) -> None:
         ...
@@ -434,6 +487,8 @@ class Session:
     def set_grammar(self, gbnf: str) -> None:
         ...
     def set_sampling(self, sampling: Sampling) -> None:
+        ...
+    def set_tier2(self, settings: Settings) -> None:
         ...
     def stats(self) -> Stats:
         ...
@@ -454,7 +509,13 @@ class Session:
     def invariant_violation(self) -> str | None:
         ...
     @property
+    def holes(self) -> list[tuple[int, int]]:
+        ...
+    @property
     def n_canonical(self) -> int:
+        ...
+    @property
+    def n_cold(self) -> int:
         ...
     @property
     def n_evaluated(self) -> int:

@@ -145,6 +145,10 @@ class Generation(Iterator[Token]):
                     self._on_finish(self)
 
 
+_TIER2_PREFIXES = ("attn_prune_", "sparse_")
+_SPAN_KINDS = {"text": _core.SpanKind.text, "system": _core.SpanKind.system, "tool": _core.SpanKind.tool}
+
+
 def _find_stop(text: str, stop: list[str], released: int) -> tuple[int, str] | None:
     """Where the earliest stop string starts, and which it is, searching only where a new one can be."""
     hits = [(i, s) for s in stop if (i := text.find(s, max(0, released - len(s) + 1))) >= 0]
@@ -209,9 +213,62 @@ class Session:
         KV kept from their one-token steps), or None when all of it is exact."""
         return self._core.approx_from
 
-    def append(self, tokens: Iterable[int]) -> None:
-        """Add tokens to the history and compute their KV. On error the session is unchanged."""
-        self._core.append(check_token_ids(tokens))
+    def append(self, tokens: Iterable[int], kind: str = "text") -> None:
+        """Add tokens to the history and compute their KV. On error the session is unchanged.
+
+        ``kind`` says what the tokens are, for the Tier-2 methods (off by default; nothing
+        changes without them): ``"system"`` is never pruned (``attn_prune_enabled``);
+        ``"tool"`` marks a tool result, whose spans irrelevant to the next non-tool append are
+        dropped from attention before that is computed (``sparse_attn_enabled``)."""
+        if kind not in _SPAN_KINDS:
+            raise InvalidArgumentError(f"kind must be one of {', '.join(map(repr, _SPAN_KINDS))}, got {kind!r}")
+        self._core.append(check_token_ids(tokens), _SPAN_KINDS[kind])
+
+    def configure_tier2(self, **values: Any) -> None:
+        """This session's settings of the Tier-2 methods that take KV out of attention
+        (``attn_prune_*``, ``sparse_attn_*``, ``sparse_relevance_threshold``), instead of the
+        context's; forks keep them. ``attn_prune_enabled=True`` needs a context made with it.
+        Raises ConfigError for a bad value, InvalidArgumentError for another option."""
+        other = [name for name in values if not name.startswith(_TIER2_PREFIXES)]
+        if other:
+            raise InvalidArgumentError(f"configure_tier2 takes attn_prune_* and sparse_* options only, got {other}")
+        from .config import OptConfig
+
+        config = OptConfig(env={})
+        for name, value in {**self.context.config.as_dict(), **values}.items():
+            if name.startswith(_TIER2_PREFIXES):
+                config.set(name, value)
+        self._core.set_tier2(config._settings)
+
+    def drop_span(self, start: int, end: int) -> None:
+        """Tier 2: take the KV of positions [start, end) out of attention (its cells are freed;
+        the positions of the rest do not change). The last evaluated token always keeps its KV.
+        The session is approximate from ``start`` on (``approx_from``): its KV is never shared
+        with other sessions, forks or the disk cache beyond that point."""
+        for name, value in (("start", start), ("end", end)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgumentError(f"{name} must be a position (an integer >= 0), got {value!r}")
+        self._core.drop_span(start, end)
+
+    @property
+    def holes(self) -> list[tuple[int, int]]:
+        """Tier 2: the spans [start, end) of the history whose KV left attention (dropped, or
+        pruned to cold storage by ``attn_prune_enabled``)."""
+        return self._core.holes
+
+    @property
+    def n_cold(self) -> int:
+        """Tier 2 (``attn_prune_enabled``): tokens whose KV was pruned to cold storage in RAM,
+        from where it comes back when a turn attends to it again."""
+        return self._core.n_cold
+
+    def attention_probe(self) -> dict[str, Any]:
+        """The attention of the last append's final queries over the session's keys, as the
+        model computed them (needs a context with ``attn_prune_enabled``): ``q`` (layers ×
+        queries × heads × head_dim, before the attention scale), ``k`` (layers × keys × KV heads
+        × head_dim), ``q_pos``, ``k_pos``, ``scale``, ``layers`` (the full-attention layers) and
+        ``scores`` (per key: softmax over keys, max over heads, mean over queries and layers)."""
+        return self._core.attention_probe()
 
     def sync(self, tokens: Sequence[int]) -> None:
         """Set the history to `tokens` (what chat clients re-send every turn): the KV of the

@@ -26,8 +26,42 @@ void register_session(py::module_ & m) {
         .def_property_readonly("piece", [](const llama_opt_step & s) { return py::bytes(s.piece); })
         .def_readonly("room", &llama_opt_step::room);
 
+    py::enum_<llama_opt_span_kind>(m, "SpanKind", "What appended tokens are, for the Tier-2 methods.")
+        .value("text", llama_opt_span_kind::text)
+        .value("system", llama_opt_span_kind::system)
+        .value("tool", llama_opt_span_kind::tool);
+
     py::class_<llama_opt_session, std::shared_ptr<llama_opt_session>>(m, "Session", "One sequence of a context (see pyllamaopt.Session).")
-        .def("append", &llama_opt_session::append, py::arg("tokens"), py::call_guard<py::gil_scoped_release>())
+        .def("append", py::overload_cast<const std::vector<llama_token> &, llama_opt_span_kind>(&llama_opt_session::append),
+             py::arg("tokens"), py::arg("kind") = llama_opt_span_kind::text, py::call_guard<py::gil_scoped_release>())
+        .def("set_tier2", [](llama_opt_session & self, const llama_opt_settings & settings) { self.set_tier2(settings.config); },
+             py::arg("settings"))
+        .def("drop_span", &llama_opt_session::drop_span, py::arg("start"), py::arg("end"))
+        .def_property_readonly("holes", &llama_opt_session::holes)
+        .def_property_readonly("n_cold", &llama_opt_session::n_cold)
+        .def("attention_probe", [](llama_opt_session & self) {
+                 llama_opt_attn_probe p;
+                 {
+                     py::gil_scoped_release nogil;
+                     p = self.attention_probe();
+                 }
+                 const py::ssize_t L = (py::ssize_t) p.layers.size(), Q = (py::ssize_t) p.q_pos.size(),
+                                   K = (py::ssize_t) p.k_pos.size(), H = p.shape.n_head, G = p.shape.n_head_kv,
+                                   D = p.shape.head_dim;
+                 py::dict d;
+                 d["layers"] = p.layers;
+                 d["n_head"] = p.shape.n_head;
+                 d["n_head_kv"] = p.shape.n_head_kv;
+                 d["head_dim"] = p.shape.head_dim;
+                 d["scale"] = p.shape.scale;
+                 d["q_pos"] = py::array_t<llama_pos>(Q, p.q_pos.data());
+                 d["k_pos"] = py::array_t<llama_pos>(K, p.k_pos.data());
+                 d["q"] = py::array_t<float>({ L, Q, H, D }, p.q.data());
+                 d["k"] = py::array_t<float>({ L, K, G, D }, p.k.data());
+                 d["scores"] = py::array_t<float>(K, p.scores.data());
+                 return d;
+             },
+             "The last append's queries, the keys and their attention scores (needs attn_prune_enabled).")
         .def("sync", &llama_opt_session::sync, py::arg("tokens"), py::call_guard<py::gil_scoped_release>())
         .def("fork", &llama_opt_session::fork, py::call_guard<py::gil_scoped_release>())
         .def("save", &llama_opt_session::save, py::call_guard<py::gil_scoped_release>())

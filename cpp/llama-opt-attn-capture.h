@@ -1,0 +1,77 @@
+#pragma once
+
+// llama-opt-attn-capture: attention scores from the running model, through llama.cpp's public
+// hooks. The eval callback (cb_eval, set when a context is made with a Tier-2 method that needs
+// scores) copies the queries of the last rows of each llama_decode call from the scored
+// layers; the keys are the KV cache's own rows (llama_memory_seq_kv_read, patches/0005). The
+// arithmetic (001: GQA head mapping, the model's attention scale, a stable softmax, max over
+// heads, mean over queries and layers) is llama-opt-attn's.
+//
+// Scored layers: those attending to the whole context (not sliding-window ones): a method that
+// drops cells far behind changes only their view, since a sliding-window layer of Gemma 3 never
+// sees more than its 512 most recent positions.
+
+#include "llama-opt-attn.h"
+#include "llama.h"
+
+#include <cstdint>
+#include <vector>
+
+struct ggml_tensor;
+
+class llama_opt_attn_capture {
+public:
+    // `max_rows`: queries kept per call (the last rows of the ubatch).
+    llama_opt_attn_capture(const llama_model * model, uint32_t max_rows);
+
+    // The eval callback (ggml_backend_sched_eval_callback) with `this` as user data.
+    static bool callback(ggml_tensor * t, bool ask, void * user_data);
+
+    // While armed, each llama_decode call replaces the queries kept.
+    void arm() { armed_ = true; n_rows_ = 0; }
+    void disarm() { armed_ = false; }
+
+    const llama_opt_attn_shape &  shape() const { return shape_; }
+    const std::vector<int32_t> &  layers() const { return layers_; }  // the scored layers
+    uint32_t                      n_rows() const { return n_rows_; }  // queries of the last call
+    // The queries of scored layer i (index into layers()): n_rows() × n_head × head_dim.
+    const std::vector<float> &    queries(size_t i) const { return q_[i]; }
+    // Where layer i's K row starts in a position's KV rows (patches/0005's layout), and the bytes
+    // of one F16 K row; 0 rows: the layout is not the one expected (scoring unavailable).
+    size_t                        k_offset(size_t i) const { return k_offset_[i]; }
+    size_t                        k_row_bytes() const { return k_row_bytes_; }
+    size_t                        row_stride() const { return row_stride_; }  // bytes of one position's rows
+    // The cache's bytes per position (llama_memory_kv_bytes_per_pos): another layout than the
+    // one expected (a quantized cache, say) makes scoring unavailable.
+    void                          check_layout(size_t bytes_per_pos);
+    bool                          available() const { return k_row_bytes_ > 0; }
+
+private:
+    bool observe(ggml_tensor * t, bool ask);
+
+    llama_opt_attn_shape            shape_;
+    std::vector<int32_t>            layers_;
+    std::vector<int32_t>            slot_of_layer_;  // by model layer: index into layers_, -1 if not scored
+    std::vector<size_t>             k_offset_;
+    size_t                          k_row_bytes_ = 0;
+    size_t                          row_stride_  = 0;
+    uint32_t                        max_rows_;
+    bool                            armed_  = false;
+    uint32_t                        n_rows_ = 0;
+    std::vector<std::vector<float>> q_;
+};
+
+// The keys of the scored layers for some positions, as F32 (n × n_head_kv × head_dim per layer).
+struct llama_opt_attn_keys {
+    std::vector<llama_pos>          pos;
+    std::vector<std::vector<float>> k;  // by scored layer
+
+    // Adds positions whose KV rows (patches/0005's layout, `stride` bytes each) are in `rows`.
+    void add(const llama_opt_attn_capture & capture, const llama_pos * positions, size_t n, const uint8_t * rows,
+             size_t stride);
+};
+
+// The score of each key for the queries captured last, which sat at positions
+// [q_end - capture.n_rows(), q_end): the mean over scored layers (llama_opt_attn_accumulate).
+std::vector<float> llama_opt_attn_score(const llama_opt_attn_capture & capture, const llama_opt_attn_keys & keys,
+                                        size_t q_end);
