@@ -91,6 +91,7 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
         throw llama_opt_error(llama_opt_errc::invalid_argument,
             "this model's KV memory does not support aligned placement; use schedule='llama'", "schedule");
     }
+    llama_memory_set_park_seq(llama_get_memory(ctx_), scratch_seq());  // Tier-2 sync's parked rows keep their tiles
     if (cfg.persist_enabled) {
         open_persist_store();
     }
@@ -458,13 +459,47 @@ void llama_opt_context::kv_share(int32_t src, int32_t dst, size_t p0, size_t p1)
     }
 }
 
-void llama_opt_context::kv_park(int32_t seq, size_t p0, size_t p1) {
-    llama_memory_seq_cp(llama_get_memory(ctx_), seq, scratch_seq(), (llama_pos) p0, (llama_pos) p1);
+llama_opt_in_place llama_opt_context::kv_prepare_in_place(int32_t seq, size_t keep, size_t n_old, size_t n_new) {
+    llama_memory_t mem = llama_get_memory(ctx_);
+    if (!canonical() || llama_memory_kv_bytes_per_pos(mem) == 0) {
+        return llama_opt_in_place::unsupported;
+    }
+    // rows are written where the sequence's own rows are: past the edit they must be its alone
+    for (size_t end; (end = (size_t) llama_memory_seq_shared_end(mem, seq)) > keep;) {
+        const int32_t cell   = kv_cell(seq, end - 1);
+        int32_t       holder = -1;
+        for (size_t s = 0; s < slots_.size() && holder < 0; ++s) {
+            if (slots_[s].state == slot_state::cached && kv_cell((int32_t) s, end - 1) == cell) {
+                holder = (int32_t) s;
+            }
+        }
+        if (holder < 0) {
+            return llama_opt_in_place::shared;  // an open session's: it stays as it is
+        }
+        drop_sequence(holder);
+        stats_.dedup_sequences_evicted += 1;
+    }
+    slots_[seq].n_shared = std::min(slots_[seq].n_shared, (size_t) llama_memory_seq_shared_end(mem, seq));
+    // blocks past the sequence's last tile go above it, as a computation would place them
+    auto tiles = [&](size_t n) { return (n + align_ - 1) / align_; };
+    const size_t grow = tiles(n_new) > tiles(n_old) ? tiles(n_new) - tiles(n_old) : 0;
+    while (llama_memory_seq_tiles_free_above(mem, seq) < grow) {
+        if (!evict_one(seq, /* cached_only */ true)) {
+            return llama_opt_in_place::no_room;
+        }
+    }
+    return llama_opt_in_place::possible;
 }
 
-bool llama_opt_context::kv_unpark(int32_t seq, size_t p0, size_t p1, long delta) {
-    return llama_memory_seq_move(llama_get_memory(ctx_), scratch_seq(), seq, (llama_pos) p0, (llama_pos) p1,
-                                 (llama_pos) delta);
+bool llama_opt_context::kv_park(int32_t seq, size_t from, size_t to, size_t n) {
+    return llama_memory_seq_move(llama_get_memory(ctx_), seq, scratch_seq(), (llama_pos) from, (llama_pos) (from + n),
+                                 (llama_pos) to - (llama_pos) from);
+}
+
+void llama_opt_context::kv_unpark(int32_t seq, size_t p0, size_t p1) {
+    llama_memory_t mem = llama_get_memory(ctx_);
+    llama_memory_seq_cp(mem, scratch_seq(), seq, (llama_pos) p0, (llama_pos) p1);  // the same cells, no copy
+    llama_memory_seq_rm(mem, scratch_seq(), (llama_pos) p0, (llama_pos) p1);
 }
 
 void llama_opt_context::kv_clear_parked() {

@@ -52,6 +52,14 @@ struct llama_opt_row {
     llama_token token;
 };
 
+// Whether a sequence's KV can be rearranged in place (llama_opt_context::kv_prepare_in_place), or why not.
+enum class llama_opt_in_place {
+    possible,
+    unsupported,  // the KV memory cannot move rows (flash attention off: V stored transposed)
+    shared,       // an open session holds cells past the edit too
+    no_room,      // no room above the sequence's cells for the history's growth
+};
+
 // Work a compute call did, for the caller's statistics.
 struct llama_opt_work {
     uint64_t tokens = 0;
@@ -103,7 +111,7 @@ public:
     uint32_t min_chunk() const { return std::max(align_, LLAMA_OPT_ROW_INVARIANT_BATCH + row_align()); }
     uint32_t row_align() const { return 4; }       // canonical chunk boundaries are multiples of this
     bool     canonical() const { return params_.canonical; }
-    // A sequence id no session uses: KV parked there while a session is rearranged.
+    // A sequence id no session uses: KV parked there while a session is rearranged (Tier-2 sync).
     int32_t  scratch_seq() const { return (int32_t) params_.n_seq_max; }
     bool     dedup() const { return pool_ != nullptr; }
     // kv-cache-persist: the disk tier, if persist_enabled (else null), and what its entries must match
@@ -152,10 +160,17 @@ public:
     void   kv_remove(int32_t seq, llama_pos p0, llama_pos p1);
     // `dst` takes `src`'s cells of [p0, p1): stored once, held by both.
     void   kv_share(int32_t src, int32_t dst, size_t p0, size_t p1);
-    // Tier-2 sync rebuilds a history in position order: spans of it are parked on the scratch
-    // sequence, then moved back to [p0 + delta, p1 + delta) (patches/0005; false: no room).
-    void   kv_park(int32_t seq, size_t p0, size_t p1);
-    bool   kv_unpark(int32_t seq, size_t p0, size_t p1, long delta);
+    // Tier-2 sync rebuilds a history in position order around the unchanged spans after an edit,
+    // without room for a second copy of them. First kv_prepare_in_place: whether the KV of `seq`
+    // can be rearranged in its own cells for a history going from n_old to n_new tokens, its
+    // positions >= keep the sequence's alone and room above its cells for the growth; cached
+    // sequences sharing those cells or taking that room are evicted. Then kv_park moves the KV of
+    // [from, from + n) to [to, to + n) within the sequence's cells, parked on the scratch sequence
+    // (patches/0005; false: not possible after all), whose rows reserve their tiles (patches/0008);
+    // kv_unpark gives [p0, p1) back once the tokens before it are computed.
+    llama_opt_in_place kv_prepare_in_place(int32_t seq, size_t keep, size_t n_old, size_t n_new);
+    bool   kv_park(int32_t seq, size_t from, size_t to, size_t n);
+    void   kv_unpark(int32_t seq, size_t p0, size_t p1);
     void   kv_clear_parked();
     int32_t kv_cell(int32_t seq, size_t pos) const;  // the cell holding a position, -1 if none (patches/0004)
     size_t kv_end(int32_t seq) const;  // one past the last position of the sequence in the KV memory
