@@ -271,7 +271,7 @@ void llama_opt_context::drop_sequence(int32_t seq) {
     slots_[seq] = slot();
 }
 
-bool llama_opt_context::evict_one(int32_t except, bool cached_only) {
+bool llama_opt_context::evict_one(int32_t except, bool cached_only, size_t above) {
     // cached sequences first, then idle sessions; least recently used first
     int32_t victim = -1;
     for (const slot_state state : { slot_state::cached, slot_state::session }) {
@@ -282,7 +282,8 @@ bool llama_opt_context::evict_one(int32_t except, bool cached_only) {
             const slot & s = slots_[seq];
             const std::shared_ptr<llama_opt_seq_owner> owner = s.owner.lock();
             const bool alive = state == slot_state::cached || (owner && !owner->in_use());
-            if ((int32_t) seq != except && s.state == state && alive && (victim < 0 || s.last_use < slots_[victim].last_use)) {
+            if ((int32_t) seq != except && s.state == state && alive && (victim < 0 || s.last_use < slots_[victim].last_use) &&
+                (above == 0 || kv_top((int32_t) seq) > above)) {
                 victim = (int32_t) seq;
             }
         }
@@ -350,11 +351,10 @@ struct llama_opt_batch {
     }
 };
 
-llama_opt_work llama_opt_context::compute_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end,
-                                               std::vector<float> * logits, bool evict_sessions) {
+void llama_opt_context::compute_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end,
+                                     std::vector<float> * logits, bool evict_sessions, llama_opt_work & work) {
     check_open();
     touch(seq);
-    llama_opt_work  work;
     llama_opt_batch b((int32_t) llama_n_batch(ctx_));
     try {
         for (size_t pos = begin; pos < end;) {
@@ -370,9 +370,7 @@ llama_opt_work llama_opt_context::compute_span(int32_t seq, const llama_token * 
                 b.set((int32_t) (p - pos), seq, p, tokens[p], logits && p + 1 == end);
             }
             if (decode_evicting(seq, b.batch, true, evict_sessions) != 0) {
-                throw llama_opt_error(llama_opt_errc::context_overflow,
-                    "the KV cache is full (" + std::to_string(n_ctx_) + " cells shared by all sessions of this "
-                    "context); close other sessions or create the Context with a larger n_ctx", "n_ctx");
+                throw kv_full();
             }
             work.tokens += stop - pos;
             work.passes += 1;
@@ -386,7 +384,6 @@ llama_opt_work llama_opt_context::compute_span(int32_t seq, const llama_token * 
         const float * out = llama_get_logits_ith(ctx_, -1);
         logits->assign(out, out + model_->n_vocab());
     }
-    return work;
 }
 
 int32_t llama_opt_context::decode_evicting(int32_t seq, const llama_batch & batch, bool evict, bool evict_sessions) {
@@ -481,14 +478,28 @@ llama_opt_in_place llama_opt_context::kv_prepare_in_place(int32_t seq, size_t ke
     }
     slots_[seq].n_shared = std::min(slots_[seq].n_shared, (size_t) llama_memory_seq_shared_end(mem, seq));
     // blocks past the sequence's last tile go above it, as a computation would place them
-    auto tiles = [&](size_t n) { return (n + align_ - 1) / align_; };
-    const size_t grow = tiles(n_new) > tiles(n_old) ? tiles(n_new) - tiles(n_old) : 0;
+    return kv_make_room(seq, n_old, n_new, /* evict_sessions */ false) ? llama_opt_in_place::possible
+                                                                       : llama_opt_in_place::no_room;
+}
+
+bool llama_opt_context::kv_make_room(int32_t seq, size_t n_old, size_t n_new, bool evict_sessions) {
+    llama_memory_t mem   = llama_get_memory(ctx_);
+    auto           tiles = [&](size_t n) { return (n + align_ - 1) / align_; };
+    const size_t   grow  = tiles(n_new) > tiles(n_old) ? tiles(n_new) - tiles(n_old) : 0;
     while (llama_memory_seq_tiles_free_above(mem, seq) < grow) {
-        if (!evict_one(seq, /* cached_only */ true)) {
-            return llama_opt_in_place::no_room;
+        // only KV above the sequence's highest tile is in the way (all of it, for a sequence without KV)
+        const size_t top = kv_top(seq);
+        if (!evict_one(seq, !evict_sessions, top == 0 ? 0 : (top + align_ - 1) / align_ * align_)) {
+            return false;
         }
     }
-    return llama_opt_in_place::possible;
+    return true;
+}
+
+llama_opt_error llama_opt_context::kv_full() const {
+    return llama_opt_error(llama_opt_errc::context_overflow,
+        "the KV cache is full (" + std::to_string(n_ctx_) + " cells shared by all sessions of this context); close "
+        "other sessions or create the Context with a larger n_ctx", "n_ctx");
 }
 
 bool llama_opt_context::kv_park(int32_t seq, size_t from, size_t to, size_t n) {
@@ -508,6 +519,11 @@ void llama_opt_context::kv_clear_parked() {
 
 size_t llama_opt_context::kv_end(int32_t seq) const {
     return (size_t) (llama_memory_seq_pos_max(llama_get_memory(ctx_), seq) + 1);  // -1: none
+}
+
+size_t llama_opt_context::kv_top(int32_t seq) const {
+    const size_t end = kv_end(seq);
+    return end == 0 ? 0 : (size_t) kv_cell(seq, end - 1) + 1;  // cells are in position order
 }
 
 int32_t llama_opt_context::kv_cell(int32_t seq, size_t pos) const {

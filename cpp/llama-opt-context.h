@@ -140,9 +140,10 @@ public:
     // a multiple of row_align(), chunk_ tokens each, and a remainder smaller than min_chunk()
     // joins the chunk before it). When the cache is full, cached sequences and then (if
     // evict_sessions) idle sequences are evicted, least recently used first. On failure the KV
-    // of [begin, end) is removed and llama_opt_error is thrown.
-    llama_opt_work compute_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end,
-                                std::vector<float> * logits, bool evict_sessions);
+    // of [begin, end) is removed and llama_opt_error is thrown. Adds the work done to `work`,
+    // also when it fails (work thrown away, which the statistics must show too).
+    void compute_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end, std::vector<float> * logits,
+                      bool evict_sessions, llama_opt_work & work);
     // Computes `rows` in one batch (at most LLAMA_OPT_ROW_INVARIANT_BATCH rows: each computes
     // like a one-token decode step, patches/0006) with the logits of every row, row after row,
     // into `logits`. Rows may belong to several sequences. Returns false, with nothing computed,
@@ -169,11 +170,20 @@ public:
     // (patches/0005; false: not possible after all), whose rows reserve their tiles (patches/0008);
     // kv_unpark gives [p0, p1) back once the tokens before it are computed.
     llama_opt_in_place kv_prepare_in_place(int32_t seq, size_t keep, size_t n_old, size_t n_new);
+    // Room for the history of `seq` to grow from n_old to n_new tokens: its new blocks go into empty
+    // tiles above its highest one (all of the cache's, for a sequence without KV). Frees cached
+    // sequences holding cells up there (and, with evict_sessions, then idle sessions), least recently
+    // used first, until there is room; false if there is none even then. Nothing is computed, so a
+    // caller that checks first never throws work away.
+    bool   kv_make_room(int32_t seq, size_t n_old, size_t n_new, bool evict_sessions);
+    // The error of a full KV cache (context_overflow), with what to do.
+    llama_opt_error kv_full() const;
     bool   kv_park(int32_t seq, size_t from, size_t to, size_t n);
     void   kv_unpark(int32_t seq, size_t p0, size_t p1);
     void   kv_clear_parked();
     int32_t kv_cell(int32_t seq, size_t pos) const;  // the cell holding a position, -1 if none (patches/0004)
     size_t kv_end(int32_t seq) const;  // one past the last position of the sequence in the KV memory
+    size_t kv_top(int32_t seq) const;  // one past the sequence's highest cell (canonical placement), 0 if none
     // The KV rows of [p0, p1) as the disk tier stores them; false if some are not in the cache.
     bool   kv_read(int32_t seq, size_t p0, size_t p1, uint8_t * rows) const;
     // Writes KV rows read by kv_read into [p0, p1), evicting cached sequences for room; false: no room.
@@ -202,8 +212,8 @@ private:
 
     void touch(int32_t seq);
     // Frees the least recently used cached sequence (or, unless cached_only, idle session)
-    // other than `except`; false if there is none.
-    bool evict_one(int32_t except, bool cached_only = false);
+    // other than `except` (and with `above`, holding a cell at or above that index); false if there is none.
+    bool evict_one(int32_t except, bool cached_only = false, size_t above = 0);
     // llama_decode; while there is no room (1) and `evict`, frees least recently used KV
     // (cached sequences, then if evict_sessions idle sessions) and retries. Throws
     // decode_failed on other errors.

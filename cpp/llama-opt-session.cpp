@@ -89,7 +89,14 @@ void llama_opt_session::count_work(uint64_t llama_opt_stats::* counter, const ll
 
 void llama_opt_session::compute(size_t begin, size_t end, uint64_t llama_opt_stats::* counter, bool evict_sessions,
                                 bool logits) {
-    count_work(counter, ctx_->compute_span(seq_, tokens_.data(), begin, end, logits ? &logits_ : nullptr, evict_sessions));
+    llama_opt_work work;
+    try {
+        ctx_->compute_span(seq_, tokens_.data(), begin, end, logits ? &logits_ : nullptr, evict_sessions, work);
+    } catch (...) {
+        count_work(counter, work);  // the chunks computed before the failure: thrown away, but done
+        throw;
+    }
+    count_work(counter, work);
     if (logits) {
         logits_for_ = end;
     }
@@ -241,20 +248,20 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
         restore_from_disk(end);
     }
     if (n_evaluated_ < end) {
-        try {
-            // canonical: before evicting idle sessions, try moving down (below)
-            compute(n_evaluated_, end, counter, /* evict_sessions */ !ctx_->canonical());
-        } catch (const llama_opt_error & e) {
-            if (e.code != llama_opt_errc::context_overflow || !ctx_->canonical()) {
-                throw;
-            }
-            // Our cells (or the chunks placed before the failing one, or the prefix we took from
-            // another sequence) may sit at the top of the cache, where the next block, which must
-            // lie above them, has no room although there is room below: compute everything again
-            // from the bottom (without taking shared cells), letting idle sessions go if needed.
+        // canonical: the room is found before anything is computed (a chunk that failed for want of
+        // it would throw the chunks before it away)
+        if (ctx_->canonical() && !ctx_->kv_make_room(seq_, n_evaluated_, end, /* evict_sessions */ false)) {
+            // Our cells (or the prefix we took from another sequence) sit so high that the new
+            // blocks, which must lie above them, have no room although there may be room below:
+            // compute everything again from the bottom (without taking shared cells), once there
+            // is room for all of it, letting idle sessions go if needed (before evicting them,
+            // moving down).
             forget(0);
-            compute(0, end, counter, /* evict_sessions */ true);
+            if (!ctx_->kv_make_room(seq_, 0, end, /* evict_sessions */ true)) {
+                throw ctx_->kv_full();
+            }
         }
+        compute(n_evaluated_, end, counter, /* evict_sessions */ !ctx_->canonical());
         n_evaluated_ = end;
     }
     if (ctx_->canonical() && !approximate()) {  // a relocation (above) computed an approximate session exactly
