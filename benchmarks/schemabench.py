@@ -24,6 +24,12 @@ llama-cpp-python's grammar path; time to first token and grammar time per token.
     python benchmarks/schemabench.py PATH [--generate] [--sample 10] [--seed 0] [--datasets A,B]
 
 PATH: the JSONSchemaBench data directory (PATH/<Dataset>/*.json).
+
+llama-cpp-python 0.3.36 (the llama.cpp tree pyllamaopt pins), built without AMX, e.g. into a
+directory of its own:
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" \
+    pip install --no-deps --target DIR llama-cpp-python==0.3.36 diskcache
+  PYTHONPATH=.:DIR python benchmarks/schemabench.py PATH
 """
 from __future__ import annotations
 
@@ -251,15 +257,17 @@ def classify(run: Run, check: Callable[[str], Any]) -> str:
     return "valid" if valid else "invalid" if valid is False else "unchecked"
 
 
-def empirical(files: dict[str, list[Path]], sample: int, seed: int, max_tokens: int, model_name: str) -> None:
+def empirical(files: dict[str, list[Path]], sample: int, seed: int, max_tokens: int, model_name: str,
+              engines: list[str]) -> None:
     path = models.resolve(model_name)
     model = Model(path, progress=False)
-    ours, theirs = Pyllamaopt(model, True), LlamaCppPython(path)
+    ours = Pyllamaopt(model, True)
+    theirs = LlamaCppPython(path) if "llama-cpp-python" in engines else None
     parser = LlamaParser(path)
     results: dict[str, dict[str, Outcomes]] = {}
     for dataset, paths in files.items():
         chosen = random.Random(f"{seed}:{dataset}").sample(paths, min(sample, len(paths)))
-        res = results[dataset] = {"ours": Outcomes(), "llama-cpp-python": Outcomes()}
+        res = results[dataset] = {e: Outcomes() for e in engines}
         for p in chosen:
             text, schema = load(p)
             prompt = prompt_for(schema)
@@ -273,6 +281,9 @@ def empirical(files: dict[str, list[Path]], sample: int, seed: int, max_tokens: 
             else:
                 outcome = "refused"
             res["ours"].counts[outcome] += 1
+            if theirs is None:
+                print(f"  {dataset}/{p.name}: ours {outcome}", file=sys.stderr)
+                continue
             theirs_gbnf = timed(lambda: llama_cpp_converter(text))
             if theirs_gbnf.ok and parser.accepts(theirs_gbnf.grammar) is True:  # (else it could crash)
                 check = SchemaGrammar(schema, "", False, ()).check
@@ -289,7 +300,7 @@ def empirical(files: dict[str, list[Path]], sample: int, seed: int, max_tokens: 
     print("| dataset | engine | " + " | ".join(kinds) + " | invalid where enforced | first token ms (median) "
           "| grammar µs / token | tok/s |")
     print("|---|---|" + "---|" * len(kinds) + "---|---|---|---|")
-    totals: dict[str, Outcomes] = {"ours": Outcomes(), "llama-cpp-python": Outcomes()}
+    totals: dict[str, Outcomes] = {e: Outcomes() for e in engines}
     for dataset, res in results.items():
         for engine, o in res.items():
             totals[engine].counts.update(o.counts)
@@ -321,6 +332,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--model", default="gemma3-270m")
+    ap.add_argument("--engines", default="ours,llama-cpp-python",
+                    help="for --generate: ours, llama-cpp-python or both (comma-separated)")
     args = ap.parse_args()
     if not args.path.is_dir():
         ap.error(f"{args.path} is not a directory")
@@ -330,7 +343,10 @@ def main() -> int:
         stats, relaxed, refused = compile_coverage(files, LlamaParser(models.resolve(args.model)))
         print_compile_table(stats, relaxed, refused)
     if args.generate:
-        empirical(files, args.sample, args.seed, args.max_tokens, args.model)
+        engines = args.engines.split(",")
+        if "ours" not in engines or not set(engines) <= {"ours", "llama-cpp-python"}:
+            ap.error("--engines: ours, optionally with llama-cpp-python")
+        empirical(files, args.sample, args.seed, args.max_tokens, args.model, engines)
     return 0
 
 

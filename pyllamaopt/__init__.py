@@ -6,13 +6,16 @@ themselves, without changing the answers.
     >>> session = Context(model).session()
     >>> session.append_text("The capital of France is")
     >>> session.generate_text(max_tokens=16)
+
+The compiled engine (pyllamaopt._core, llama.cpp) is loaded on first use of what needs it (Model,
+Context, ...), not on ``import pyllamaopt``: ``pyllamaopt.client`` and ``pyllamaopt.errors`` work on a
+machine that only talks to a server (docs/client.md).
 """
 from __future__ import annotations
 
-from . import _core
-from .chat import Chat, ChatTemplate
-from .config import OptConfig, features, fields
-from .context import Context
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     AuthenticationError,
     ChatTemplateError,
@@ -36,16 +39,46 @@ from .errors import (
     UnenforceableSchemaError,
     UnsupportedRegexError,
 )
-from .model import Model
-from .persist import PersistEntry, PersistStore
-from .session import Generation, Session, Token
-from .stats import Stats
+from .tokens import Token
 
-__version__: str = _core.build_info()["version"]
+if TYPE_CHECKING:
+    from .chat import Chat, ChatTemplate
+    from .config import OptConfig, features, fields
+    from .context import Context
+    from .model import Model
+    from .persist import PersistEntry, PersistStore
+    from .session import Generation, Session
+    from .stats import Stats
+
+    __version__: str
+
+# name -> the module that defines it, imported on first access (PEP 562)
+_LAZY = {
+    "Chat": "chat", "ChatTemplate": "chat", "OptConfig": "config", "features": "config", "fields": "config",
+    "Context": "context", "Model": "model", "PersistEntry": "persist", "PersistStore": "persist",
+    "Generation": "session", "Session": "session", "Stats": "stats",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value: Any = build_info()["version"]
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    else:
+        raise AttributeError(f"module 'pyllamaopt' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, "__version__"})
 
 
 def build_info() -> dict[str, object]:
     """Versions, the pinned llama.cpp commit and the CPU features this build uses."""
+    from . import _core
+
     return dict(_core.build_info())
 
 

@@ -25,6 +25,8 @@ CLI_VARIABLES: dict[str, str] = {
     "LLAMA_OPT_SERVE_PORT": "port of `pyllamaopt serve` (default: 8080)",
     "LLAMA_OPT_SERVE_GRPC_PORT": "gRPC port of `pyllamaopt serve` (default: no gRPC)",
     "LLAMA_OPT_SERVE_API_KEY": "API key `pyllamaopt serve` requires (needed to bind a non-loopback address)",
+    "LLAMA_OPT_SERVE_TLS_CERT": "PEM certificate (chain) `pyllamaopt serve` presents: HTTPS and gRPC over TLS",
+    "LLAMA_OPT_SERVE_TLS_KEY": "PEM private key of LLAMA_OPT_SERVE_TLS_CERT",
     "LLAMA_OPT_SERVE_MAX_SESSIONS": "protocol sessions `pyllamaopt serve` keeps open (default: 16)",
     "LLAMA_OPT_SERVE_SESSION_TTL": "seconds an idle protocol session is kept (default: 1800)",
 }

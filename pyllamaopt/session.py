@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
 import math
 import numbers
+import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -14,19 +15,11 @@ from . import _core
 from .errors import ContextOverflowError, InvalidArgumentError
 from .model import check_token_ids
 from .stats import Stats
+from .tokens import Token
 
 if TYPE_CHECKING:
     from .context import Context
     from .grammar import SchemaCheck, SchemaGrammar
-
-
-@dataclass(frozen=True)
-class Token:
-    """One generated token: its id and the text it releases (may be '' while text is held
-    back, e.g. an unfinished UTF-8 character or a possible stop string)."""
-
-    id: int
-    text: str
 
 
 def _check_sampling(temperature: object, top_k: object, top_p: object, min_p: object) -> None:
@@ -61,7 +54,11 @@ class Generation(Iterator[Token]):
         self.text = ""
         self.finish_reason: str | None = None
         self.stop_string: str | None = None  # which of the stop strings ended it (finish_reason 'stop')
-        self._steps = self._run(max_tokens, list(stop), sampling)
+        self._tag = object()  # tells the session which generation it is configured for
+        # the steps see this generation through a weak proxy: no reference cycle, so a generation
+        # its caller drops unfinished is freed at once, and freeing its steps ends the session's
+        # turn (with a cycle the session stayed generating, never evictable, until a gc run)
+        self._steps = Generation._run(cast(Generation, weakref.proxy(self)), max_tokens, list(stop), sampling)
 
     def __next__(self) -> Token:
         return next(self._steps)
@@ -95,7 +92,7 @@ class Generation(Iterator[Token]):
 
     def _run(self, max_tokens: int | None, stop: list[str], sampling: _core.Sampling) -> Generator[Token, None, None]:
         core = self.session._core
-        if self.session._configured_for is not self:  # another generation of the session came between
+        if self.session._configured_for is not self._tag:  # another generation of the session came between
             core.set_sampling(sampling)
             core.set_grammar(self._grammar)
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -139,11 +136,13 @@ class Generation(Iterator[Token]):
             self.finish_reason = "interrupted"
             raise
         finally:
-            if self.finish_reason is None:  # abandoned by the caller
-                self.finish_reason = "interrupted"
+            with contextlib.suppress(ReferenceError):  # (the caller dropped the generation: only end the turn)
+                if self.finish_reason is None:  # abandoned by the caller
+                    self.finish_reason = "interrupted"
             core.end_turn()
-            if self._on_finish:
-                self._on_finish(self)
+            with contextlib.suppress(ReferenceError):
+                if self._on_finish:
+                    self._on_finish(self)
 
 
 def _find_stop(text: str, stop: list[str], released: int) -> tuple[int, str] | None:
@@ -170,7 +169,9 @@ class Session:
     def __init__(self, context: Context, core: _core.Session) -> None:
         self.context = context
         self._core = core
-        self._configured_for: Generation | None = None  # the generation whose sampling and grammar the engine holds
+        # the tag of the generation whose sampling and grammar the engine holds (not the generation:
+        # that would be a cycle, see Generation.__init__)
+        self._configured_for: object | None = None
 
     # history
 
@@ -287,7 +288,7 @@ class Session:
         self._core.set_grammar(grammar or "")  # parsed now, once: a bad grammar fails before generating
         self._core.set_sampling(sampling)
         generation = Generation(self, max_tokens, stops, sampling, on_finish, grammar or "", schema)
-        self._configured_for = generation
+        self._configured_for = generation._tag
         return generation
 
     def generate_text(self, max_tokens: int | None = 256, **kwargs: Any) -> str:

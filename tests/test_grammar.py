@@ -164,7 +164,8 @@ def valid(v: Any, s: Any, root: Any) -> bool:
             return False
         if not isinstance(emax, bool) and emax is not None and v >= emax:
             return False
-        if "multipleOf" in s and Fraction(v) % Fraction(s["multipleOf"]) != 0:
+        # (on the decimal values, as pyllamaopt's check reads multipleOf: 0.07 is a multiple of 0.01)
+        if "multipleOf" in s and Fraction(repr(v)) % Fraction(repr(s["multipleOf"])) != 0:
             return False
     if isinstance(v, dict):
         props = s.get("properties", {})
@@ -432,6 +433,16 @@ FOCUSED = {
                     "unevaluatedProperties": {"type": "string", "format": "uuid"}},
     "recursive": {"$defs": {"t": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/t"}, {"type": "boolean"}]},
                                   "maxItems": 3}}, "$ref": "#/$defs/t"},
+    "fractional_bounds": {"type": "array", "items": {"type": "number", "minimum": -0.5, "exclusiveMaximum": 2.25,
+                                                     "multipleOf": 0.01}},
+    "min_properties_one": {"type": "array", "items": {
+        "anyOf": [{"type": "object", "properties": {k: {"type": "integer"} for k in "abcdef"}, "minProperties": 1},
+                  {"type": "object", "properties": {"x": {"type": "null"}}, "additionalProperties": {"type": "null"},
+                   "minProperties": 1}]}},
+    "max_properties": {"type": "array", "items": {
+        "anyOf": [{"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 2},
+                  {"type": "object", "properties": {"a": {"type": "null"}}, "required": ["a"],
+                   "additionalProperties": {"type": "boolean"}, "minProperties": 1, "maxProperties": 3}]}},
 }
 
 
@@ -582,6 +593,50 @@ def test_number_ranges_are_exact(lo, span, exclusive_lo, exclusive_hi, data):
     assert not accepts(schema, f"{lo}e0")  # bounded numbers are written without exponent
 
 
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.floats(-1000, 1000), st.floats(0, 500), st.integers(0, 4), st.booleans(), st.booleans(),
+       st.sampled_from([None, 0.01, 0.1, 1, 1.0]), st.data())
+def test_fractional_bounds_and_decimal_multiples_are_exact(lo, span, digits, exclusive_lo, exclusive_hi, multiple, data):
+    from pyllamaopt.grammar import compile_json_schema
+
+    lo, hi = round(lo, digits), round(lo + span, digits)
+    schema = {"type": "number", ("exclusiveMinimum" if exclusive_lo else "minimum"): lo,
+              ("exclusiveMaximum" if exclusive_hi else "maximum"): hi}
+    if multiple is not None:
+        schema["multipleOf"] = multiple
+    try:
+        compiled = compile_json_schema(schema)  # strict: everything here is enforced
+    except GrammarError as e:
+        assert "admits no value" in str(e)  # e.g. no multiple of 1 between 0.2 and 0.7
+        return
+    g = parse_gbnf(compiled.gbnf)
+    places = {None: 5, 0.01: 2, 0.1: 1, 1: 0, 1.0: 0}[multiple]
+    texts = [data.draw(st.from_regex(r"-?(0|[1-9][0-9]{0,3})(\.[0-9]{1,5})?", fullmatch=True)) for _ in range(10)]
+    for bound in (lo, hi):
+        for x in (bound, math.nextafter(bound, math.inf), math.nextafter(bound, -math.inf), bound + 0.01, bound - 0.01):
+            texts += [repr(x), f"{x:.{places}f}"]
+    for text in texts:
+        if "e" in text:
+            continue
+        v = Fraction(text)
+        check = compiled.check(text).valid
+        if g.matches(text):
+            assert check, (text, schema)  # sound: jsonschema (floats compared as Python does) agrees
+        fits = len(text.partition(".")[2]) <= places and len(text.lstrip("-").partition(".")[0]) <= 12
+        inside = Fraction(repr(lo)) + Fraction(1, 10 ** 9) < v < Fraction(repr(hi)) - Fraction(1, 10 ** 9)
+        if inside and fits and (multiple is None or (v / Fraction(repr(multiple))).denominator == 1):
+            assert g.matches(text), (text, schema)  # complete, away from the bounds' rounding
+    for bound, exclusive in ((lo, exclusive_lo), (hi, exclusive_hi)):
+        text = repr(bound)  # an inclusive bound itself is produced
+        if not exclusive and len(text.partition(".")[2]) <= places and (
+                multiple is None or (Fraction(text) / Fraction(repr(multiple))).denominator == 1):
+            assert g.matches(text) or g.matches(text.removesuffix(".0")), (text, schema)
+    rnd = random.Random(repr(schema))
+    for _ in range(20):
+        text = g.sample(rnd, budget=40)
+        assert compiled.check(text).valid, (text, schema)
+
+
 def test_numbers():
     n = {"type": "number"}
     for text in ["0", "-1.5", "1e+20", "1.7976931348623157e+308", "5e-324", "0.30000000000000004", "1.0"]:
@@ -699,12 +754,14 @@ def test_any_of_one_of_all_of():
 def test_one_of_needs_exclusive_alternatives():
     for schema in [{"oneOf": [{"type": "string"}, {"type": "integer"}]},
                    {"oneOf": [{"const": "a"}, {"const": "b"}]},
-                   BY_NAME["any_tool"], BY_NAME["agent_step"]]:
+                   BY_NAME["any_tool"], BY_NAME["agent_step"],
+                   {"oneOf": [{"type": "object", "properties": {"a": {"const": 1}}},  # narrowed: 'a' required
+                              {"type": "object", "properties": {"a": {"const": 2}}}]}]:
         json_schema_to_gbnf(schema)
     for schema in [{"oneOf": [{"type": "number"}, {"type": "integer"}]},
                    {"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]},
-                   {"oneOf": [{"type": "object", "properties": {"a": {"const": 1}}},
-                              {"type": "object", "properties": {"a": {"const": 2}}}]}]:  # 'a' not required
+                   {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                              {"type": "object", "properties": {"a": {"type": "number"}}}]}]:
         with pytest.raises(GrammarError, match="oneOf.*anyOf"):
             json_schema_to_gbnf(schema)
 
@@ -750,11 +807,9 @@ def test_formats():
     ({"type:": "string"}, "misspelling of 'type'"),
     ({"type": "array", "itens": {"type": "string"}}, "misspelling of 'items'"),
     ({"type": "object", "requires": ["a"]}, "misspelling of 'required'"),
-    ({"type": "number", "minimum": 0.5}, "non-integer bound"),
-    ({"type": "number", "multipleOf": 0.01}, "multipleOf"),
     ({"type": "integer", "multipleOf": 2}, "multipleOf"),
-    ({"type": "object", "properties": {"a": {}}, "minProperties": 1}, "minProperties"),
-    ({"type": "object", "maxProperties": 2}, "maxProperties"),
+    ({"type": "object", "properties": {"a": {}, "b": {}}, "minProperties": 2}, "minProperties"),
+    ({"type": "object", "properties": {"a": {}}, "additionalProperties": True, "maxProperties": 2}, "maxProperties"),
     ({"$ref": "https://example.com/s.json"}, "refers to another document"),
     ({"$ref": "#/$defs/missing"}, "does not resolve"),
     ({"$ref": "#foo"}, "anchor that no subschema declares"),
@@ -830,6 +885,17 @@ def test_ids_and_anchors_resolve_references():
         json_schema_to_gbnf({"$id": "http://example.com/a", "$ref": "http://example.com/b"})
 
 
+def test_an_id_beside_a_ref_is_ignored_up_to_draft_7():
+    # draft 7 and earlier ignore every keyword beside '$ref', '$id' included: the reference is
+    # resolved against the enclosing base (as JSON Schema Store's cryproj schemas need)
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "$id": "https://example.com/root.json",
+              "definitions": {"cvar": {"enum": ["r_Width", "r_Height"]}},
+              "type": "object", "properties": {"name": {"$id": "/properties/name", "$ref": "#/definitions/cvar"}},
+              "required": ["name"]}
+    g = grammar(schema)
+    assert g.matches('{"name":"r_Width"}') and not g.matches('{"name":"x"}')
+
+
 def test_unsatisfiable_branches_are_dropped_not_errors():
     assert accepts({"anyOf": [{"type": "integer", "minimum": 3, "maximum": 1}, {"type": "null"}]}, "null")
     optional_false = {"type": "object", "properties": {"a": False, "b": {"type": "integer"}}}
@@ -870,10 +936,9 @@ RELAXABLE = [  # (schema, the keyword left out, the schema without it: what the 
     ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
       "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}}, "if",
      {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}),
-    ({"type": "number", "minimum": 0.5, "maximum": 3}, "minimum", {"type": "number", "minimum": 0, "maximum": 3}),
     ({"type": "number", "minimum": 0, "maximum": 9, "multipleOf": 0.25}, "multipleOf",
      {"type": "number", "minimum": 0, "maximum": 9}),
-    ({"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}}, "minProperties": 1},
+    ({"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}}, "minProperties": 2},
      "minProperties", {"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}}}),
     ({"type": "string", "pattern": "^(?!x)[a-z]{1,4}$"}, "pattern", {"type": "string"}),
     ({"type": "string", "format": "email", "pattern": "^[a-z]+$"}, "format", {"type": "string", "pattern": "^[a-z]+$"}),
@@ -882,6 +947,9 @@ RELAXABLE = [  # (schema, the keyword left out, the schema without it: what the 
      {"type": "object", "properties": {"x": True}, "required": ["x"]}),
     ({"enum": [[1, 2], [3]], "items": {"maximum": 2}}, "items", {"enum": [[1, 2], [3]]}),
     ({"type": "string", "pattern": "^(?:a|bc)$", "minLength": 2}, "pattern", {"type": "string", "pattern": "^(?:a|bc)$"}),
+    # a misspelling is what JSON Schema says it is, an annotation (jsonschema ignores it too)
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additonalProperties": False}, "additonalProperties",
+     {"type": "object", "properties": {"a": {"type": "integer"}}}),
 ]
 
 
@@ -942,6 +1010,27 @@ REWRITTEN = {  # constraints a grammar enforces once rewritten into alternatives
     "oneOf-required": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                         "oneOf": [{"required": ["a"]}, {"required": ["b"]}]}, ['{"a":1}', '{"b":1}'],
                        ['{"a":1,"b":2}', "{}"]),
+    # oneOf alternatives narrowed until no two overlap
+    "oneOf-optional-discriminator": ({"type": "object", "oneOf": [
+        {"properties": {"kind": {"enum": ["callback"]}, "value": {"type": "string"}}},
+        {"properties": {"kind": {"enum": ["field", "value"]}, "value": {"type": ["string", "null"]}}}]},
+        ['{"kind":"callback","value":"x"}', '{"kind":"field","value":null}'], ["{}", '{"value":"x"}']),
+    "oneOf-different-required": ({"oneOf": [
+        {"type": "object", "required": ["delete"], "properties": {"delete": {"type": "integer"}}},
+        {"type": "object", "required": ["insert"], "properties": {"insert": {"type": "string"}}},
+        {"type": "object", "required": ["x"], "additionalProperties": {"type": "boolean"}}]},
+        ['{"delete":1}', '{"insert":"a"}', '{"x":true}', '{"x":true,"y":false}'],
+        ['{"delete":1,"insert":"a"}', '{"x":true,"delete":true}', '{"x":true,"insert":true}']),
+    "oneOf-enums": ({"oneOf": [{"enum": ["red", "blue", 3]}, {"enum": ["blue", "orange", 6, 3]}]},
+                    ['"red"', '"orange"', "6"], ['"blue"', "3"]),
+    "oneOf-any-and-string": ({"oneOf": [{}, {"type": "string"}, {"type": "string", "maxLength": 2}]},
+                             ["1", "null", '{"a":"x"}'], ['"x"', '"long"']),
+    "oneOf-closed-objects": ({"type": "array", "items": {"oneOf": [
+        {"type": "object", "properties": {"ios": {"type": "integer"}}, "required": ["ios"],
+         "additionalProperties": False},
+        {"type": "object", "patternProperties": {"^[0-9]x$": {"type": "integer"}}, "additionalProperties": False},
+        {"type": "object", "properties": {"ref": {"type": "string"}}, "additionalProperties": False}]}},
+        ['[{"ios":1},{"ref":"a"}]', '[{"1x":2}]'], ['[{"ios":1,"ref":"a"}]', "[{}]"]),
 }
 
 

@@ -277,6 +277,78 @@ def test_ttl_eviction_and_api_key(tiny_model_path, tmp_path):
         stop_server(server)
 
 
+def test_server_overloaded_through_grpc(tiny_model_path, tmp_path):
+    """RESOURCE_EXHAUSTED from a KV cache full of a generation in progress (the 503 over HTTP):
+    ServerOverloadedError, not ContextOverflowError (the history fits the context); once the
+    generation is cancelled, the same session is created."""
+    server, address = grpc_server(tiny_model_path, tmp_path, "--n-ctx", "256")
+    try:
+        with Client(address, timeout=60) as c, c.create_session(LONG_PROMPT[:100]) as running:
+            with running.generate(SLOW_TOKENS, grammar=SLOW) as generation:
+                next(generation)  # 100 + its tokens of the 256 cells are held until it ends
+                with pytest.raises(ServerOverloadedError, match="generations in progress") as e:
+                    c.create_session(list(range(300, 460)))
+                assert e.value.code == "RESOURCE_EXHAUSTED"  # type: ignore[attr-defined]
+                with pytest.raises(ContextOverflowError):  # too long for any cache: the other error
+                    c.create_session([7] * 300)
+            deadline = time.monotonic() + 10
+            while running.info().busy is not None:  # the server stops it between two steps
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            with c.create_session(list(range(300, 460))) as other:  # the cancelled one is idle: evicted for room
+                assert other.n_tokens == 160
+            with pytest.raises(SessionClosedError):
+                running.info()
+    finally:
+        stop_server(server)
+
+
+def test_tokenize(served, client, tiny_model):
+    """Tokenize (gRPC, HTTP and both clients) is the model's tokenizer: the same ids as Model.tokenize."""
+    text = "hello world <s> the capital of france"
+    assert client.tokenize(text) == tiny_model.tokenize(text, add_bos=False)
+    assert client.tokenize(text, add_bos=True, special=True) == tiny_model.tokenize(text, add_bos=True, special=True)
+    assert client.tokenize("") == []
+    status, body = served[0].request("POST", "/v1/tokenize", {"text": text, "special": True})
+    assert status == 200 and body["tokens"] == tiny_model.tokenize(text, add_bos=False, special=True)
+    status, body = served[0].request("POST", "/v1/tokenize", {"tokens": [1]})
+    assert status == 400 and "text" in body["error"]["message"]
+
+    async def from_async() -> list[int]:
+        async with AsyncClient(served[1], timeout=60) as c:
+            return await c.tokenize(text, add_bos=True)
+
+    assert asyncio.run(from_async()) == tiny_model.tokenize(text, add_bos=True)
+
+
+def test_the_client_needs_no_engine(served):
+    """pyllamaopt.client on a machine without the compiled engine: importing it, the whole protocol
+    and its errors work with pyllamaopt._core (llama.cpp) unimportable, and nothing loaded it."""
+    script = """
+import sys
+sys.modules["pyllamaopt._core"] = None  # any import of the engine now fails
+from pyllamaopt import SessionClosedError
+from pyllamaopt.client import Client
+with Client(sys.argv[1], timeout=60) as client:
+    prompt = client.tokenize("hello world", add_bos=True)
+    with client.create_session(prompt) as session:
+        session.append(client.tokenize(" the"))
+        generated = [t.id for t in session.generate(4)]
+        assert len(generated) == 4 and session.tokens[-4:] == generated
+    try:
+        session.info()
+        raise AssertionError("a closed session answered")
+    except SessionClosedError:
+        pass
+engine = [m for m in sys.modules if m in ("pyllamaopt._core", "pyllamaopt.model", "pyllamaopt.context", "pyllamaopt.session")]
+assert engine == ["pyllamaopt._core"] and sys.modules["pyllamaopt._core"] is None, engine
+print("ok")
+"""
+    run = subprocess.run([sys.executable, "-c", script, served[1]], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
+
+
 def test_raw_stub_status_codes(served):
     """Without the SDK: what any gRPC client sees (the status code and the metadata naming the error)."""
     from pyllamaopt.v1 import runtime_pb2 as pb
@@ -336,15 +408,20 @@ def test_one_service_behind_both_transports(served, client):
 TYPESCRIPT = ROOT / "sdks" / "typescript"
 
 
-def test_typescript_sdk(served):
-    """sdks/typescript's own tests (node --test) against this module's server, over HTTP/JSON."""
+def test_typescript_sdk(served, tiny_model_path, tmp_path):
+    """sdks/typescript's own tests (node --test) against this module's server and one with a short
+    --session-ttl, over HTTP/JSON."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not on PATH: the TypeScript SDK's tests need Node 20+")
-    run = subprocess.run([node, "--test", "test/"], cwd=TYPESCRIPT, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYLLAMAOPT_URL": served[0].url})
+    short_ttl = start_server(tiny_model_path, tmp_path, "--session-ttl", "1")
+    try:
+        run = subprocess.run([node, "--test", "test/"], cwd=TYPESCRIPT, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "PYLLAMAOPT_URL": served[0].url, "PYLLAMAOPT_TTL_URL": short_ttl.url})
+    finally:
+        stop_server(short_ttl)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "# pass 4" in run.stdout, run.stdout  # every test ran
+    assert "# pass 5" in run.stdout, run.stdout  # every test ran
 
 
 def test_typescript_sdk_types():

@@ -264,3 +264,23 @@ def test_an_overflowing_append_leaves_the_session_exact(tiny_model):
         assert s.n_tokens == 300
         s.append(text_tokens(tiny_model, 20, seed=3))
         np.testing.assert_array_equal(s.logits(), reference(tiny_model, s.tokens)[0])
+
+
+def test_a_generation_dropped_unfinished_ends_its_turn_at_once(tiny_model):
+    """A generation the caller drops without finishing or closing it ends its session's turn when
+    its last reference goes (not when the garbage collector runs): the session is idle again and
+    evictable for room."""
+    import gc
+    gc.disable()  # only reference counting may free it
+    try:
+        with Context(tiny_model, n_ctx=1024, n_batch=256, n_seq_max=8, n_threads=2) as ctx:
+            dropped = ctx.session()
+            dropped.append(text_tokens(tiny_model, 900, seed=50))
+            generation = dropped.generate(max_tokens=50)
+            next(generation)
+            del generation
+            newest = ctx.session()
+            newest.append(text_tokens(tiny_model, 200, seed=51))  # fits only if `dropped` goes
+            assert dropped.evicted
+    finally:
+        gc.enable()

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -37,6 +38,7 @@ class Server:
     url: str
     process: subprocess.Popen
     log: Path
+    ssl_context: ssl.SSLContext | None = None  # https: the context that trusts the server's certificate
 
     def request(self, method: str, path: str, body: object = None, *, raw: bytes | None = None,
                 headers: dict[str, str] | None = None) -> tuple[int, dict]:
@@ -44,7 +46,7 @@ class Server:
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers={"content-type": "application/json", **(headers or {})})
         try:
-            with urllib.request.urlopen(req, timeout=60) as r:
+            with urllib.request.urlopen(req, timeout=60, context=self.ssl_context) as r:
                 text = r.read()
                 return r.status, json.loads(text) if text else {}
         except urllib.error.HTTPError as e:
@@ -54,7 +56,7 @@ class Server:
         """Server-sent events of a streaming POST, as they arrive."""
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
                                      headers={"content-type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=60, context=self.ssl_context) as r:
             for line in r:
                 line = line.decode().strip()
                 if line.startswith("data: ") and line != "data: [DONE]":
@@ -65,7 +67,7 @@ class Server:
                              **kwargs)
 
     def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30, context=self.ssl_context) as r:
             text = r.read().decode()
         return {f"{s.name}{sorted(s.labels.items()) if s.labels else ''}": s.value
                 for family in text_string_to_metric_families(text) for s in family.samples}
@@ -77,14 +79,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: Path, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Server:
+def start_server(model: Path, tmp_path: Path, *args: str, env: dict[str, str] | None = None,
+                 cafile: Path | None = None) -> Server:
+    """The server as a process (N_CTX, two threads unless ``args`` say otherwise); with ``cafile`` (a
+    server given --tls-cert), reached over https trusting that certificate."""
     port = free_port()
     log = tmp_path / f"server-{port}.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "pyllamaopt.cli", "serve", "--model", str(model), "--port", str(port),
          "--n-ctx", str(N_CTX), "--threads", "2", *args],
         cwd=tmp_path, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    server = Server(f"http://127.0.0.1:{port}", process, log)
+    context = ssl.create_default_context(cafile=cafile) if cafile else None
+    server = Server(f"{'https' if cafile else 'http'}://127.0.0.1:{port}", process, log, context)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -556,11 +562,30 @@ def test_bad_input_is_a_4xx_with_a_message_and_the_server_lives_on(server, path,
     assert server.request("GET", "/health")[0] == 200
 
 
-def test_a_schema_we_cannot_express_is_a_400(server):
+def test_a_strict_schema_we_cannot_enforce_is_a_400_a_non_strict_one_is_checked(server):
+    import jsonschema
+
     sid = server.request("POST", "/v1/sessions", {"tokens": [1, 2, 3]})[1]["session_id"]
-    bad = {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "(?!a)b"}}}  # a lookahead
+    lookahead = {"type": "string", "pattern": "(?!a)b", "maxLength": 6}
+    bad = {"type": "json_schema", "json_schema": {"schema": lookahead, "strict": True}}
     status, out = server.request("POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 4, "response_format": bad})
-    assert status == 400 and "lookahead" in out["error"]["message"]
+    assert status == 400 and "lookahead" in out["error"]["message"] and "'pattern' at #" in out["error"]["message"]
+    assert out["error"]["pyllamaopt_error"] == "UnsupportedRegexError"
+    for strict in (False, None):  # OpenAI's meaning: absent is false
+        spec = {"schema": lookahead} if strict is None else {"schema": lookahead, "strict": strict}
+        status, out = server.request("POST", f"/v1/sessions/{sid}/generate",
+                                     {"max_tokens": 12, "response_format": {"type": "json_schema", "json_schema": spec}})
+        assert status == 200, out
+        try:
+            jsonschema.validate(json.loads(out["text"]), lookahead)
+            expected = True
+        except (ValueError, jsonschema.ValidationError):
+            expected = False
+        assert out["schema_valid"] is expected and (out["schema_error"] is None) == expected, out
+    status, out = server.request("POST", f"/v1/sessions/{sid}/generate",
+                                 {"max_tokens": 4, "response_format": {"type": "json_schema",
+                                                                       "json_schema": {"schema": {}, "strict": "yes"}}})
+    assert status == 400 and "strict must be true or false" in out["error"]["message"]
     status, out = server.request("POST", f"/v1/sessions/{sid}/generate",
                                  {"max_tokens": 4, "response_format": {"type": "xml"}})
     assert status == 400 and "response_format.type" in out["error"]["message"]
@@ -569,7 +594,7 @@ def test_a_schema_we_cannot_express_is_a_400(server):
     status, out = server.request("POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 40, "response_format": ok})
     assert status == 200, out
     if out["finish_reason"] != "length":
-        assert isinstance(json.loads(out["text"])["a"], int)
+        assert isinstance(json.loads(out["text"])["a"], int) and out["schema_valid"] is True
     server.request("DELETE", f"/v1/sessions/{sid}")
 
 
@@ -596,11 +621,12 @@ def test_metrics_parse_and_count_the_work(server):
 
 
 def test_idle_sessions_expire(tiny_model_path, tmp_path):
-    s = start_server(tiny_model_path, tmp_path, "--session-ttl", "0.5")
+    # a TTL a loaded machine's two requests cannot outlast (0.5 s did, at a load of 11 on 2 cores)
+    s = start_server(tiny_model_path, tmp_path, "--session-ttl", "3")
     try:
         sid = s.request("POST", "/v1/sessions", {"tokens": [1, 2]})[1]["session_id"]
         assert s.request("GET", f"/v1/sessions/{sid}")[0] == 200
-        time.sleep(2.0)  # idle for four TTLs (a request would touch it); the sweeper runs every TTL / 4
+        time.sleep(6.0)  # idle for two TTLs (a request would touch it); the sweeper runs every TTL / 4
         assert s.request("GET", f"/v1/sessions/{sid}")[0] == 404
         assert s.metrics()["session_evicted_total[('reason', 'ttl')]"] == 1
     finally:

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Build upstream llama.cpp programs from the pinned tree, with pyllamaopt's CPU flags.
 
-    python tools/build_upstream.py            # prints the folder holding llama-simple, llama-bench
+    python tools/build_upstream.py            # prints the folder holding llama-simple-opt-numerics, llama-bench
     python tools/build_upstream.py llama-server   # only the targets named
 
-The build is cached under ~/.cache/pyllamaopt/upstream/<key> (key: the tree's stamp and
-CMAKE_ARGS), so only the first call compiles (about 3 minutes on 2 cores).
+The build is cached under ~/.cache/pyllamaopt/upstream/<key> (key: the tree's stamp, CMAKE_ARGS and
+the build files), so only the first call compiles (about 3 minutes on 2 cores). llama-simple-opt-numerics
+is upstream's examples/simple with pyllamaopt's numerics settings (tools/upstream/opt-numerics.cpp).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fetch_llama  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = ("llama-simple", "llama-bench")
+TARGETS = ("llama-simple-opt-numerics", "llama-bench")
 
 
 def build(targets: tuple[str, ...] = TARGETS) -> Path:
@@ -32,13 +33,14 @@ def build(targets: tuple[str, ...] = TARGETS) -> Path:
     recipe += (ROOT / "cmake" / "llama-cpu-flags.cmake").read_text()
     build_dir = fetch_llama.cache_dir() / "upstream" / hashlib.sha256(recipe.encode()).hexdigest()[:16]
     bin_dir = build_dir / "bin"
-    if all((bin_dir / t).exists() for t in targets):
-        return bin_dir
-    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-    subprocess.run(["cmake", "-S", str(ROOT / "tools" / "upstream"), "-B", str(build_dir), *generator,
-                    "-DCMAKE_BUILD_TYPE=Release", f"-DLLAMA_CPP_TREE={tree}",
-                    f"-DCMAKE_RUNTIME_OUTPUT_DIRECTORY={bin_dir}", *cmake_args],
-                   check=True, stdout=subprocess.DEVNULL)
+    if not (build_dir / "CMakeCache.txt").exists():
+        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+        subprocess.run(["cmake", "-S", str(ROOT / "tools" / "upstream"), "-B", str(build_dir), *generator,
+                        "-DCMAKE_BUILD_TYPE=Release", f"-DLLAMA_CPP_TREE={tree}",
+                        f"-DCMAKE_RUNTIME_OUTPUT_DIRECTORY={bin_dir}", *cmake_args],
+                       check=True, stdout=subprocess.DEVNULL)
+    # always: up to date it does nothing, and a target built from our files (opt-numerics.cpp and
+    # cpp/llama-opt.h) is rebuilt when they change
     subprocess.run(["cmake", "--build", str(build_dir), "--parallel", str(os.cpu_count() or 2),
                     "--target", *targets], check=True, stdout=subprocess.DEVNULL)
     return bin_dir

@@ -116,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: $LLAMA_OPT_SERVE_GRPC_PORT or off)")
     p.add_argument("--api-key", default=os.environ.get("LLAMA_OPT_SERVE_API_KEY") or None,
                    help="require this key (Authorization: Bearer KEY, or x-api-key)")
+    p.add_argument("--tls-cert", metavar="PEM", default=os.environ.get("LLAMA_OPT_SERVE_TLS_CERT") or None,
+                   help="serve HTTPS (and gRPC over TLS) with this certificate chain "
+                        "(default: $LLAMA_OPT_SERVE_TLS_CERT or plain HTTP); needs --tls-key")
+    p.add_argument("--tls-key", metavar="PEM", default=os.environ.get("LLAMA_OPT_SERVE_TLS_KEY") or None,
+                   help="the certificate's private key (default: $LLAMA_OPT_SERVE_TLS_KEY)")
     p.add_argument("--max-sessions", type=int, default=_env_int("LLAMA_OPT_SERVE_MAX_SESSIONS", 16),
                    help="protocol sessions kept open (default: 16; the least recently used idle one is closed)")
     p.add_argument("--session-ttl", type=float, default=_env_int("LLAMA_OPT_SERVE_SESSION_TTL", 1800),

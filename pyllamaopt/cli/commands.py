@@ -184,7 +184,8 @@ def serve(args: argparse.Namespace) -> int:
     from ..serve import serve as run_server
 
     OptConfig()  # a malformed LLAMA_OPT_* variable stops here, before the model loads
-    run_server(ServeSettings(model=args.model, host=args.host, port=args.port, grpc_port=args.grpc_port, n_ctx=args.n_ctx, threads=args.threads,
-                             api_key=args.api_key, max_sessions=args.max_sessions, session_ttl=args.session_ttl,
+    run_server(ServeSettings(model=args.model, host=args.host, port=args.port, grpc_port=args.grpc_port,
+                             n_ctx=args.n_ctx, threads=args.threads, api_key=args.api_key, tls_cert=args.tls_cert,
+                             tls_key=args.tls_key, max_sessions=args.max_sessions, session_ttl=args.session_ttl,
                              approximate_reuse=args.approximate_reuse, verbose=args.verbose))
     return 0

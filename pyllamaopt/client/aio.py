@@ -3,6 +3,7 @@ as the blocking ones, awaited)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
@@ -10,18 +11,23 @@ from typing import Any
 import grpc
 
 from ..errors import SessionBusyError, SessionClosedError
-from ..session import Token
+from ..tokens import Token
 from ..v1 import runtime_pb2 as pb
 from ..v1 import runtime_pb2_grpc
-from .common import CANCEL_SETTLES, Progress, SessionInfo, generate_request, info_of, metadata, to_error
+from .common import (CANCEL_SETTLES, Progress, SessionInfo, credentials, generate_request, info_of, metadata,
+                     to_error)
 
 
 class AsyncClient:
-    """Client for asyncio code: create it inside the event loop (``async with AsyncClient(...)``)."""
+    """Client for asyncio code: create it inside the event loop (``async with AsyncClient(...)``); the
+    arguments are Client's."""
 
-    def __init__(self, address: str, *, api_key: str | None = None, timeout: float | None = None) -> None:
+    def __init__(self, address: str, *, api_key: str | None = None, timeout: float | None = None, tls: bool = False,
+                 root_certificates: bytes | str | os.PathLike[str] | None = None) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address)
+        creds = credentials(tls, root_certificates)
+        self._channel = (grpc.aio.insecure_channel(address) if creds is None else
+                         grpc.aio.secure_channel(address, creds))
         self._stub = runtime_pb2_grpc.RuntimeStub(self._channel)
         self._metadata = metadata(api_key)
         self.timeout = timeout
@@ -32,6 +38,11 @@ class AsyncClient:
 
     def session(self, session_id: str) -> AsyncRemoteSession:
         return AsyncRemoteSession(self, session_id)
+
+    async def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
+        """Client.tokenize."""
+        request = pb.TokenizeRequest(text=text, add_bos=add_bos, special=special)
+        return list((await self._call("Tokenize", request)).tokens)
 
     async def close(self) -> None:
         await self._channel.close()

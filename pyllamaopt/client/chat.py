@@ -3,17 +3,19 @@ server never applies a template to a session: specification 003 §2.2, §3.4).""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..chat import ChatTemplate, Message
-from ..model import Model
+if TYPE_CHECKING:
+    from ..chat import Message
+    from ..model import Model
 
 
 def chat_tokens(tokenizer: Model | str | Any, messages: Sequence[Message], *,
                 add_generation_prompt: bool = True) -> list[int]:
     """The token ids of ``messages`` rendered with a chat template. ``tokenizer``: a pyllamaopt Model
-    or a model path or name (loaded here: its GGUF template and vocabulary, as the server's chat routes
-    use them), or any object with a Hugging Face ``apply_chat_template`` (a transformers tokenizer).
+    or a model path or name (loaded here, with the compiled engine: its GGUF template and vocabulary,
+    as the server's chat routes use them), or any object with a Hugging Face ``apply_chat_template``
+    (a transformers tokenizer: no engine needed).
 
     For a session: render the whole conversation again each turn and ``sync`` to it, or ``append``
     what follows the tokens the session has (check that they are a prefix: some templates render
@@ -21,6 +23,9 @@ def chat_tokens(tokenizer: Model | str | Any, messages: Sequence[Message], *,
     if hasattr(tokenizer, "apply_chat_template"):
         return list(tokenizer.apply_chat_template(list(messages), tokenize=True,
                                                   add_generation_prompt=add_generation_prompt))
+    from ..chat import ChatTemplate
+    from ..model import Model
+
     model = tokenizer if isinstance(tokenizer, Model) else Model(tokenizer)
     text = ChatTemplate.for_model(model).render(messages, add_generation_prompt=add_generation_prompt)
     return model.tokenize(text, add_bos=False, special=True)

@@ -3,14 +3,16 @@ dataclasses, gRPC errors raised as pyllamaopt exceptions."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from .. import errors
-from ..session import Token
+from ..tokens import Token
 from ..v1 import runtime_pb2 as pb
 
 CANCEL_SETTLES = 5.0  # seconds after a cancel during which the session's "busy" answers are retried
@@ -114,3 +116,12 @@ class Progress:
 
 def metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
+
+def credentials(tls: bool, root_certificates: bytes | str | os.PathLike[str] | None) -> Any:
+    """The channel's TLS credentials (None: a plaintext channel). ``root_certificates``: the PEM
+    certificates to trust (bytes, or a file's path), instead of the system's; giving them means TLS."""
+    if root_certificates is None:
+        return grpc.ssl_channel_credentials() if tls else None
+    pem = root_certificates if isinstance(root_certificates, bytes) else Path(root_certificates).read_bytes()
+    return grpc.ssl_channel_credentials(root_certificates=pem)

@@ -1,6 +1,7 @@
 """The blocking flavour: Client, RemoteSession, RemoteGeneration."""
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -8,19 +9,24 @@ from typing import Any
 import grpc
 
 from ..errors import SessionBusyError, SessionClosedError
-from ..session import Token
+from ..tokens import Token
 from ..v1 import runtime_pb2 as pb
 from ..v1 import runtime_pb2_grpc
-from .common import CANCEL_SETTLES, Progress, SessionInfo, generate_request, info_of, metadata, to_error
+from .common import (CANCEL_SETTLES, Progress, SessionInfo, credentials, generate_request, info_of, metadata,
+                     to_error)
 
 
 class Client:
     """A connection to `pyllamaopt serve --grpc-port PORT` at ``address`` ("host:port").
-    ``api_key``: the server's --api-key (sent as 'authorization: Bearer KEY')."""
+    ``api_key``: the server's --api-key (sent as 'authorization: Bearer KEY'). ``tls``: connect over
+    TLS (a server with --tls-cert), trusting the system's root certificates, or ``root_certificates``
+    (PEM bytes or a file's path: a private CA's, or a self-signed certificate; implies TLS)."""
 
-    def __init__(self, address: str, *, api_key: str | None = None, timeout: float | None = None) -> None:
+    def __init__(self, address: str, *, api_key: str | None = None, timeout: float | None = None, tls: bool = False,
+                 root_certificates: bytes | str | os.PathLike[str] | None = None) -> None:
         self.address = address
-        self._channel = grpc.insecure_channel(address)
+        creds = credentials(tls, root_certificates)
+        self._channel = grpc.insecure_channel(address) if creds is None else grpc.secure_channel(address, creds)
         self._stub = runtime_pb2_grpc.RuntimeStub(self._channel)
         self._metadata = metadata(api_key)
         self.timeout = timeout  # seconds per call except generations (None: no limit)
@@ -33,6 +39,14 @@ class Client:
     def session(self, session_id: str) -> RemoteSession:
         """A session created earlier (by this client or another), by its id."""
         return RemoteSession(self, session_id)
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
+        """The server's model's token ids of ``text`` (no template), for a client without a tokenizer of
+        its own. ``add_bos``: the model's BOS token first (if it uses one; off by default, unlike
+        Model.tokenize: most pieces of a history follow others); ``special``: special-token text such
+        as ``<start_of_turn>`` parsed as those tokens (keep it off for text users typed)."""
+        request = pb.TokenizeRequest(text=text, add_bos=add_bos, special=special)
+        return list(self._call("Tokenize", request).tokens)
 
     def close(self) -> None:
         self._channel.close()

@@ -6,8 +6,9 @@ import json
 from typing import Any
 
 from ..errors import GrammarError, UnenforceableSchemaError
+from .regex import parse_regex
 from .json_values import _ALL_KINDS, _json_key, _json_kind
-from .schema import (_TYPES, Relax, _constrains, _raise, _Unsat, _check_keywords, _err, _kinds_of_type,
+from .schema import (_TYPES, Matches, Relax, _constrains, _raise, _Unsat, _check_keywords, _err, _kinds_of_type,
                      _resolve, _schema_types, _unenforceable)
 
 
@@ -18,7 +19,7 @@ def _flatten_all_of(root: Any, schema: Any, path: str, out: list, refs: tuple, t
         raise _Unsat(path, "an 'allOf' member is 'false'")
     if not isinstance(schema, dict):
         raise _err(path, f"a schema must be an object or a boolean, got {type(schema).__name__}")
-    _check_keywords(schema, path)
+    _check_keywords(schema, path, relax)
     if not top:
         for key in ("unevaluatedProperties", "unevaluatedItems"):
             if key in schema and schema[key] is not True:
@@ -153,7 +154,14 @@ def _all_of(schemas: list) -> Any:
     return True if not kept else kept[0] if len(kept) == 1 else {"allOf": kept}
 
 
-def _check_exclusive(root: Any, alts: list, path: str) -> None:
+def _exclusive(root: Any, alts: list, path: str, relax: Relax, matches: Matches) -> list:
+    """oneOf alternatives narrowed so that no value of one of them matches another: then "any of
+    them" is "exactly one of them", which a grammar enforces. For each pair that may overlap,
+    the first alternative is narrowed by a separator (_separator; a narrowing: its values are
+    still valid), or, if it lists its values (enum/const), to the values no other alternative
+    matches (checked with jsonschema). An alternative that cannot be told apart from another is
+    left out (a narrowing too); if that leaves none, the oneOf is left to the check of the output
+    (relax) as anyOf: an output could then match two alternatives."""
     views = []
     for alt in alts:
         try:
@@ -164,13 +172,78 @@ def _check_exclusive(root: Any, alts: list, path: str) -> None:
         except GrammarError:
             alt = {}  # not merged: may overlap anything
         views.append(alt)
-    for i in range(len(views)):
-        for j in range(i + 1, len(views)):
-            if not _disjoint(root, views[i], views[j], 0):
-                raise _unenforceable(path, "oneOf", f"'oneOf' alternatives {i} and {j} may both match the same "
-                                     "value, and a grammar cannot enforce 'exactly one'. Use 'anyOf' if that is "
-                                     "acceptable, or make them exclusive: different types, or a required "
-                                     "property with a different 'const'/'enum' in each")
+    out, first_overlap = [], None
+    for i, alt in enumerate(alts):
+        narrowings: list = []
+        overlapping = []
+        for j in range(len(alts)):
+            if j == i or _disjoint(root, views[i], views[j], 0):
+                continue
+            separator = _separator(root, views[i], views[j])
+            if separator is None:
+                overlapping.append(j)
+            elif separator is not True:
+                narrowings.append(separator)
+        values = _values(views[i]) if isinstance(views[i], dict) else None
+        if overlapping and values is not None:  # the values that match no other alternative
+            narrowings.append({"enum": [v for v in values
+                                        if not any(matches(v, alts[j]) for j in range(len(alts)) if j != i)]})
+            overlapping = []
+        if overlapping:
+            first_overlap = first_overlap or (i, overlapping[0])
+        else:
+            out.append({"allOf": [alt, *narrowings]} if narrowings else alt)
+    if out:
+        return out
+    assert first_overlap is not None
+    relax(_unenforceable(path, "oneOf", f"'oneOf' alternatives {first_overlap[0]} and {first_overlap[1]} may both "
+                         "match the same value, and a grammar cannot enforce 'exactly one'. Use 'anyOf' if that is "
+                         "acceptable, or make them exclusive: different types, or a required property with a "
+                         "different 'const'/'enum' in each"))
+    return alts
+
+
+def _separator(root: Any, a: Any, b: Any) -> Any:
+    """A narrowing of schema ``a`` that no value of ``b`` matches: True if ``a`` needs none (a
+    property both have, with disjoint values, that one of them requires), else a schema to add
+    to ``a``: the types of ``b`` left out; that property required; a property ``b`` requires
+    forbidden (objects only, where both admit other kinds too); None if there is none. ``a`` and
+    ``b`` are merged views (_merge_all_of)."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+    kinds_a, kinds_b = _kinds(a, root), _kinds(b, root)
+    kept = [t for t in _TYPES if _kinds_of_type(t) <= kinds_a and not _kinds_of_type(t) & kinds_b]
+    if "number" in kept and "integer" in kept:
+        kept.remove("integer")
+    if kept:
+        return {"type": kept}
+    common = kinds_a & kinds_b
+    if "object" not in common:
+        return None
+    objects: dict = {} if common == {"object"} else {"type": "object"}
+    pa, pb = a.get("properties", {}), b.get("properties", {})
+    ra, rb = a.get("required", []), b.get("required", [])
+    if not all(isinstance(x, dict) for x in (pa, pb)) or not all(isinstance(x, list) for x in (ra, rb)):
+        return None
+    told_apart = [n for n in pa if n in pb and _disjoint(root, pa[n], pb[n], 0)]
+    if any(n in ra or n in rb for n in told_apart):
+        return objects or True
+    if told_apart and pa[told_apart[0]] is not False:
+        return {**objects, "required": [told_apart[0]]}
+    names = [n for n in rb if isinstance(n, str) and n not in ra]
+    if names:
+        return {**objects, "properties": {names[0]: False}}
+    names = [n for n in pa if pa[n] is not False and _forbids(b, n)]
+    if names:  # a property ``b`` forbids, required
+        return {**objects, "required": [names[0]]}
+    if _closed(a) and _closed(b) and not b.get("patternProperties") and all(_forbids(b, n) for n in pa) \
+            and all(_forbids(a, n) for n in pb):  # no key is allowed by both: at least one key
+        return {**objects, "minProperties": 1}
+    return None
+
+
+def _closed(schema: dict) -> bool:
+    return schema.get("additionalProperties") is False
 
 
 def _view(root: Any, schema: Any, depth: int) -> Any:
@@ -183,8 +256,9 @@ def _view(root: Any, schema: Any, depth: int) -> Any:
     return schema
 
 
-def _kinds(schema: Any) -> set[str]:
-    """JSON kinds a schema admits (a superset: exact semantics, not our narrowing)."""
+def _kinds(schema: Any, root: Any = None, depth: int = 0) -> set[str]:
+    """JSON kinds a schema admits (a superset: exact semantics, not our narrowing); with the
+    root, the alternatives of an anyOf/oneOf are looked into."""
     if schema is False:
         return set()
     if not isinstance(schema, dict):
@@ -198,6 +272,9 @@ def _kinds(schema: Any) -> set[str]:
     values = _values(schema)
     if values is not None:
         kinds &= {_json_kind(v) for v in values}
+    for key in ("anyOf", "oneOf"):
+        if root is not None and isinstance(schema.get(key), list) and depth < 8:
+            kinds &= set().union(*(_kinds(_view(root, alt, depth + 1), root, depth + 1) for alt in schema[key]))
     return kinds
 
 
@@ -219,18 +296,35 @@ def _disjoint(root: Any, a: Any, b: Any, depth: int) -> bool:
     va, vb = _values(a), _values(b)
     if va is not None and vb is not None and not ({_json_key(v) for v in va} & {_json_key(v) for v in vb}):
         return True
-    common = _kinds(a) & _kinds(b)
+    common = _kinds(a, root, depth) & _kinds(b, root, depth)
     if not common:
         return True
     if common != {"object"} or depth > 8:
         return False
-    pa, pb = a.get("properties"), b.get("properties")
-    ra, rb = a.get("required"), b.get("required")
-    if not (isinstance(pa, (dict, list)) and isinstance(pb, (dict, list))
-            and isinstance(ra, (dict, list)) and isinstance(rb, (dict, list))):
+    pa, pb = a.get("properties", {}), b.get("properties", {})
+    ra, rb = a.get("required", []), b.get("required", [])
+    if not (isinstance(pa, dict) and isinstance(pb, dict) and isinstance(ra, list) and isinstance(rb, list)):
         return False
+    if any(_forbids(b, n) for n in ra) or any(_forbids(a, n) for n in rb):
+        return True
     return any(name in pb and name in ra and name in rb and _disjoint(root, pa[name], pb[name], depth + 1)
                for name in pa)
+
+
+def _forbids(schema: dict, name: Any) -> bool:
+    """Whether an object valid against ``schema`` cannot have property ``name``."""
+    props = schema.get("properties", {})
+    if not isinstance(props, dict) or not isinstance(name, str):
+        return False
+    if name in props:
+        return props[name] is False
+    if schema.get("additionalProperties") is not False:
+        return False
+    patterns = schema.get("patternProperties", {})
+    try:
+        return isinstance(patterns, dict) and not any(parse_regex(p).search(name) for p in patterns)
+    except GrammarError:  # a pattern not understood: it may match
+        return False
 
 
 # ---- keywords rewritten into ones a grammar enforces (exactly, or as a narrowing)

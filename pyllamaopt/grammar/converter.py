@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from fractions import Fraction
 from dataclasses import dataclass
 from typing import Any, Union
 from urllib.parse import unquote
 
 from ..errors import GrammarError, UnenforceableSchemaError, UnsupportedRegexError
-from .composition import (_all_of, _check_exclusive, _exclusive_required, _merge_all_of, _negate,
+from .composition import (_all_of, _exclusive, _exclusive_required, _merge_all_of, _negate,
                           _split_conditional, _split_dependencies)
 from .formats import ALIASES, FORMATS, format_pattern
 from .formats import UNENFORCEABLE as UNENFORCEABLE_FORMATS
 from .gbnf import EMPTY, Node, _alt, _gbnf_char, _is_atom, _lit, _opt, _r, _seq
 from .json_values import _json_key, _json_kind, _json_text
-from .numbers import MAX_EXP_DIGITS, MAX_INT_DIGITS, _INT_MAX, _frac_opt, _int_range, _magnitudes, _uint
+from .numbers import (MAX_EXP_DIGITS, MAX_FRAC_DIGITS, MAX_INT_DIGITS, MAX_SAFE_DIGITS, _INT_MAX, _frac_opt,
+                      _int_range, _tenths, _uint, decimal_range, lower_threshold, upper_threshold)
 from .refs import local_refs
 from .regex import Regex, may_overlap, parse_regex, regex_node
 from .rules import _Rules
@@ -53,6 +53,13 @@ class _Converter(_Rules):
         self.ref_rules: dict[str, str] = {}
         self.unsat_refs: dict[str, str] = {}
         self.regex_nodes: dict[tuple, Node | None] = {}
+        self.validator: Any = None
+
+    def matches(self, value: Any, schema: Any) -> bool:
+        """Whether a value is valid against a subschema (jsonschema, references resolved in root)."""
+        if self.validator is None:
+            self.validator = validator(self.root)
+        return bool(self.validator.evolve(schema=schema).is_valid(value))
 
     def relax(self, err: UnenforceableSchemaError) -> None:
         """strict: refuse the constraint; else leave it to the check of the finished output."""
@@ -141,7 +148,7 @@ class _Converter(_Rules):
             raise _Unsat(path, "the schema is 'false'")
         if not isinstance(schema, dict):
             raise _err(path, f"a schema must be an object or a boolean, got {type(schema).__name__}")
-        _check_keywords(schema, path)
+        _check_keywords(schema, path, self.relax)
         rewritten = _negate(schema) if "not" in schema else None
         if rewritten is None and any(k in schema for k in ("dependentRequired", "dependentSchemas", "dependencies")):
             rewritten = _split_dependencies(schema)
@@ -250,11 +257,8 @@ class _Converter(_Rules):
         constrained = any(_constrains(k) for k in rest)
         if constrained:  # S and (A or B) = (S and A) or (S and B)
             alts = [{**rest, "allOf": [a, *rest.get("allOf", ())]} for a in alts]
-        if key == "oneOf" and exclusive is None:
-            try:
-                _check_exclusive(self.root, alts, path)
-            except UnenforceableSchemaError as e:  # relaxed: as anyOf
-                self.relax(e)
+        if key == "oneOf" and exclusive is None:  # narrowed until no two overlap (else relaxed: as anyOf)
+            alts = _exclusive(self.root, alts, path, self.relax, self.matches)
         branches = []
         last: _Unsat | None = None
         for i, alt in enumerate(alts):
@@ -371,14 +375,26 @@ class _Converter(_Rules):
 
     def gen_number(self, t: str, schema: dict, hint: str, path: str) -> Node:
         lo, hi = _bounds(schema, path)
+        frac_digits = MAX_FRAC_DIGITS
+        limit = _INT_MAX + 1  # |value| below this
         if "multipleOf" in schema:
             m = _as_number(schema["multipleOf"], path, "multipleOf")
             if m <= 0:
                 raise _err(path, "'multipleOf' must be > 0")
-            if not (t == "integer" and (1 / m).denominator == 1):
+            tenths = _tenths(m)
+            if t == "integer" and (1 / m).denominator == 1:
+                pass  # every integer is a multiple
+            elif t == "number" and tenths is not None and tenths <= MAX_SAFE_DIGITS - 1:
+                # multiples of 10^-s: at most s fraction digits, and at most 15 significant digits
+                # in all, so that the text's double reads back as the same decimal
+                frac_digits = tenths
+                if tenths:
+                    limit = 10 ** (MAX_SAFE_DIGITS - tenths)
+            else:
                 self.relax(_unenforceable(path, "multipleOf", f"'multipleOf' {schema['multipleOf']!r} is not "
-                                          "supported (only when every integer is a multiple, e.g. 1 with type "
-                                          "integer); drop it and check the value after generation"))
+                                          "supported (only powers of ten such as 0.01 or 1 on numbers, and "
+                                          "where every integer is a multiple on integers); drop it and check the "
+                                          "value after generation"))
         if t == "integer":
             if lo is None and hi is None:
                 return self.integer()
@@ -391,31 +407,22 @@ class _Converter(_Rules):
                 raise _err(path, f"the bounds leave no integer of at most {MAX_INT_DIGITS} digits (the limit "
                                  "of the canonical form)")
             return self.define(hint, _alt(*_int_range(a, b)))
-        if lo is None and hi is None:
+        if lo is None and hi is None and frac_digits == MAX_FRAC_DIGITS:
             return self.number()
-        for b in (lo, hi):
-            if b is not None and b[0].denominator != 1:
-                self.relax(_unenforceable(path, "minimum" if b is lo else "maximum",
-                                          f"a non-integer bound ({float(b[0])!r}) on a number is not supported; "
-                                          "use integer bounds (such as 0 and 1) or scale the quantity"))
-        # relaxed: a fractional bound widened to the next integer outward
-        if lo is not None and lo[0].denominator != 1:
-            lo = (Fraction(math.floor(lo[0])), False)
-        if hi is not None and hi[0].denominator != 1:
-            hi = (Fraction(math.ceil(hi[0])), False)
-        limit = Fraction(_INT_MAX + 1)
-        if lo is None or lo[0] < -limit:
-            lo = (-limit, True)
-        if hi is None or hi[0] > limit:
-            hi = (limit, True)
-        a, ea, b, eb = int(lo[0]), lo[1], int(hi[0]), hi[1]
-        alts = []
-        if b > 0 or (b == 0 and not eb):  # values written without '-'
-            alts += _magnitudes(max(a, 0), ea if a >= 0 else False, b, eb)
-        if a < 0:  # values written with '-': magnitudes w with -w in range ('-0.0' if 0 is)
-            wl, wl_excl = (-b, eb) if b < 0 else (0, b == 0 and eb)
-            for x in _magnitudes(wl, wl_excl, -a, ea):
-                alts.append(_seq(_lit("-"), x))
+        # every bound as an inclusive decimal threshold (exact for how jsonschema compares)
+        high = limit - Fraction(1, 10 ** frac_digits)
+        low = -high
+        for key, lower in (("minimum", True), ("exclusiveMinimum", True), ("maximum", False),
+                           ("exclusiveMaximum", False)):
+            value = schema.get(key)
+            if value is None or isinstance(value, bool):
+                continue
+            exclusive = key.startswith("exclusive") or schema.get("exclusiveM" + key[1:]) is True
+            if lower:
+                low = max(low, lower_threshold(value, exclusive, frac_digits))
+            else:
+                high = min(high, upper_threshold(value, exclusive, frac_digits))
+        alts = decimal_range(low, high, frac_digits) if low <= high else []
         if not alts:
             raise _Unsat(path, "no number lies between minimum and maximum")
         return self.define(hint, _alt(*alts))
@@ -447,7 +454,7 @@ class _Converter(_Rules):
         for name in names:
             # a declared name is checked by its properties schema and by every pattern it matches;
             # additionalProperties only applies to names that are neither
-            matching = [sub for rx, sub in patterns if re.search(rx.python(), name)]
+            matching = [sub for rx, sub in patterns if rx.search(name)]
             sub = _all_of([props[name] if name in props else (True if matching else addl), *matching])
             is_req = name in required
             sub_path = f"{path}/properties/{_pointer_escape(name)}"
@@ -471,21 +478,31 @@ class _Converter(_Rules):
                 extras.append(_seq(key, self.colon(), value))
         extra = self.simple(_alt(*extras), f"{hint}-extra") if extras else None
         n_req = sum(1 for _, r in fields if r)
+        nonempty = False
         if "minProperties" in schema:
             m = _as_count(schema["minProperties"], path, "minProperties")
-            if m > n_req:
+            if m == 1 and n_req == 0:  # at least one of the optional properties (or another key)
+                if not fields and extra is None:
+                    raise _Unsat(path, "'minProperties' 1, but no property is allowed")
+                nonempty = True
+            elif m > n_req:
                 self.relax(_unenforceable(path, "minProperties", f"'minProperties' {m} is more than the {n_req} "
-                                          "required properties; the grammar cannot count optional ones: list "
-                                          "enough properties in 'required'"))
+                                          "required properties; the grammar counts optional ones only for "
+                                          "'minProperties' 1: list enough properties in 'required'"))
+        max_extra = None
         if "maxProperties" in schema:
             m = _as_count(schema["maxProperties"], path, "maxProperties")
-            if extra is not None or m < len(fields):
-                if m < n_req:
-                    raise _Unsat(path, f"'maxProperties' {m} is less than the required properties")
+            if m < n_req:
+                raise _Unsat(path, f"'maxProperties' {m} is less than the required properties")
+            if extra is not None and n_req == len(fields):  # all declared ones present: count the others
+                max_extra = m - n_req
+                if max_extra == 0:
+                    extra = None
+            elif extra is not None or m < len(fields):
                 self.relax(_unenforceable(path, "maxProperties", f"'maxProperties' {m} cannot be expressed (the "
                                           "object may have more properties); drop it, or set "
                                           f"'additionalProperties': false and list at most {m} properties"))
-        return self.define(hint, self.object_body(fields, extra, hint))
+        return self.define(hint, self.object_body(fields, extra, hint, nonempty, max_extra))
 
     def pattern_extras(self, patterns: list[tuple[Regex, Any]], names: list[str], hint: str, path: str
                        ) -> list[Node]:
@@ -498,7 +515,7 @@ class _Converter(_Rules):
         for i, (rx, sub) in enumerate(patterns):
             if rx.universal:
                 key = self.key_excluding(names, f"{hint}-key") if names else self.string()
-            elif any(re.search(rx.python(), n) for n in names):
+            elif any(rx.search(n) for n in names):
                 continue
             else:
                 found = regex_node(rx, 0, None, self.rep, self.define, f"{hint}-key")
@@ -514,9 +531,12 @@ class _Converter(_Rules):
             out.append(_seq(key, self.colon(), value))
         return out
 
-    def object_body(self, fields: list[tuple[Node, bool]], extra: Node | None, hint: str) -> Node:
+    def object_body(self, fields: list[tuple[Node, bool]], extra: Node | None, hint: str, nonempty: bool = False,
+                    max_extra: int | None = None) -> Node:
+        """The members of an object: ``fields`` (key-value, required?) in order, then any number
+        (at most ``max_extra``) of ``extra`` ones; with ``nonempty``, at least one member."""
         comma = self.comma()
-        more = self.rep(_seq(comma, extra), 0, None, f"{hint}-more") if extra is not None else EMPTY
+        more = self.rep(_seq(comma, extra), 0, max_extra, f"{hint}-more") if extra is not None else EMPTY
         if any(r for _, r in fields):
             first = next(i for i, (_, r) in enumerate(fields) if r)
             parts = [_opt(_seq(kv, comma)) for kv, _ in fields[:first]] + [fields[first][0]]
@@ -526,8 +546,9 @@ class _Converter(_Rules):
         if len(kvs) <= 4:  # one alternative per first property present
             alts = [_seq(kv, *(_opt(_seq(comma, k)) for k in kvs[i + 1:]), more) for i, kv in enumerate(kvs)]
             if extra is not None:
-                alts.append(_seq(extra, more))
-            return self.bracket("{", _alt(*alts) if alts else EMPTY, True, "}")
+                alts.append(_seq(extra, more if max_extra is None else
+                                 self.rep(_seq(comma, extra), 0, max_extra - 1, f"{hint}-more")))
+            return self.bracket("{", _alt(*alts) if alts else EMPTY, not nonempty, "}")
         # the same in rules linear in the number of properties: rest[i] = the properties from i on,
         # each after a comma; first[i] = the first present one from i on, then rest
         tail: Node = more
@@ -537,7 +558,7 @@ class _Converter(_Rules):
             tail = self.define(f"{hint}-rest", _seq(_opt(_seq(comma, kvs[i])), tail))
             head = self.define(f"{hint}-first", _alt(_seq(kvs[i], after), head) if head != EMPTY
                                else _seq(kvs[i], after))
-        return self.bracket("{", head, True, "}")
+        return self.bracket("{", head, not nonempty, "}")
 
     def key_excluding(self, names: list[str], hint: str) -> Node:
         """A JSON string key (without escapes) that is none of ``names``."""

@@ -2,6 +2,9 @@
 numbers in a range."""
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 from .gbnf import EMPTY, Node, _alt, _lit, _opt, _r, _seq
 
 #: integers (and the integer part of numbers) have at most this many digits
@@ -10,14 +13,20 @@ MAX_INT_DIGITS = 16
 MAX_FRAC_DIGITS = 20
 #: at most this many digits in an exponent
 MAX_EXP_DIGITS = 3
-#: next to an exclusive bound, a number has at most this many significant digits (a double
-#: keeps 15: a longer decimal could be read as the bound itself)
-
-
-_SAFE_DIGITS = 15
-
-
 _INT_MAX = 10 ** MAX_INT_DIGITS - 1
+#: decimals of at most this many significant digits read back from their double unchanged
+MAX_SAFE_DIGITS = 15
+
+
+def _tenths(m: Fraction) -> int | None:
+    """s if m is 10^-s (s >= 0), else None."""
+    s = 0
+    while m.denominator != 1 or m.numerator != 1:
+        if m.numerator != 1 or m.denominator % 10:
+            return None
+        m *= 10
+        s += 1
+    return s
 
 
 def _uint() -> Node:
@@ -99,43 +108,121 @@ def _int_range(a: int, b: int) -> list[Node]:
     return alts
 
 
-def _magnitudes(lo: int, lo_excl: bool, hi: int, hi_excl: bool) -> list[Node]:
-    """Decimal texts 'I' / 'I.F' (no exponent) of the values in the interval, 0 <= lo <= hi.
+def lower_threshold(bound: int | float, exclusive: bool, frac_digits: int) -> Fraction:
+    """The least decimal T (at most ``frac_digits`` fraction digits) such that every decimal text
+    x >= T satisfies ``x >= bound`` (``x > bound`` if exclusive) as jsonschema decides it, whether
+    the text is read as an int (compared exactly) or as a float (rounded to nearest, then
+    compared exactly). T is the shortest text of D, the first double that satisfies the bound:
+    rounding is monotonic, so x >= T gives float(x) >= D; and no integer lies between a double
+    and its shortest text. A narrowing only where a text below T rounds onto D."""
+    return _threshold(bound, exclusive, frac_digits)
 
-    Next to an exclusive bound, at most 15 significant digits: a longer text such as
-    1.00000000000000000001 would be read as the double 1.0, on the bound."""
-    d = ("cls", "[0-9]")
-    zeros = _opt(_seq(_lit("."), _r(_lit("0"), 1, MAX_FRAC_DIGITS)))
 
-    def safe(i: int, above_zero: bool) -> int:  # fraction digits that keep I.F off a bound
-        return MAX_FRAC_DIGITS if (i == 0 and above_zero) else _SAFE_DIGITS - (len(str(i)) if i else 0)
+def upper_threshold(bound: int | float, exclusive: bool, frac_digits: int) -> Fraction:
+    """The same for ``x <= bound`` (``x < bound``): every decimal text x <= T satisfies it."""
+    return -_threshold(-bound, exclusive, frac_digits)
 
-    def nonzero(n: int) -> Node:  # '.' and 1..n digits, not all zero
-        return _seq(_lit("."), _alt(*(_seq(_r(_lit("0"), k, k), ("cls", "[1-9]"), _r(d, 0, n - 1 - k))
-                                      for k in range(n))))
 
-    if lo > hi:
-        return []
-    if lo == hi:
-        return [] if lo_excl or hi_excl else [_seq(_lit(str(lo)), zeros)]
+def _threshold(bound: int | float, exclusive: bool, frac_digits: int) -> Fraction:
+    exact = Fraction(bound)
+    d = float(exact)  # the nearest double; at most a step away from the first one that satisfies
+    while Fraction(d) < exact or (exclusive and Fraction(d) == exact):
+        d = math.nextafter(d, math.inf)
+    while True:
+        below = math.nextafter(d, -math.inf)
+        if Fraction(below) > exact or (not exclusive and Fraction(below) == exact):
+            d = below
+        else:
+            break
+    t = Fraction(d) if d.is_integer() else Fraction(repr(d))
+    scale = 10 ** frac_digits
+    return Fraction(math.ceil(t * scale), scale)  # (rounded up: still above D)
+
+
+def _digits_of(f: Fraction) -> str:
+    """The fraction digits of 0 <= f < 1 (a finite decimal), without trailing zeros."""
     out = []
-    first = lo
-    if lo_excl:  # I = lo: the fraction must not be zero
-        n = safe(lo, True)
-        if hi_excl and hi == lo + 1:
-            n = min(n, safe(lo, False))
-        if n >= 1:
-            out.append(_seq(_lit(str(lo)), nonzero(n)))
-        first = lo + 1
-    last, top = hi - 1, None
-    if hi_excl and hi - 1 >= first:  # I = hi - 1: the fraction must not round up to hi
-        n = safe(hi - 1, False)
-        top = _seq(_lit(str(hi - 1)), _opt(_seq(_lit("."), _r(d, 1, n))) if n >= 1 else EMPTY)
-        last = hi - 2
+    while f:
+        f *= 10
+        out.append(str(int(f)))
+        f -= int(f)
+    return "".join(out)
+
+
+def _fraction_digits(lo: str | None, hi: str | None, n: int, nonempty: bool) -> Node | None:
+    """Digit strings r of (1 if nonempty else 0) to n digits with 0.lo <= 0.r <= 0.hi (lo, hi:
+    digits without trailing zeros, "" for 0; None: unbounded); None if there is none."""
+    if lo == "":
+        lo = None
+    least = 1 if nonempty else 0
+    if lo is None and hi in (None, ""):  # any digits, or only zeros
+        return _r(("cls", "[0-9]") if hi is None else _lit("0"), least, n) if n >= least else None
+    alts: list[Node] = []
+    if not least and lo is None:
+        alts.append(EMPTY)
+    if n >= 1:
+        groups: dict[tuple, list[str]] = {}
+        for c in "0123456789":
+            if lo is not None and c < lo[0]:
+                continue
+            top = hi[0] if hi else "0"
+            if hi is not None and c > top:
+                continue
+            key = (lo[1:] or None if lo is not None and c == lo[0] else None,
+                   (hi[1:] if hi else "") if hi is not None and c == top else None)
+            groups.setdefault(key, []).append(c)
+        for (lo2, hi2), cs in groups.items():
+            rest = _fraction_digits(lo2, hi2, n - 1, False)
+            if rest is not None:
+                first: Node = _lit(cs[0]) if len(cs) == 1 else ("cls", f"[{cs[0]}-{cs[-1]}]")
+                alts.append(_seq(first, rest))
+    return _alt(*alts) if alts else None
+
+
+def _fraction(lo: str | None, hi: str | None, n: int) -> Node | None:
+    """The optional fraction part ('' or '.' and 1 to n digits) of values with fraction digits
+    between 0.lo and 0.hi."""
+    digits = _fraction_digits(lo, hi, n, True) if n else None
+    alts = [EMPTY] if (lo is None or lo == "") else []
+    if digits is not None:
+        alts.append(_seq(_lit("."), digits))
+    return _alt(*alts) if alts else None
+
+
+def decimal_range(lo: Fraction, hi: Fraction, frac_digits: int) -> list[Node]:
+    """Canonical texts without exponent ('-'? int part, then '.' and 1 to frac_digits digits or
+    nothing) of the decimals in [lo, hi] (both with at most frac_digits fraction digits, inside
+    the integer part's limit). '-0' and '-0.0…' are among them when 0 is."""
+    out: list[Node] = []
+    if hi >= 0:
+        out += _magnitudes(max(lo, Fraction(0)), hi, frac_digits)
+    if lo <= 0:
+        for x in _magnitudes(max(-hi, Fraction(0)), -lo, frac_digits):
+            out.append(_seq(_lit("-"), x))
+    return out
+
+
+def _magnitudes(a: Fraction, b: Fraction, n: int) -> list[Node]:
+    """Texts of the decimals in [a, b], 0 <= a (no sign)."""
+    if a > b:
+        return []
+    ia, ib = math.floor(a), math.floor(b)
+    fa, fb = _digits_of(a - ia), _digits_of(b - ib)
+    out: list[Node] = []
+    if ia == ib:
+        f = _fraction(fa, fb, n)
+        return [_seq(_lit(str(ia)), f)] if f is not None else []
+    first = ia
+    if fa:  # the integer part ia needs a fraction of at least 0.fa
+        f = _fraction(fa, None, n)
+        if f is not None:
+            out.append(_seq(_lit(str(ia)), f))
+        first = ia + 1
+    last = ib if fb == "9" * n else ib - 1  # (b = ib.99…9: the integer part ib takes any fraction)
     if first <= last:
-        out.append(_seq(_alt(*_int_range(first, last)), _frac_opt()))
-    if top is not None:
-        out.append(top)
-    if not hi_excl:
-        out.append(_seq(_lit(str(hi)), zeros))
+        out.append(_seq(_alt(*_int_range(first, last)), _fraction(None, None, n) or EMPTY))
+    if last < ib:
+        f = _fraction(None, fb, n)
+        if f is not None:
+            out.append(_seq(_lit(str(ib)), f))
     return out

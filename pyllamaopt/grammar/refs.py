@@ -42,6 +42,29 @@ def _subschemas(node: dict, pointer: str) -> list[tuple[Any, str]]:
     return out
 
 
+def follow(root: Any, pointer: str) -> Any:
+    """The value a JSON pointer ('' or '/a/0/b~1c') names in root; KeyError naming the first part
+    that is not there."""
+    node = root
+    for part in pointer.split("/")[1:] if pointer else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise KeyError(part)
+    return node
+
+
+def _exists(root: Any, pointer: str) -> bool:
+    try:
+        follow(root, pointer)
+    except KeyError:
+        return False
+    return True
+
+
 def _escape(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
 
@@ -106,11 +129,12 @@ def local_refs(root: Any) -> Any:
             return anchors.get(absolute)
         if uri not in resources:
             return None
-        return resources[uri] + unquote(frag)
+        pointer = resources[uri] + unquote(frag)
+        return pointer if _exists(root, pointer) else None
 
     changed = False
 
-    def rewrite(node: Any, pointer: str) -> Any:
+    def rewrite(node: Any, pointer: str, outer: str) -> Any:
         nonlocal changed
         if not isinstance(node, dict):
             return node
@@ -118,20 +142,24 @@ def local_refs(root: Any) -> Any:
         ref = node.get("$ref")
         if isinstance(ref, str):
             found = target(ref, bases.get(pointer, root_base))
+            if found is None:  # up to draft 7 an '$id' beside '$ref' is ignored: the enclosing base
+                found = target(ref, outer)
             if found is not None:
                 local = "#" + quote(found, safe="/~!$&'()*+,;=:@")
                 if local != ref:
                     out["$ref"] = local
                     changed = True
+        base = bases.get(pointer, root_base)
         for key, value in node.items():
             p = f"{pointer}/{_escape(key)}"
             if key in _SCHEMA or (key == "items" and isinstance(value, dict)):
-                out[key] = rewrite(value, p)
+                out[key] = rewrite(value, p, base)
             elif (key in _SCHEMA_LISTS or key == "items") and isinstance(value, list):
-                out[key] = [rewrite(v, f"{p}/{i}") for i, v in enumerate(value)]
+                out[key] = [rewrite(v, f"{p}/{i}", base) for i, v in enumerate(value)]
             elif key in _SCHEMA_MAPS and isinstance(value, dict):
-                out[key] = {k: rewrite(v, f"{p}/{_escape(k)}") if isinstance(k, str) else v for k, v in value.items()}
+                out[key] = {k: rewrite(v, f"{p}/{_escape(k)}", base) if isinstance(k, str) else v
+                            for k, v in value.items()}
         return out
 
-    result = rewrite(root, "")
+    result = rewrite(root, "", root_base)
     return result if changed else root

@@ -15,6 +15,7 @@ the same way, so every string the grammar allows matches under either engine.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -494,6 +495,10 @@ class Regex:
                 return True
         return False
 
+    def search(self, text: str) -> bool:
+        """Whether the pattern matches somewhere in ``text`` (read as the grammar reads it)."""
+        return _compiled(self.source).search(text) is not None
+
     def python(self) -> str:
         """An equivalent Python pattern for ``re.search`` (classes spelled out, so that Python
         reads them exactly as the grammar does)."""
@@ -502,6 +507,11 @@ class Regex:
             core = "".join(_py(t) for t in b.items)
             alts.append(("\\A" if b.start else "") + core + ("\\Z" if b.end else ""))
         return "|".join(alts) if alts else "(?!)"
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(source: str) -> re.Pattern:
+    return re.compile(parse_regex(source).python())
 
 
 def may_overlap(a: Regex, b: Regex) -> bool:

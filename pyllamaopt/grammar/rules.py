@@ -105,6 +105,7 @@ class _Rules:
     def reachable(self) -> dict[str, Node]:
         """The rules root reaches, breadth first from root."""
         order, todo = ["root"], 0
+        seen = {"root"}
         reached: dict[str, Node] = {}
         while todo < len(order):
             name = order[todo]
@@ -115,7 +116,10 @@ class _Rules:
             reached[name] = body
             refs: list[str] = []
             _walk_refs(body, refs)
-            order += [r for r in dict.fromkeys(refs) if r not in order]
+            for r in refs:
+                if r not in seen:
+                    seen.add(r)
+                    order.append(r)
         return reached
 
     def hoist(self, node: Node, name: str) -> Node:
@@ -150,37 +154,67 @@ class _Rules:
                 self.rules[n] = self.rules[b[1]]
         rules = self.reachable()
         # nullable rules, then left recursion (llama.cpp rejects it) and rules with no finite string
-        nullable: set[str] = set()
-        prod: set[str] = set()
-        changed = True
-        while changed:
-            changed = False
-            for n, b in rules.items():
-                if n not in nullable and _nullable(b, nullable):
-                    nullable.add(n)
-                    changed = True
-                if n not in prod and _productive(b, prod):
-                    prod.add(n)
-                    changed = True
+        users: dict[str, set[str]] = {n: set() for n in rules}  # rule -> the rules that refer to it
+        for n, b in rules.items():
+            refs = []
+            _walk_refs(b, refs)
+            for r in refs:
+                users[r].add(n)
+        nullable = _least_fixpoint(rules, users, _nullable)
+        prod = _least_fixpoint(rules, users, _productive)
         bad = [n for n in rules if n not in prod]
         if bad:
             raise GrammarError(f"the JSON Schema only admits infinitely nested values (through {bad[0]!r}): a "
                                "recursive $ref must be optional somewhere (not required, or in an array "
                                "that may be empty, or one alternative of an anyOf)")
-        starts = {}
+        starts: dict[str, set[str]] = {}
         for n, b in rules.items():
-            s: set[str] = set()
-            _left_refs(b, nullable, s)
-            starts[n] = s
-        for n in rules:
-            seen, todo = set(), list(starts[n])
-            while todo:
-                m = todo.pop()
-                if m == n:
-                    raise GrammarError(f"the JSON Schema refers to itself (through {n!r}) without an enclosing "
-                                       "object or array (e.g. anyOf/allOf of its own $ref): such a schema "
-                                       "adds nothing; remove the self-reference")
-                if m not in seen:
-                    seen.add(m)
-                    todo += starts[m]
+            starts[n] = set()
+            _left_refs(b, nullable, starts[n])
+        looped = _on_a_cycle(starts)
+        if looped is not None:
+            raise GrammarError(f"the JSON Schema refers to itself (through {looped!r}) without an enclosing "
+                               "object or array (e.g. anyOf/allOf of its own $ref): such a schema "
+                               "adds nothing; remove the self-reference")
         return "".join(f"{n} ::= {_render(b)}\n" for n, b in rules.items())
+
+
+def _least_fixpoint(rules: dict[str, Node], users: dict[str, set[str]],
+                    holds: Callable[[Node, set[str]], bool]) -> set[str]:
+    """The rules a monotone property holds for (nullable, productive), each rule checked again
+    only when a rule it refers to gained the property."""
+    found: set[str] = set()
+    todo = list(rules)
+    queued = set(todo)
+    while todo:
+        n = todo.pop()
+        queued.discard(n)
+        if n not in found and holds(rules[n], found):
+            found.add(n)
+            for user in users[n]:
+                if user not in found and user not in queued:
+                    todo.append(user)
+                    queued.add(user)
+    return found
+
+
+def _on_a_cycle(edges: dict[str, set[str]]) -> str | None:
+    """A node on a cycle of the graph (iterative depth-first search), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in edges:
+        if start in state:
+            continue
+        stack = [(start, iter(edges[start]))]
+        state[start] = 1
+        while stack:
+            node, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                state[node] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return nxt
+            elif nxt not in state:
+                state[nxt] = 1
+                stack.append((nxt, iter(edges.get(nxt, ()))))
+    return None

@@ -3,8 +3,8 @@ values checked, the types a schema declares, local $ref resolution, numeric boun
 errors."""
 from __future__ import annotations
 
+import functools
 import math
-import re
 from fractions import Fraction
 from typing import Any, Callable
 from urllib.parse import unquote
@@ -12,6 +12,7 @@ from urllib.parse import unquote
 from ..errors import GrammarError, UnenforceableSchemaError
 from .json_values import _json_kind
 from .formats import format_pattern
+from .refs import follow
 from .regex import parse_regex
 
 
@@ -76,6 +77,7 @@ def _osa_distance(a: str, b: str) -> int:
     return prev[-1]
 
 
+@functools.lru_cache(maxsize=4096)
 def _typo_of(key: str) -> str | None:
     """The constraining keyword ``key`` is likely a misspelling of, if any: the same but for
     case or a trailing ':' / '"' / space; for keywords of 6 or 7 letters one edit away, for
@@ -137,6 +139,8 @@ def _unenforceable(path: str, keyword: str, msg: str) -> UnenforceableSchemaErro
 
 #: what the converter does with an UnenforceableSchemaError: raise it (strict) or note it
 Relax = Callable[[UnenforceableSchemaError], None]
+#: whether a value is valid against a subschema of the schema being converted (jsonschema)
+Matches = Callable[[Any, Any], bool]
 
 
 def _raise(err: UnenforceableSchemaError) -> None:
@@ -174,7 +178,9 @@ def _schema_types(schema: dict, path: str) -> list[str] | None:
     return list(types)
 
 
-def _check_keywords(schema: dict, path: str) -> None:
+def _check_keywords(schema: dict, path: str, relax: Relax) -> None:
+    """The keywords' values checked. A keyword that looks like a misspelling is refused (strict)
+    or, relaxed, ignored as JSON Schema ignores unknown keywords (jsonschema's check too)."""
     for key in schema:
         if not isinstance(key, str):
             raise _err(path, f"keyword {key!r} is not a string")
@@ -184,8 +190,9 @@ def _check_keywords(schema: dict, path: str) -> None:
             continue  # the converter refuses or relaxes it
         meant = _typo_of(key)
         if meant is not None:
-            raise _err(path, f"unknown keyword '{key}' looks like a misspelling of '{meant}', which would "
-                             f"then not be enforced: correct it (or prefix it with 'x-' if it only annotates)")
+            relax(_unenforceable(path, key, f"unknown keyword '{key}' looks like a misspelling of '{meant}', which "
+                                 "would then not be enforced: correct it (or prefix it with 'x-' if it only "
+                                 "annotates)"))
     for key in ("anyOf", "oneOf", "allOf"):
         if key in schema and (not isinstance(schema[key], list) or not schema[key]):
             raise _err(path, f"'{key}' must be a non-empty list of schemas")
@@ -230,16 +237,10 @@ def _resolve(root: Any, ref: Any, path: str) -> Any:
     if fragment and not fragment.startswith("/"):
         raise _err(path, f"'$ref': {ref!r} names an anchor that no subschema declares ('$anchor', or "
                          "'$id'/'id' \"#name\"); declare it or use a JSON pointer such as '#/$defs/Name'")
-    node: Any = root
-    for part in fragment.split("/")[1:] if fragment else []:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            raise _err(path, f"'$ref': {ref!r} does not resolve: no {part!r} in the schema")
-    return node
+    try:
+        return follow(root, fragment)
+    except KeyError as e:
+        raise _err(path, f"'$ref': {ref!r} does not resolve: no {e.args[0]!r} in the schema") from None
 
 
 def _pointer_escape(name: str) -> str:
@@ -293,7 +294,7 @@ def _value_ok(v: Any, schema: dict, path: str) -> bool:
                 regex = parse_regex(source) if source is not None else None
             except GrammarError:  # an untranslatable pattern: refused or relaxed by the converter
                 continue
-            if regex is not None and not re.search(regex.python(), v):
+            if regex is not None and not regex.search(v):
                 return False
         return schema.get("minLength", 0) <= n and ("maxLength" not in schema or n <= schema["maxLength"])
     if kind == "array":

@@ -1,9 +1,10 @@
 """The server: settings, the FastAPI app, and what it does at start and stop.
 
-    pyllamaopt serve --model MODEL [--host 127.0.0.1] [--port 8080] [--grpc-port PORT] [--api-key KEY] ...
+    pyllamaopt serve --model MODEL [--host 127.0.0.1] [--port 8080] [--grpc-port PORT] [--api-key KEY]
+                     [--tls-cert CERT.pem --tls-key KEY.pem] ...
 
 One process owns one Context, whichever the transport (HTTP/JSON, and gRPC with --grpc-port: the same
-host, API key, event loop and service); the scheduler thread does all compute (scheduler.py); routes
+host, API key, TLS certificate, event loop and service); the scheduler thread does all compute (scheduler.py); routes
 are a few lines over the service (service.py), one file per surface.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
+import ssl
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -43,6 +45,8 @@ class ServeSettings:
     n_ctx: int = 4096
     threads: int | None = None
     api_key: str | None = None
+    tls_cert: str | None = None      # PEM certificate (chain) and its private key: HTTPS and gRPC over TLS
+    tls_key: str | None = None
     max_sessions: int = 16           # protocol sessions open at once; the least recently used idle one goes first
     session_ttl: float = 30 * 60.0   # seconds an idle protocol session is kept
     max_body_bytes: int = 16 << 20
@@ -60,6 +64,15 @@ class ServeSettings:
             raise SystemExit("pyllamaopt serve: --session-ttl must be a positive number of seconds")
         if self.grpc_port is not None and (not 0 < self.grpc_port < 65536 or self.grpc_port == self.port):
             raise SystemExit("pyllamaopt serve: --grpc-port must be a port number other than --port")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise SystemExit("pyllamaopt serve: give both --tls-cert and --tls-key (LLAMA_OPT_SERVE_TLS_CERT, "
+                             "LLAMA_OPT_SERVE_TLS_KEY), or neither")
+        if self.tls_cert and self.tls_key:
+            try:  # the pair is loaded here, so that a bad file stops the server before the model loads
+                ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(self.tls_cert, self.tls_key)
+            except (OSError, ssl.SSLError) as exc:
+                raise SystemExit(f"pyllamaopt serve: --tls-cert {self.tls_cert} / --tls-key {self.tls_key}: cannot "
+                                 f"load them as a PEM certificate and its private key ({exc})") from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -94,7 +107,8 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
         if settings.grpc_port is not None:
             from . import grpc_service
 
-            grpc_server = await grpc_service.start(service, settings.host, settings.grpc_port, settings.api_key)
+            tls = (settings.tls_cert, settings.tls_key) if settings.tls_cert and settings.tls_key else None
+            grpc_server = await grpc_service.start(service, settings.host, settings.grpc_port, settings.api_key, tls=tls)
         yield
         sweeper.cancel()
         if grpc_server is not None:
@@ -115,6 +129,7 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)
     app.include_router(session_routes.router)
+    app.include_router(session_routes.tokenizer_router)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -128,7 +143,7 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
     def error_response(request: Request, exc: ServiceError) -> JSONResponse:
         path = request.url.path
         shape = (anthropic_routes.error_body if path == "/v1/messages" else
-                 session_routes.error_body if path.startswith("/v1/sessions") else openai_routes.error_body)
+                 session_routes.error_body if path.startswith(("/v1/sessions", "/v1/tokenize")) else openai_routes.error_body)
         return JSONResponse(shape(exc), status_code=exc.status)
 
     @app.exception_handler(ServiceError)
@@ -186,4 +201,4 @@ def serve(settings: ServeSettings) -> None:
     settings.check()
     app = create_app(settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info" if settings.verbose else "warning",
-                timeout_graceful_shutdown=30)
+                timeout_graceful_shutdown=30, ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)

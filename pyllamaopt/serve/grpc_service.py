@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -65,6 +66,11 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
     async def CloseSession(self, request: pb.CloseSessionRequest, context: Any) -> pb.CloseSessionResponse:
         await self._call(context, lambda: self.service.close(request.session_id))
         return pb.CloseSessionResponse()
+
+    async def Tokenize(self, request: pb.TokenizeRequest, context: Any) -> pb.TokenizeResponse:
+        tokens = await self._call(context, lambda: self.service.tokenize(request.text, add_bos=request.add_bos,
+                                                                         special=request.special))
+        return pb.TokenizeResponse(tokens=tokens)
 
     async def Generate(self, request: pb.GenerateRequest, context: Any) -> AsyncIterator[pb.GenerateResponse]:
         """A client that cancels raises CancelledError at the next await: leaving the loop closes the
@@ -138,13 +144,19 @@ def _event(event: Event) -> pb.GenerateResponse:
     return pb.GenerateResponse(token=pb.Token(id=event.id, text=event.text))
 
 
-async def start(service: Service, host: str, port: int, api_key: str | None) -> Any:
-    """A running grpc.aio server on host:port (on the running event loop); stop it with ``await server.stop(grace)``."""
+async def start(service: Service, host: str, port: int, api_key: str | None,
+                tls: tuple[str, str] | None = None) -> Any:
+    """A running grpc.aio server on host:port (on the running event loop), over TLS with ``tls``
+    (certificate and private key PEM files); stop it with ``await server.stop(grace)``."""
     server = grpc.aio.server()
     runtime_pb2_grpc.add_RuntimeServicer_to_server(RuntimeServicer(service, api_key), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        server.add_insecure_port(address)
+        if tls is None:
+            server.add_insecure_port(address)
+        else:
+            cert, key = (Path(f).read_bytes() for f in tls)
+            server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)]))
     except RuntimeError as exc:
         raise SystemExit(f"pyllamaopt serve: cannot bind the gRPC port {address}: {exc}") from None
     await server.start()

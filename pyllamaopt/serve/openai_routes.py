@@ -42,11 +42,12 @@ def _usage(usage: Usage) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
 
 
-def _ending(head: dict[str, Any], choice: dict[str, Any], usage: Usage, include_usage: bool) -> list[dict[str, Any]]:
-    """A stream's last chunks: the finish reason, then (if the client asked) the usage."""
-    out = [{**head, "choices": [choice]}]
+def _ending(head: dict[str, Any], choice: dict[str, Any], done: DoneEvent, include_usage: bool) -> list[dict[str, Any]]:
+    """A stream's last chunks: the finish reason (with a JSON Schema, whether the output is valid),
+    then (if the client asked) the usage."""
+    out = [{**head, "choices": [choice], **({"pyllamaopt": done.schema_fields()} if done.schema else {})}]
     if include_usage:
-        out.append({**head, "choices": [], "usage": _usage(usage), "pyllamaopt": usage.as_dict()})
+        out.append({**head, "choices": [], "usage": _usage(done.usage), "pyllamaopt": done.extension()})
     return out
 
 
@@ -75,13 +76,13 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
             if isinstance(event, TokenEvent):
                 return [{**head, "choices": [{"index": 0, "text": event.text, "logprobs": None, "finish_reason": None}]}]
             return _ending(head, {"index": 0, "text": "", "logprobs": None,
-                                  "finish_reason": FINISH_REASONS[event.finish_reason]}, event.usage, include_usage)
+                                  "finish_reason": FINISH_REASONS[event.finish_reason]}, event, include_usage)
 
         return sse(events, chunk, error_body)
     _, text, done = await collect(events)
     return {**head, "choices": [{"index": 0, "text": text, "logprobs": None,
                                  "finish_reason": FINISH_REASONS[done.finish_reason]}],
-            "usage": _usage(done.usage), "pyllamaopt": done.usage.as_dict()}
+            "usage": _usage(done.usage), "pyllamaopt": done.extension()}
 
 
 def _turns(messages: list[ChatMessage]) -> list[Turn]:
@@ -154,7 +155,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                 return out
             delta = {"role": "assistant", "content": ""} if first[0] else {}
             return _ending(c, {"index": 0, "delta": delta, "finish_reason": _finish_reason(reply, event)},
-                           event.usage, include_usage)
+                           event, include_usage)
 
         return sse(events, chunk, error_body)
     _, text, done = await collect(events)
@@ -167,4 +168,4 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     return {**head, "object": "chat.completion",
             "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(reply, done),
                          "logprobs": None}],
-            "usage": _usage(done.usage), "pyllamaopt": done.usage.as_dict()}
+            "usage": _usage(done.usage), "pyllamaopt": done.extension()}

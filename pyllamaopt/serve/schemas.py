@@ -38,7 +38,7 @@ class Sampling(_Body):
             p.min_p = self.min_p
         p.seed = self.seed
         p.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        p.json_schema = _json_schema(response_format)
+        p.json_schema, p.schema_strict = _json_schema(response_format)
         return p
 
 
@@ -149,6 +149,13 @@ class Tokens(BaseModel):
     tokens: list[int] = Field(default_factory=list)
 
 
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str
+    add_bos: bool = False   # the model's BOS token first, if the model uses one
+    special: bool = False   # special-token text such as "<start_of_turn>" parsed as those tokens
+
+
 class SessionGenerateRequest(Sampling):
     """A generation of the session protocol, over HTTP (this body) and gRPC (its fields, copied)."""
 
@@ -163,17 +170,21 @@ class SessionGenerateRequest(Sampling):
         return p
 
 
-def _json_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | bool | None:
-    """OpenAI's response_format as a JSON Schema for the grammar engine (True: any JSON object)."""
+def _json_schema(response_format: dict[str, Any] | None) -> tuple[dict[str, Any] | bool | None, bool]:
+    """OpenAI's response_format as a JSON Schema for the grammar engine, and whether it is strict
+    (OpenAI's ``json_schema.strict``, false when absent)."""
     if response_format is None or response_format.get("type") == "text":
-        return None
+        return None, False
     kind = response_format.get("type")
     if kind == "json_object":
-        return {"type": "object"}
+        return {"type": "object"}, True
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, (dict, bool)):
             raise BadRequest("response_format.json_schema.schema must be a JSON Schema object")
-        return schema
+        strict = spec.get("strict") if isinstance(spec, dict) else None
+        if strict is not None and not isinstance(strict, bool):
+            raise BadRequest(f"response_format.json_schema.strict must be true or false, got {strict!r}")
+        return schema, bool(strict)
     raise BadRequest(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}")

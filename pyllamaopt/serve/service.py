@@ -23,7 +23,9 @@ freeze the token streams of other clients.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import json
 import os
 import secrets
 import time
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..context import Context
+from ..grammar import SchemaCheck, SchemaGrammar, compile_json_schema
 from ..errors import (
     ContextOverflowError,
     GrammarError,
@@ -43,6 +46,7 @@ from ..errors import (
     SessionBusyError,
     SessionClosedError,
     SessionEvictedError,
+    UnenforceableSchemaError,
 )
 from ..session import Session
 from ..stats import Stats
@@ -52,6 +56,8 @@ from .scheduler import PENDING, Scheduler
 
 # Request sessions kept open after their answer, for the next request that continues one.
 IDLE_REQUEST_SESSIONS = 4
+# Compiled JSON Schemas kept for the next request with the same schema (a large one takes seconds)
+SCHEMA_CACHE_SIZE = 32
 # While other work waits, a prompt's new tokens are computed in pieces of about this many, the
 # others' steps between them. Exact: pieces start at multiples of the block size and hold at
 # least 64 tokens, which the canonical schedule computes bit for bit as one chunk would
@@ -128,10 +134,13 @@ class GenerateParams:
     stop: list[str] = field(default_factory=list)
     grammar: str | None = None
     json_schema: dict[str, Any] | bool | None = None
+    # OpenAI's meaning: True, every constraint enforced by the grammar or a 400 naming the keyword;
+    # False, what a grammar can enforce is, and the answer says whether the output is valid
+    schema_strict: bool = False
 
     def kwargs(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
-                "seed": self.seed, "stop": self.stop, "grammar": self.grammar, "json_schema": self.json_schema}
+                "seed": self.seed, "stop": self.stop, "grammar": self.grammar}
 
 
 @dataclass(frozen=True)
@@ -169,6 +178,16 @@ class DoneEvent:
     finish_reason: str
     usage: Usage
     stop_string: str | None = None  # the stop string that ended the generation, if one did
+    schema: SchemaCheck | None = None  # with a JSON Schema: the output checked against all of it
+
+    def schema_fields(self) -> dict[str, Any]:
+        """With a JSON Schema: whether the output is valid against all of it (``schema_valid``;
+        ``schema_error`` says why not); else nothing."""
+        return {} if self.schema is None else {"schema_valid": self.schema.valid, "schema_error": self.schema.error}
+
+    def extension(self) -> dict[str, Any]:
+        """What an answer's ``pyllamaopt`` field says: the usage and the schema fields."""
+        return {**self.usage.as_dict(), **self.schema_fields()}
 
 
 Event = TokenEvent | DoneEvent
@@ -192,6 +211,7 @@ class Service:
         self.session_ttl = session_ttl
         self._sessions: dict[str, _Entry] = {}  # touched on the scheduler thread only
         self._idle: list[Session] = []  # request sessions kept after their answer, most recent last
+        self._schemas: collections.OrderedDict[tuple[str, bool], SchemaGrammar] = collections.OrderedDict()
 
     # stateless prompts
 
@@ -232,6 +252,7 @@ class Service:
                 session.close()
                 raise
             entry.busy = None
+            entry.last_used = time.monotonic()  # idle from now: a long prefill does not count against the TTL
             self._verify(session, entry, grew_from=0)
             self.metrics.session_total.labels(outcome="created").inc()
             self._update_gauges()
@@ -275,6 +296,10 @@ class Service:
             return _started(self._generation(entry.session, 0, params, entry.session.stats, entry=entry)), entry.session
 
         return _done_last(self.scheduler.stream(start))
+
+    async def tokenize(self, text: str, *, add_bos: bool, special: bool) -> list[int]:
+        """The model's token ids of `text` (no template): for clients without a tokenizer of their own."""
+        return await self._run(lambda: self.model.tokenize(text, add_bos=add_bos, special=special))
 
     async def expire_idle(self) -> int:
         """Closes sessions idle for longer than the TTL; returns how many."""
@@ -475,9 +500,12 @@ class Service:
         started = time.perf_counter()
         history = session.n_tokens
         self.metrics.session_history_tokens.observe(history)
+        generation = None
         try:
             yield PENDING  # see _started
-            generation = _typed_errors(lambda: session.generate(params.max_tokens, **params.kwargs()))
+            schema = None if params.json_schema is None else _typed_errors(lambda: self._compiled(params))
+            generation = _typed_errors(lambda: session.generate(params.max_tokens, json_schema=schema,
+                                                                **params.kwargs()))
             last = None
             for token in generation:
                 now = time.perf_counter()
@@ -494,14 +522,39 @@ class Service:
                           restored=stats.persist_tokens_restored, drafted=stats.memo_tokens_skipped,
                           forced=stats.schema_tokens_inferred, approximate=session.approx_from is not None)
             self.metrics.count_usage(usage)
-            yield DoneEvent(generation.finish_reason or "stop", usage, generation.stop_string)
+            check = None if schema is None else SchemaCheck(generation.schema_valid, generation.schema_error)
+            yield DoneEvent(generation.finish_reason or "stop", usage, generation.stop_string, check)
         finally:
+            if generation is not None:
+                # a request cancelled mid-stream: the turn ends now (the session becomes evictable
+                # again), not when the garbage collector finds the generation (it is a cycle)
+                generation.close()
             if entry is not None:
                 entry.busy = None
                 entry.last_used = time.monotonic()
             if done is not None:
                 done(session)
             self._update_gauges()
+
+    def _compiled(self, params: GenerateParams) -> SchemaGrammar:
+        """The request's JSON Schema compiled (strict as the request says), from the cache if an
+        earlier request had the same. A strict request whose schema has a constraint no grammar
+        enforces is refused with that constraint named."""
+        assert params.json_schema is not None
+        key = (json.dumps(params.json_schema, sort_keys=True), params.schema_strict)
+        compiled = self._schemas.pop(key, None)
+        if compiled is None:
+            try:
+                compiled = compile_json_schema(params.json_schema, strict=params.schema_strict)
+            except UnenforceableSchemaError as exc:
+                raise BadRequest(f"response_format.json_schema.strict is true, but the schema's '{exc.keyword}' at "
+                                 f"{exc.path} cannot be enforced by a grammar: {exc}. Remove that constraint, or "
+                                 "set strict to false: what a grammar can enforce is, and the answer's "
+                                 "pyllamaopt.schema_valid says whether the output is valid", type(exc)) from None
+        self._schemas[key] = compiled
+        while len(self._schemas) > SCHEMA_CACHE_SIZE:
+            self._schemas.popitem(last=False)
+        return compiled
 
     def _update_gauges(self) -> None:
         self.metrics.session_active.set(len(self._sessions))

@@ -8,6 +8,7 @@
                                          {"token", "text"} events, then {"finish_reason", "usage"}
     GET    /v1/sessions/{id}                                GetSessionInfo
     DELETE /v1/sessions/{id}                                CloseSession
+    POST   /v1/tokenize                  {"text", "add_bos", "special"} -> {"tokens": [...]} (Tokenize)
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from .schemas import SessionGenerateRequest, Tokens
+from .schemas import SessionGenerateRequest, TokenizeRequest, Tokens
 from .service import Event, Service, ServiceError, TokenEvent
 from .streaming import collect, sse, started
 
 router = APIRouter(prefix="/v1/sessions")
+tokenizer_router = APIRouter()
 
 
 def _service(request: Request) -> Service:
@@ -72,8 +74,14 @@ async def generate(session_id: str, body: SessionGenerateRequest, request: Reque
         def chunk(event: Event) -> list[dict[str, Any]]:
             if isinstance(event, TokenEvent):
                 return [{"token": event.id, "text": event.text}]
-            return [{"finish_reason": event.finish_reason, "usage": event.usage.as_dict()}]
+            return [{"finish_reason": event.finish_reason, "usage": event.usage.as_dict(), **event.schema_fields()}]
 
         return sse(events, chunk, error_body, done_line=False)
     tokens, text, done = await collect(events)
-    return {"tokens": tokens, "text": text, "finish_reason": done.finish_reason, "usage": done.usage.as_dict()}
+    return {"tokens": tokens, "text": text, "finish_reason": done.finish_reason, "usage": done.usage.as_dict(),
+            **done.schema_fields()}
+
+
+@tokenizer_router.post("/v1/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, list[int]]:
+    return {"tokens": await _service(request).tokenize(body.text, add_bos=body.add_bos, special=body.special)}

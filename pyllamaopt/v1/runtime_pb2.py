@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpyllamaopt/v1/runtime.proto\x12\rpyllamaopt.v1\"&\n\x14\x43reateSessionRequest\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\"+\n\x15\x43reateSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\"9\n\x13\x41ppendTokensRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\"1\n\x0bSyncRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\"!\n\x0b\x46orkRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\"\n\x0c\x46orkResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\"+\n\x15GetSessionInfoRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"\x85\x02\n\x0bSessionInfo\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08n_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\x10\n\x08kv_bytes\x18\x04 \x01(\x03\x12\x18\n\x0b\x61pprox_from\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\ngenerating\x18\x06 \x01(\x08\x12\x0c\n\x04\x62usy\x18\x07 \x01(\t\x12\x34\n\x05stats\x18\x08 \x03(\x0b\x32%.pyllamaopt.v1.SessionInfo.StatsEntry\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x42\x0e\n\x0c_approx_from\"\xb3\x02\n\x0fGenerateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\nmax_tokens\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x12\n\x05min_p\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x06\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x11\n\x07grammar\x18\t \x01(\tH\x00\x12\x15\n\x0bjson_schema\x18\n \x01(\tH\x00\x42\x0c\n\nconstraintB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seed\"!\n\x05Token\x12\n\n\x02id\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\"\xce\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\x12\x17\n\x0f\x63omputed_tokens\x18\x04 \x01(\x05\x12\x17\n\x0frestored_tokens\x18\x05 \x01(\x05\x12\x16\n\x0e\x64rafted_tokens\x18\x06 \x01(\x05\x12\x1d\n\x15grammar_forced_tokens\x18\x07 \x01(\x05\x12\x13\n\x0b\x61pproximate\x18\x08 \x01(\x08\"l\n\x04\x44one\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12#\n\x05usage\x18\x02 \x01(\x0b\x32\x14.pyllamaopt.v1.Usage\x12\x18\n\x0bstop_string\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x0e\n\x0c_stop_string\"g\n\x10GenerateResponse\x12%\n\x05token\x18\x01 \x01(\x0b\x32\x14.pyllamaopt.v1.TokenH\x00\x12#\n\x04\x64one\x18\x02 \x01(\x0b\x32\x13.pyllamaopt.v1.DoneH\x00\x42\x07\n\x05\x65vent2\xb2\x04\n\x07Runtime\x12Z\n\rCreateSession\x12#.pyllamaopt.v1.CreateSessionRequest\x1a$.pyllamaopt.v1.CreateSessionResponse\x12N\n\x0c\x41ppendTokens\x12\".pyllamaopt.v1.AppendTokensRequest\x1a\x1a.pyllamaopt.v1.SessionInfo\x12>\n\x04Sync\x12\x1a.pyllamaopt.v1.SyncRequest\x1a\x1a.pyllamaopt.v1.SessionInfo\x12?\n\x04\x46ork\x12\x1a.pyllamaopt.v1.ForkRequest\x1a\x1b.pyllamaopt.v1.ForkResponse\x12M\n\x08Generate\x12\x1e.pyllamaopt.v1.GenerateRequest\x1a\x1f.pyllamaopt.v1.GenerateResponse0\x01\x12R\n\x0eGetSessionInfo\x12$.pyllamaopt.v1.GetSessionInfoRequest\x1a\x1a.pyllamaopt.v1.SessionInfo\x12W\n\x0c\x43loseSession\x12\".pyllamaopt.v1.CloseSessionRequest\x1a#.pyllamaopt.v1.CloseSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bpyllamaopt/v1/runtime.proto\x12\rpyllamaopt.v1\"&\n\x14\x43reateSessionRequest\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\"+\n\x15\x43reateSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\"9\n\x13\x41ppendTokensRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\"1\n\x0bSyncRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\"!\n\x0b\x46orkRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\"\n\x0c\x46orkResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\"+\n\x15GetSessionInfoRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseSessionResponse\"A\n\x0fTokenizeRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64_bos\x18\x02 \x01(\x08\x12\x0f\n\x07special\x18\x03 \x01(\x08\"\"\n\x10TokenizeResponse\x12\x0e\n\x06tokens\x18\x01 \x03(\x05\"\x85\x02\n\x0bSessionInfo\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08n_tokens\x18\x02 \x01(\x05\x12\x0e\n\x06tokens\x18\x03 \x03(\x05\x12\x10\n\x08kv_bytes\x18\x04 \x01(\x03\x12\x18\n\x0b\x61pprox_from\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\ngenerating\x18\x06 \x01(\x08\x12\x0c\n\x04\x62usy\x18\x07 \x01(\t\x12\x34\n\x05stats\x18\x08 \x03(\x0b\x32%.pyllamaopt.v1.SessionInfo.StatsEntry\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x42\x0e\n\x0c_approx_from\"\xb3\x02\n\x0fGenerateRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\nmax_tokens\x18\x02 \x01(\x05H\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x12\n\x05min_p\x18\x06 \x01(\x02H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x06\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x11\n\x07grammar\x18\t \x01(\tH\x00\x12\x15\n\x0bjson_schema\x18\n \x01(\tH\x00\x42\x0c\n\nconstraintB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seed\"!\n\x05Token\x12\n\n\x02id\x18\x01 \x01(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\"\xce\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\x12\x17\n\x0f\x63omputed_tokens\x18\x04 \x01(\x05\x12\x17\n\x0frestored_tokens\x18\x05 \x01(\x05\x12\x16\n\x0e\x64rafted_tokens\x18\x06 \x01(\x05\x12\x1d\n\x15grammar_forced_tokens\x18\x07 \x01(\x05\x12\x13\n\x0b\x61pproximate\x18\x08 \x01(\x08\"l\n\x04\x44one\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12#\n\x05usage\x18\x02 \x01(\x0b\x32\x14.pyllamaopt.v1.Usage\x12\x18\n\x0bstop_string\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\x0e\n\x0c_stop_string\"g\n\x10GenerateResponse\x12%\n\x05token\x18\x01 \x01(\x0b\x32\x14.pyllamaopt.v1.TokenH\x00\x12#\n\x04\x64one\x18\x02 \x01(\x0b\x32\x13.pyllamaopt.v1.DoneH\x00\x42\x07\n\x05\x65vent2\xff\x04\n\x07Runtime\x12Z\n\rCreateSession\x12#.pyllamaopt.v1.CreateSessionRequest\x1a$.pyllamaopt.v1.CreateSessionResponse\x12N\n\x0c\x41ppendTokens\x12\".pyllamaopt.v1.AppendTokensRequest\x1a\x1a.pyllamaopt.v1.SessionInfo\x12>\n\x04Sync\x12\x1a.pyllamaopt.v1.SyncRequest\x1a\x1a.pyllamaopt.v1.SessionInfo\x12?\n\x04\x46ork\x12\x1a.pyllamaopt.v1.ForkRequest\x1a\x1b.pyllamaopt.v1.ForkResponse\x12M\n\x08Generate\x12\x1e.pyllamaopt.v1.GenerateRequest\x1a\x1f.pyllamaopt.v1.GenerateResponse0\x01\x12R\n\x0eGetSessionInfo\x12$.pyllamaopt.v1.GetSessionInfoRequest\x1a\x1a.pyllamaopt.v1.SessionInfo\x12W\n\x0c\x43loseSession\x12\".pyllamaopt.v1.CloseSessionRequest\x1a#.pyllamaopt.v1.CloseSessionResponse\x12K\n\x08Tokenize\x12\x1e.pyllamaopt.v1.TokenizeRequest\x1a\x1f.pyllamaopt.v1.TokenizeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -51,20 +51,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLOSESESSIONREQUEST']._serialized_end=398
   _globals['_CLOSESESSIONRESPONSE']._serialized_start=400
   _globals['_CLOSESESSIONRESPONSE']._serialized_end=422
-  _globals['_SESSIONINFO']._serialized_start=425
-  _globals['_SESSIONINFO']._serialized_end=686
-  _globals['_SESSIONINFO_STATSENTRY']._serialized_start=626
-  _globals['_SESSIONINFO_STATSENTRY']._serialized_end=670
-  _globals['_GENERATEREQUEST']._serialized_start=689
-  _globals['_GENERATEREQUEST']._serialized_end=996
-  _globals['_TOKEN']._serialized_start=998
-  _globals['_TOKEN']._serialized_end=1031
-  _globals['_USAGE']._serialized_start=1034
-  _globals['_USAGE']._serialized_end=1240
-  _globals['_DONE']._serialized_start=1242
-  _globals['_DONE']._serialized_end=1350
-  _globals['_GENERATERESPONSE']._serialized_start=1352
-  _globals['_GENERATERESPONSE']._serialized_end=1455
-  _globals['_RUNTIME']._serialized_start=1458
-  _globals['_RUNTIME']._serialized_end=2020
+  _globals['_TOKENIZEREQUEST']._serialized_start=424
+  _globals['_TOKENIZEREQUEST']._serialized_end=489
+  _globals['_TOKENIZERESPONSE']._serialized_start=491
+  _globals['_TOKENIZERESPONSE']._serialized_end=525
+  _globals['_SESSIONINFO']._serialized_start=528
+  _globals['_SESSIONINFO']._serialized_end=789
+  _globals['_SESSIONINFO_STATSENTRY']._serialized_start=729
+  _globals['_SESSIONINFO_STATSENTRY']._serialized_end=773
+  _globals['_GENERATEREQUEST']._serialized_start=792
+  _globals['_GENERATEREQUEST']._serialized_end=1099
+  _globals['_TOKEN']._serialized_start=1101
+  _globals['_TOKEN']._serialized_end=1134
+  _globals['_USAGE']._serialized_start=1137
+  _globals['_USAGE']._serialized_end=1343
+  _globals['_DONE']._serialized_start=1345
+  _globals['_DONE']._serialized_end=1453
+  _globals['_GENERATERESPONSE']._serialized_start=1455
+  _globals['_GENERATERESPONSE']._serialized_end=1558
+  _globals['_RUNTIME']._serialized_start=1561
+  _globals['_RUNTIME']._serialized_end=2200
 # @@protoc_insertion_point(module_scope)

@@ -62,6 +62,22 @@ class CloseSessionResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class TokenizeRequest(_message.Message):
+    __slots__ = ("text", "add_bos", "special")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    ADD_BOS_FIELD_NUMBER: _ClassVar[int]
+    SPECIAL_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    add_bos: bool
+    special: bool
+    def __init__(self, text: _Optional[str] = ..., add_bos: _Optional[bool] = ..., special: _Optional[bool] = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("tokens",)
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class SessionInfo(_message.Message):
     __slots__ = ("session_id", "n_tokens", "tokens", "kv_bytes", "approx_from", "generating", "busy", "stats")
     class StatsEntry(_message.Message):

@@ -69,6 +69,11 @@ class RuntimeStub:
                 request_serializer=pyllamaopt_dot_v1_dot_runtime__pb2.CloseSessionRequest.SerializeToString,
                 response_deserializer=pyllamaopt_dot_v1_dot_runtime__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
+        self.Tokenize = channel.unary_unary(
+                '/pyllamaopt.v1.Runtime/Tokenize',
+                request_serializer=pyllamaopt_dot_v1_dot_runtime__pb2.TokenizeRequest.SerializeToString,
+                response_deserializer=pyllamaopt_dot_v1_dot_runtime__pb2.TokenizeResponse.FromString,
+                _registered_method=True)
 
 
 class RuntimeServicer:
@@ -121,6 +126,14 @@ class RuntimeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tokenize(self, request, context):
+        """The model's token ids of a text (no template: a client without a tokenizer of its own builds a
+        history's pieces with it, as the SDKs' examples do).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -158,6 +171,11 @@ def add_RuntimeServicer_to_server(servicer, server):
                     servicer.CloseSession,
                     request_deserializer=pyllamaopt_dot_v1_dot_runtime__pb2.CloseSessionRequest.FromString,
                     response_serializer=pyllamaopt_dot_v1_dot_runtime__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'Tokenize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tokenize,
+                    request_deserializer=pyllamaopt_dot_v1_dot_runtime__pb2.TokenizeRequest.FromString,
+                    response_serializer=pyllamaopt_dot_v1_dot_runtime__pb2.TokenizeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -349,6 +367,33 @@ class Runtime:
             '/pyllamaopt.v1.Runtime/CloseSession',
             pyllamaopt_dot_v1_dot_runtime__pb2.CloseSessionRequest.SerializeToString,
             pyllamaopt_dot_v1_dot_runtime__pb2.CloseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tokenize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pyllamaopt.v1.Runtime/Tokenize',
+            pyllamaopt_dot_v1_dot_runtime__pb2.TokenizeRequest.SerializeToString,
+            pyllamaopt_dot_v1_dot_runtime__pb2.TokenizeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -88,6 +88,41 @@ def test_json_schema_output_is_an_instance(warm):
     assert set(person) == {"name", "age"} and isinstance(person["age"], int) and 0 <= person["age"] <= 150
 
 
+def test_response_format_strict_has_openais_meaning(warm):
+    """strict true: every constraint enforced by the grammar, or a 400 naming the one that cannot
+    be; strict false or absent: what can be enforced is, and pyllamaopt.schema_valid says whether
+    the output is valid against the whole schema."""
+    import jsonschema
+    import openai
+
+    tags = {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]},
+                                                      "minItems": 2, "maxItems": 3, "uniqueItems": True}},
+            "required": ["tags"], "additionalProperties": False}
+    ask = dict(model="gemma", max_tokens=40, messages=[{"role": "user", "content": "Give two or three colour tags as JSON."}])
+    client = warm.client()
+    with pytest.raises(openai.BadRequestError, match="uniqueItems"):
+        client.chat.completions.create(**ask, response_format={
+            "type": "json_schema", "json_schema": {"name": "tags", "schema": tags, "strict": True}})
+    for spec in ({"name": "tags", "schema": tags, "strict": False}, {"name": "tags", "schema": tags}):
+        reply = client.chat.completions.create(**ask, response_format={"type": "json_schema", "json_schema": spec})
+        extension = reply.model_extra["pyllamaopt"]
+        try:
+            jsonschema.validate(json.loads(reply.choices[0].message.content), tags)
+            valid = True
+        except (ValueError, jsonschema.ValidationError):
+            valid = False
+        assert extension["schema_valid"] is valid and (extension["schema_error"] is None) == valid, reply
+        if valid is False and reply.choices[0].finish_reason == "stop":
+            assert "non-unique" in extension["schema_error"]  # only what the grammar left out can fail
+    exact = {**tags, "properties": {"tags": {**tags["properties"]["tags"], "uniqueItems": False}}}
+    strict = {"type": "json_schema", "json_schema": {"name": "tags", "schema": exact, "strict": True}}
+    reply = client.chat.completions.create(**ask, response_format=strict)
+    assert reply.choices[0].finish_reason == "stop" and reply.model_extra["pyllamaopt"]["schema_valid"] is True
+    chunks = list(client.chat.completions.create(**ask, response_format=strict, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == reply.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].model_extra["pyllamaopt"]["schema_valid"] is True
+
+
 def test_anthropic_messages_streaming_and_not_with_a_stop_sequence(warm):
     client = anthropic.Anthropic(base_url=warm.url, api_key="unused", max_retries=0)
     ask = dict(model="gemma", max_tokens=40, system="Answer with a numbered list.",

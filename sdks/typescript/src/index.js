@@ -111,7 +111,8 @@ const sleep = (/** @type {number} */ ms) => new Promise((resolve) => setTimeout(
 
 export class Client {
   /**
-   * @param {string} url  the server, e.g. "http://127.0.0.1:8080"
+   * @param {string} url  the server, e.g. "http://127.0.0.1:8080", or "https://..." for one started with
+   *   --tls-cert (a private CA or self-signed certificate: start node with NODE_EXTRA_CA_CERTS=cert.pem)
    * @param {{ apiKey?: string }} [options]  apiKey: the server's --api-key
    */
   constructor(url, options = {}) {
@@ -137,6 +138,20 @@ export class Client {
    */
   session(sessionId) {
     return new RemoteSession(this, sessionId);
+  }
+
+  /**
+   * The server's model's token ids of `text` (no template): the pieces of a history, for a client without a
+   * tokenizer of its own. `addBos`: the model's BOS token first (if it uses one); `special`: special-token
+   * text such as "<start_of_turn>" parsed as those tokens (keep it off for text users typed).
+   * @param {string} text
+   * @param {{ addBos?: boolean, special?: boolean }} [options]
+   * @returns {Promise<number[]>}
+   */
+  async tokenize(text, options = {}) {
+    const body = await this.request("POST", "/v1/tokenize",
+      { text, add_bos: options.addBos || false, special: options.special || false });
+    return body.tokens;
   }
 
   /**

@@ -1,7 +1,7 @@
-// The TypeScript (JavaScript + JSDoc) client against a real `pyllamaopt serve` process: the one at
-// PYLLAMAOPT_URL if set (tests/test_grpc.py runs this file that way, on the tiny test model), else one
-// started here on a free port (PYTHON, default python3; the model: LLAMA_OPT_MODEL, default
-// gemma3-270m).
+// The TypeScript (JavaScript + JSDoc) client against real `pyllamaopt serve` processes: the one at
+// PYLLAMAOPT_URL and, for the TTL test, one started with --session-ttl 1 at PYLLAMAOPT_TTL_URL, if set
+// (tests/test_grpc.py runs this file that way, on the tiny test model); else they are started here on
+// free ports (PYTHON, default python3; the model: LLAMA_OPT_MODEL, default gemma3-270m).
 import { spawn } from "node:child_process";
 import { createServer } from "node:net";
 import { after, before, test } from "node:test";
@@ -12,8 +12,8 @@ import {
   SessionClosedError,
 } from "../src/index.js";
 
-/** @type {import("node:child_process").ChildProcess | null} */
-let server = null;
+/** @type {import("node:child_process").ChildProcess[]} */
+const servers = [];
 let url = process.env.PYLLAMAOPT_URL || "";
 const PROMPT = Array.from({ length: 200 }, (_, i) => 10 + i);
 
@@ -28,25 +28,36 @@ function freePort() {
   });
 }
 
-before(async () => {
-  if (url) return;
+/**
+ * A server process on a free port; resolves to its URL once it answers.
+ * @param {string[]} args  more options of `pyllamaopt serve`
+ * @returns {Promise<string>}
+ */
+async function startServer(args = []) {
   const port = await freePort();
-  url = `http://127.0.0.1:${port}`;
-  server = spawn(process.env.PYTHON || "python3",
+  const started = `http://127.0.0.1:${port}`;
+  const server = spawn(process.env.PYTHON || "python3",
     ["-m", "pyllamaopt.cli", "serve", "--port", String(port), "--model", process.env.LLAMA_OPT_MODEL || "gemma3-270m",
-      "--n-ctx", "1024", "--threads", "2"], { stdio: "inherit", cwd: "/" });
+      "--n-ctx", "1024", "--threads", "2", ...args], { stdio: "inherit", cwd: "/" });
+  servers.push(server);
   const deadline = Date.now() + 120_000;
   for (;;) {
     try {
-      if ((await fetch(`${url}/health`)).ok) return;
+      if ((await fetch(`${started}/health`)).ok) return started;
     } catch { /* not up yet */ }
     if (Date.now() > deadline || server.exitCode !== null) throw new Error("the server did not start");
-    await new Promise((r) => setTimeout(r, 200));
+    await sleep(200);
   }
+}
+
+const sleep = (/** @type {number} */ ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+before(async () => {
+  if (!url) url = await startServer();
 });
 
 after(() => {
-  if (server) server.kill("SIGTERM");
+  for (const server of servers) server.kill("SIGTERM");
 });
 
 /**
@@ -77,8 +88,12 @@ test("INV-3: initial tokens, one append, many appends generate the same tokens",
   assert.deepEqual(answers[2], answers[0]);
 });
 
-test("a generation's attributes, sync, fork", async () => {
+test("a generation's attributes, sync, fork, tokenize", async () => {
   const client = new Client(url);
+  const words = await client.tokenize("hello world");
+  assert.ok(words.length > 0 && words.every(Number.isInteger));
+  const withBos = await client.tokenize("hello world", { addBos: true }); // BOS first, if the model uses one
+  assert.deepEqual(withBos.slice(withBos.length - words.length), words);
   const session = await client.createSession({ tokens: PROMPT.slice(0, 100) });
   await session.sync(PROMPT.slice(0, 70));
   const forked = await session.fork();
@@ -110,7 +125,7 @@ test("cancelling mid-stream stops the generation; the session stays usable", asy
   const deadline = Date.now() + 10_000;
   while ((await session.info()).busy !== null) {
     assert.ok(Date.now() < deadline, "the generation did not stop");
-    await new Promise((r) => setTimeout(r, 50));
+    await sleep(50);
   }
   const info = await session.info();
   assert.ok(info.stats.tokens_generated < 125, `it did not stop early: ${info.stats.tokens_generated} tokens`);
@@ -135,5 +150,15 @@ test("errors are the pyllamaopt classes", async () => {
   await iterator.return(undefined);
   await session.close();
   await assert.rejects(session.info(), (err) => err instanceof SessionClosedError && err instanceof PyllamaoptError);
+  await session.close(); // closing what is gone is not an error
+});
+
+test("a session idle beyond the TTL is not found: SessionClosedError (404)", async () => {
+  const client = new Client(process.env.PYLLAMAOPT_TTL_URL || await startServer(["--session-ttl", "1"]));
+  const session = await client.createSession({ tokens: PROMPT.slice(0, 10) });
+  assert.equal((await session.info()).n_tokens, 10);
+  await sleep(2000); // idle beyond the TTL; the server sweeps every TTL/4
+  await assert.rejects(session.info(), (err) => err instanceof SessionClosedError && err.status === 404);
+  await assert.rejects(session.append([5]), SessionClosedError);
   await session.close(); // closing what is gone is not an error
 });
