@@ -25,8 +25,7 @@ TURN = re.compile(r"^\[turn (\d+): (\d+) tokens appended, (\d+) generated \((\w+
 
 def run_python(example: str, address: str, *args: str, stdin: str | None = None) -> str:
     run = subprocess.run([sys.executable, str(PYTHON_EXAMPLES / f"{example}.py"), "--address", address, *args],
-                         input=stdin, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         input=stdin, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     return run.stdout
 

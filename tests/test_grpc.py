@@ -344,8 +344,7 @@ engine = [m for m in sys.modules if m in ("pyllamaopt._core", "pyllamaopt.model"
 assert engine == ["pyllamaopt._core"] and sys.modules["pyllamaopt._core"] is None, engine
 print("ok")
 """
-    run = subprocess.run([sys.executable, "-c", script, served[1]], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    run = subprocess.run([sys.executable, "-c", script, served[1]], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import openai
@@ -28,7 +30,7 @@ from pyllamaopt import Context, OptConfig
 from pyllamaopt.serve.metrics import Metrics
 from pyllamaopt.serve.scheduler import STREAM_AHEAD, Scheduler
 from pyllamaopt.serve.service import (Busy, DoneEvent, GenerateParams, InvariantViolation, NotFound, Overloaded,
-                                      Service)
+                                      Service, TokenEvent)
 
 N_CTX = 1024
 
@@ -650,3 +652,48 @@ def test_binding_beyond_loopback_needs_an_api_key(tiny_model_path, tmp_path):
                              "--host", "0.0.0.0", "--port", str(free_port())],
                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "--api-key" in result.stderr
+
+
+@pytest.mark.parametrize("spec_version", ["2.4", "2.3"])
+def test_a_stream_whose_client_left_is_closed_at_once_down_to_the_generation(spec_version):
+    """A client that leaves while the server sends (undici's abort, at ASGI 2.4 seen only by the
+    failing send) must close the chain of event generators at once, not when the garbage collector
+    finds it: the innermost one's cleanup ends the session's generation (it stayed 'generating')."""
+    import gc
+
+    from pyllamaopt.serve.streaming import sse
+
+    closed = []
+
+    async def generation() -> Any:
+        try:
+            for i in range(100):
+                yield TokenEvent(i, "x")
+                await asyncio.sleep(0)
+        finally:
+            closed.append(True)
+
+    async def scenario() -> None:
+        sent = []
+
+        async def send(message: dict) -> None:
+            if len(sent) == 3:
+                raise OSError("the client left")
+            sent.append(message)
+
+        async def receive() -> dict:
+            await asyncio.sleep(3600)
+            return {"type": "http.disconnect"}
+
+        response = sse(generation(), lambda e: [{"token": e.id}], lambda exc: {})
+        scope = {"type": "http", "asgi": {"spec_version": spec_version}}
+        with contextlib.suppress(Exception):
+            await response(scope, receive, send)
+        await asyncio.sleep(0)  # (a close the event loop runs next counts; the end of asyncio.run would not)
+        assert closed == [True], "the generation was left open"
+
+    gc.disable()
+    try:
+        asyncio.run(scenario())
+    finally:
+        gc.enable()

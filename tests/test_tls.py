@@ -138,5 +138,5 @@ def test_tls_settings_are_checked(tmp_path):
     # the variables, as the command line reads them: refused before the model loads
     run = subprocess.run([sys.executable, "-m", "pyllamaopt.cli", "serve", "--model", str(tmp_path / "none.gguf")],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                         env={**os.environ, "PYTHONPATH": str(ROOT), "LLAMA_OPT_SERVE_TLS_CERT": str(cert)})
+                         env={**os.environ, "LLAMA_OPT_SERVE_TLS_CERT": str(cert)})
     assert run.returncode != 0 and "give both --tls-cert and --tls-key" in run.stderr, run.stderr

@@ -8,6 +8,7 @@ lifespan): one process, one Context, whichever transport a client uses.
 """
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -78,8 +79,9 @@ class RuntimeServicer(runtime_pb2_grpc.RuntimeServicer):
         await self._check_key(context)
         try:
             events = self.service.generate(request.session_id, _params(request, self.service.context.n_ctx))
-            async for event in events:
-                yield _event(event)
+            async with contextlib.aclosing(events):  # cancelled in a write too: closed at once
+                async for event in events:
+                    yield _event(event)
         except ServiceError as exc:
             await _abort(context, exc)
 

@@ -17,7 +17,7 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -57,7 +57,7 @@ class Scheduler:
     async def run(self, fn: Callable[[], T]) -> T:
         return await asyncio.wrap_future(self.call(fn))
 
-    async def stream(self, start: Callable[[], tuple[Iterator[Any], Any]]) -> AsyncIterator[Any]:
+    async def stream(self, start: Callable[[], tuple[Iterator[Any], Any]]) -> AsyncGenerator[Any, None]:
         """Items of the iterator `start()` returns (with its prefetch key), created and advanced on
         the scheduler thread. Leaving the loop early (a client gone, even while `start` runs)
         closes the iterator there, between two steps: one whose cleanup matters must have started

@@ -29,7 +29,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,7 +215,7 @@ class Service:
 
     # stateless prompts
 
-    def complete(self, tokens: list[int], params: GenerateParams) -> AsyncIterator[Event]:
+    def complete(self, tokens: list[int], params: GenerateParams) -> AsyncGenerator[Event, None]:
         """Generates after `tokens` (see the module's docstring)."""
         def answer(session: Session) -> Iterator[Any]:
             before = session.stats
@@ -288,7 +288,7 @@ class Service:
 
         await self._run(close)
 
-    def generate(self, session_id: str, params: GenerateParams) -> AsyncIterator[Event]:
+    def generate(self, session_id: str, params: GenerateParams) -> AsyncGenerator[Event, None]:
         """One generation at a time per session: a second one is refused (Busy) until it ends."""
         def start() -> tuple[Iterator[Event], Any]:
             entry = self._entry(session_id, idle=True)
@@ -562,15 +562,16 @@ class Service:
         self.metrics.queue_depth.set(self.scheduler.queue_depth())
 
 
-async def _done_last(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+async def _done_last(events: AsyncGenerator[Event, None]) -> AsyncGenerator[Event, None]:
     """`events` with the DoneEvent held until the generation's cleanup has run (the session idle
     again): a client that reads it may use the session at once without finding it busy."""
     done = None
-    async for event in events:
-        if isinstance(event, DoneEvent):
-            done = event
-        else:
-            yield event
+    async with contextlib.aclosing(events):  # (closed at once when its reader closes this one)
+        async for event in events:
+            if isinstance(event, DoneEvent):
+                done = event
+            else:
+                yield event
     if done is not None:
         yield done
 

@@ -1,25 +1,28 @@
 """What every route does with a generation's events: collect them, or stream them as SSE."""
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from .service import DoneEvent, Event, ServiceError, TokenEvent
 
 
-async def started(events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+async def started(events: AsyncGenerator[Event, None]) -> AsyncGenerator[Event, None]:
     """`events` with its first event already taken: errors of the prompt (a bad token, a prompt
     longer than the context, a schema we cannot express) raise here, before a response starts,
     so they become a 4xx and not a broken stream."""
     first = await events.__anext__()
 
-    async def rest() -> AsyncIterator[Event]:
-        yield first
-        async for event in events:
-            yield event
+    async def rest() -> AsyncGenerator[Event, None]:
+        async with contextlib.aclosing(events):
+            yield first
+            async for event in events:
+                yield event
 
     return rest()
 
@@ -38,7 +41,7 @@ async def collect(events: AsyncIterator[Event]) -> tuple[list[int], str, DoneEve
     return tokens, "".join(text), done
 
 
-def sse(events: AsyncIterator[Event], chunk: Callable[[Event], list[dict[str, Any]]],
+def sse(events: AsyncGenerator[Event, None], chunk: Callable[[Event], list[dict[str, Any]]],
         error_shape: Callable[[ServiceError], dict[str, Any]], *, done_line: bool = True,
         named: bool = False, prologue: list[dict[str, Any]] | None = None) -> StreamingResponse:
     """Server-sent events: `chunk` turns each event into the protocol's JSON payloads, after the
@@ -48,16 +51,31 @@ def sse(events: AsyncIterator[Event], chunk: Callable[[Event], list[dict[str, An
         name = f"event: {payload['type']}\n" if named else ""
         return f"{name}data: {json.dumps(payload)}\n\n"
 
-    async def body() -> AsyncIterator[str]:
-        for payload in prologue or []:
-            yield line(payload)
-        try:
-            async for event in events:
-                for payload in chunk(event):
-                    yield line(payload)
-        except ServiceError as exc:  # after the response started: the error is the last event
-            yield line(error_shape(exc))
-        if done_line:
-            yield "data: [DONE]\n\n"
+    async def body() -> AsyncGenerator[str, None]:
+        async with contextlib.aclosing(events):
+            for payload in prologue or []:
+                yield line(payload)
+            try:
+                async for event in events:
+                    for payload in chunk(event):
+                        yield line(payload)
+            except ServiceError as exc:  # after the response started: the error is the last event
+                yield line(error_shape(exc))
+            if done_line:
+                yield "data: [DONE]\n\n"
 
-    return StreamingResponse(body(), media_type="text/event-stream")
+    return _ClosingStreamingResponse(body(), media_type="text/event-stream")
+
+
+class _ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that closes its body when it ends, however it ends. Starlette leaves a
+    body it stopped reading (the client left during a send) suspended until the garbage collector
+    finds it; closing it at once runs the cleanup down the chain of event generators, which ends
+    the session's generation (or it stays 'generating', refusing work, until a gc run)."""
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            body = self.body_iterator
+            if isinstance(body, AsyncGenerator):
+                await body.aclose()
