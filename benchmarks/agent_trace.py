@@ -210,14 +210,16 @@ def report_tier2(name: str, r: Result, exact: Result, prompts: list[list[int]], 
     if not per_turn:
         return
     print(f"    {'turn':>4} {'prompt':>7} {'exact':>7} {name:>9} {'shifted':>8} {'refused':>7} "
-          f"{'same tokens as ' + reference:>20} {'KL':>9}")
+          f"{'agreeing tokens':>15} {'top-1':>5} {'KL':>9}")
     for i, (a, b) in enumerate(zip(r.turns, exact.turns)):
         ref = baseline.turns[i] if baseline else None
-        same = "-" if ref is None else "yes" if a.generated == ref.generated else "no"
-        kl = ("-" if ref is None or ref.first_logits is None or a.first_logits is None
-              else f"{kl_divergence(ref.first_logits, a.first_logits):.2e}")
+        # greedy agreement: the generated tokens equal to the reference's before the first that differs
+        agreeing = "-" if ref is None else f"{common_prefix(a.generated, ref.generated)}/{len(ref.generated)}"
+        compared = ref is not None and ref.first_logits is not None and a.first_logits is not None
+        top1 = "-" if not compared else "yes" if a.first_logits.argmax() == ref.first_logits.argmax() else "no"
+        kl = f"{kl_divergence(ref.first_logits, a.first_logits):.2e}" if compared else "-"
         print(f"    {i:>4} {len(prompts[i]):>7} {b.computed:>7} {a.computed:>9} {a.shifted:>8} {a.refused:>7} "
-              f"{same:>20} {kl:>9}")
+              f"{agreeing:>15} {top1:>5} {kl:>9}")
 
 
 def main() -> int:
