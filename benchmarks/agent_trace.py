@@ -11,16 +11,21 @@
                     answer's one-token-step rows are kept, as llama.cpp's prefix reuse keeps them
   llama-cpp-python  0.3.36 (same llama.cpp) with its automatic prefix reuse
 
-    python benchmarks/agent_trace.py [--shapes append,reasoning,workspace,shared,fresh] [--turns 22]
+    python benchmarks/agent_trace.py [--shapes append,reasoning,workspace,edits,shared,fresh] [--turns 22]
                                      [--engines off,exact,exact-no-memo,tier2,tier2@0.1,keep-generated,
-                                                 llama-cpp-python]
+                                                 llama-cpp-python] [--n-ctx 16384] [--per-turn]
 
 Shapes (benchmarks/agent_trace_data.py): append-only history; re-rendered history whose earlier
 answers lose their reasoning block; a workspace file after the system prompt, edited every
-3 turns; 8 sessions sharing the system prompt, interleaved; unrelated fresh prompts (no reuse
-possible: the overhead check). Every turn the client re-sends the whole conversation and the
-engine generates up to --gen tokens (greedy); the script's own answers continue the history, so
-all engines see the same prompts.
+3 turns; three workspace files whose edits every 3 turns change line lengths at several places
+(everything after each edit shifts); 8 sessions sharing the system prompt, interleaved; unrelated
+fresh prompts (no reuse possible: the overhead check). Every turn the client re-sends the whole
+conversation and the engine generates up to --gen tokens (greedy); the script's own answers
+continue the history, so all engines see the same prompts. --n-ctx sets the KV cells of each
+engine's context (Tier-2 post-edit reuse must work however full it gets: the edits shape at 22
+turns ends at 11.9k tokens, 97 % of --n-ctx 12288); --per-turn prints, for each Tier-2 engine,
+every turn's tokens computed beside exact mode's, tokens reused shifted, plans refused, and the
+quality against the reference.
 
 Reported per shape and engine: prompt tokens computed (against the tokens never seen before in
 any earlier prompt, the limit of exact reuse), wall time (split into prefill = the sum of the
@@ -52,8 +57,6 @@ import numpy as np  # noqa: E402
 
 from pyllamaopt import Context, Model, OptConfig, models  # noqa: E402
 
-N_CTX = 16384
-
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
@@ -72,6 +75,8 @@ class Turn:
     generated: list[int]
     first_logits: np.ndarray | None = None  # the next-token logits after the prompt
     drafted: int = 0  # generated tokens confirmed from a checked draft (memo): no pass of their own
+    shifted: int = 0  # Tier 2: prompt tokens whose KV was reused at a new position
+    refused: int = 0  # Tier 2: post-edit reuse plans refused (exact mode's work instead)
 
 
 @dataclass
@@ -84,14 +89,14 @@ class Result:
 
 
 class Pyllamaopt:
-    def __init__(self, model: Model, name: str, **config: bool) -> None:
+    def __init__(self, model: Model, name: str, n_ctx: int, **config: bool | float) -> None:
         self.name, self.model = name, model
-        self.ctx = Context(model, n_ctx=N_CTX, n_seq_max=16, n_threads=2, config=OptConfig(env={}, **config))
+        self.ctx = Context(model, n_ctx=n_ctx, n_seq_max=16, n_threads=2, config=OptConfig(env={}, **config))
         self.sessions: dict[int, object] = {}
 
     def turn(self, session_id: int, prompt: list[int], n_gen: int) -> Turn:
         session = self.sessions.get(session_id) or self.sessions.setdefault(session_id, self.ctx.session())
-        before = session.stats.tokens_prefilled
+        before = session.stats
         start = time.perf_counter()
         session.sync(prompt)
         peek = time.perf_counter()
@@ -102,8 +107,11 @@ class Pyllamaopt:
         ttft = time.perf_counter() - start
         drafted_before = session.stats.memo_tokens_skipped
         generated = ([first.id] if first else []) + [t.id for t in generation]
-        return Turn(session.stats.tokens_prefilled - before, ttft, time.perf_counter() - start, generated, logits,
-                    session.stats.memo_tokens_skipped - drafted_before)
+        spent = session.stats - before
+        return Turn(spent.tokens_prefilled, ttft, time.perf_counter() - start, generated, logits,
+                    session.stats.memo_tokens_skipped - drafted_before, spent.diff_tokens_shifted,
+                    spent.diff_shift_fallbacks_unsupported + spent.diff_shift_fallbacks_shared
+                    + spent.diff_shift_fallbacks_room)
 
     def kv_cells(self) -> int:
         return self.ctx.kv_cells_used
@@ -115,10 +123,10 @@ class Pyllamaopt:
 class LlamaCppPython:
     name = "llama-cpp-python"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, n_ctx: int) -> None:
         from llama_cpp import Llama
 
-        self.llm = Llama(model_path=str(path), n_ctx=N_CTX, n_batch=512, n_threads=2, flash_attn=True,
+        self.llm = Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_threads=2, flash_attn=True,
                          verbose=False)
 
     def turn(self, session_id: int, prompt: list[int], n_gen: int) -> Turn:
@@ -146,7 +154,7 @@ def workload(model: Model, shape: str, n_turns: int) -> list[tuple[int, list[int
     """(session id, prompt tokens) in the order a client sends them."""
     system = data.system_prompt()
     tok = lambda text: model.tokenize(text, special=True)  # noqa: E731
-    if shape in ("append", "reasoning", "workspace"):
+    if shape in ("append", "reasoning", "workspace", "edits"):
         turns = data.turns(n_turns)
         return [(0, tok(data.render(system, turns[:i], turns[i], shape=shape, workspace_version=i // 3)))
                 for i in range(n_turns)]
@@ -189,32 +197,61 @@ def run(engines: dict, work, n_gen: int) -> dict[str, Result]:
     return results
 
 
+def report_tier2(name: str, r: Result, exact: Result, prompts: list[list[int]], baseline: Result | None,
+                 reference: str, per_turn: bool) -> None:
+    """A Tier-2 engine against exact mode: the work over the trace and on every turn, the time, and
+    (per turn, with per_turn) the quality against the reference."""
+    computed = r.total("computed") / max(1, exact.total("computed"))
+    prefill = r.total("ttft") / exact.total("ttft")
+    worse = [i for i, (a, b) in enumerate(zip(r.turns, exact.turns)) if a.computed > b.computed]
+    print(f"  {name} / exact: tokens computed {computed:.3f}, wall time {r.total('wall') / exact.total('wall'):.3f}, "
+          f"prefill time {prefill:.3f}; turns computing more than exact: {len(worse)} {worse or ''}; "
+          f"plans refused: {int(r.total('refused'))}; tokens reused shifted: {int(r.total('shifted'))}")
+    if not per_turn:
+        return
+    print(f"    {'turn':>4} {'prompt':>7} {'exact':>7} {name:>9} {'shifted':>8} {'refused':>7} "
+          f"{'agreeing tokens':>15} {'top-1':>5} {'KL':>9}")
+    for i, (a, b) in enumerate(zip(r.turns, exact.turns)):
+        ref = baseline.turns[i] if baseline else None
+        # greedy agreement: the generated tokens equal to the reference's before the first that differs
+        agreeing = "-" if ref is None else f"{common_prefix(a.generated, ref.generated)}/{len(ref.generated)}"
+        compared = ref is not None and ref.first_logits is not None and a.first_logits is not None
+        top1 = "-" if not compared else "yes" if a.first_logits.argmax() == ref.first_logits.argmax() else "no"
+        kl = f"{kl_divergence(ref.first_logits, a.first_logits):.2e}" if compared else "-"
+        print(f"    {i:>4} {len(prompts[i]):>7} {b.computed:>7} {a.computed:>9} {a.shifted:>8} {a.refused:>7} "
+              f"{agreeing:>15} {top1:>5} {kl:>9}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma3-270m")
     parser.add_argument("--shapes", default="append,reasoning,workspace,shared,fresh")
+    parser.add_argument("--n-ctx", type=int, default=16384, help="KV cells of each engine's context")
+    parser.add_argument("--per-turn", action="store_true", help="every turn of the Tier-2 engines beside the reference")
     parser.add_argument("--turns", type=int, default=22)
     parser.add_argument("--gen", type=int, default=32)
     parser.add_argument("--engines", default="off,exact,llama-cpp-python")
     args = parser.parse_args()
 
     path = models.resolve(args.model)
+    n_ctx = args.n_ctx
     model = Model(path, progress=False)
     cell_bytes = model.kv_bytes_per_token
     factories = {
-        "off": lambda: Pyllamaopt(model, "off", dedup_enabled=False, diff_enabled=False, memo_enabled=False),
-        "exact": lambda: Pyllamaopt(model, "exact"),
-        "exact-no-memo": lambda: Pyllamaopt(model, "exact-no-memo", memo_enabled=False),
-        "keep-generated": lambda: Pyllamaopt(model, "keep-generated", diff_reuse_generated=True),
-        "llama-cpp-python": lambda: LlamaCppPython(path),
+        "off": lambda: Pyllamaopt(model, "off", n_ctx, dedup_enabled=False, diff_enabled=False, memo_enabled=False),
+        "exact": lambda: Pyllamaopt(model, "exact", n_ctx),
+        "exact-no-memo": lambda: Pyllamaopt(model, "exact-no-memo", n_ctx, memo_enabled=False),
+        "keep-generated": lambda: Pyllamaopt(model, "keep-generated", n_ctx, diff_reuse_generated=True),
+        "llama-cpp-python": lambda: LlamaCppPython(path, n_ctx),
     }
     engines = args.engines.split(",")
     for name in engines:
         if name.startswith("tier2"):
             share = float(name.partition("@")[2] or 0.25)
             factories[name] = lambda name=name, share=share: Pyllamaopt(
-                model, name, diff_reuse_shifted=True, diff_recompute_share=share)
-    print(f"model {model.description}; 2 threads; {args.gen} generated tokens per turn; KV {cell_bytes} bytes/cell\n")
+                model, name, n_ctx, diff_reuse_shifted=True, diff_recompute_share=share)
+    print(f"model {model.description}; 2 threads; {args.gen} generated tokens per turn; KV {cell_bytes} bytes/cell; "
+          f"n_ctx {n_ctx}\n")
     for shape in args.shapes.split(","):
         work = workload(model, shape, args.turns)
         prompts = [p for _, p in work]
@@ -246,8 +283,7 @@ def main() -> int:
                   f"{r.peak_cells * cell_bytes / 2**20:>11.1f} {f'{same}/{len(r.turns)}':>20} {kl}")
         for name in results:
             if name.startswith("tier2") and "exact" in results:
-                print(f"  tokens computed exact / {name}: "
-                      f"{results['exact'].total('computed') / max(1, results[name].total('computed')):.2f}")
+                report_tier2(name, results[name], results["exact"], prompts, baseline, reference, args.per_turn)
         for name, r in results.items():
             if r.total("drafted"):
                 print(f"  {name}: {int(r.total('drafted'))} of {sum(len(t.generated) for t in r.turns)} generated "

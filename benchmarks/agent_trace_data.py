@@ -10,6 +10,9 @@ benchmarks/agent_trace.py):
             the previous answer changes in the re-sent text
   workspace a workspace file is shown right after the system prompt (as Aider does) and is
             edited every few turns, so everything after it changes
+  edits     three workspace files after the system prompt, several of their functions rewritten
+            every few turns (a docstring grows, a guard line is added): lines change length, so
+            everything after each edit shifts by a few tokens
   header    the system prompt's first line is a per-request header (as Claude Code's billing
             header, whose hash changes every request: llama.cpp issue #19494), so every request
             differs from the previous one a few tokens after its start
@@ -116,6 +119,25 @@ def workspace_file(version: int) -> str:
     return python_file("core", 6, bug_in=None if version else 3) + f"\n# revision {version}\n"
 
 
+def edited_workspace(version: int, n_functions: int = 14) -> str:
+    """The files of the "edits" shape at a version: every version rewrites two functions of each
+    file (its docstring gains a sentence, a guard line is added), at places spread over the files."""
+    files = []
+    for f, module in enumerate(("core", "stats", "io")):
+        lines = [f'"""mathkit.{module}: helpers of the {module} module."""', "from __future__ import annotations", ""]
+        for i in range(n_functions):
+            edits = sum((3 * v + f) % n_functions == i or (7 * v + 2 * f) % n_functions == i for v in range(1, version + 1))
+            lines += [f"def {module}_op_{i}(a: float, b: float) -> float:",
+                      f'    """Combine a and b (variant {i}); see docs/{module}.md#{i}.'
+                      + "".join(f" Reviewed in round {k + 1}." for k in range(edits)) + '"""',
+                      *(f"    assert a == a and b == b, \"round {k + 1}: no NaN\"" for k in range(edits)),
+                      "    if a < 0 or b < 0:",
+                      f'        raise ValueError("{module}_op_{i} needs non-negative numbers")',
+                      f"    return a + b * {i + 1}", ""]
+        files.append(f"mathkit/{module}.py\n```\n" + "\n".join(lines) + "```")
+    return "\n".join(files)
+
+
 def request_header(i: int) -> str:
     """The first line of the system prompt of request i in the "header" shape."""
     cch = hashlib.sha256(f"request {i}".encode()).hexdigest()[:5]
@@ -129,6 +151,8 @@ def render(system: str, history: list[Turn], current: Turn, *, shape: str, works
     if shape == "workspace":
         parts.append(f"<start_of_turn>user\nFiles in the chat:\nmathkit/core.py\n```\n{workspace_file(workspace_version)}```"
                      f"<end_of_turn>\n")
+    if shape == "edits":
+        parts.append(f"<start_of_turn>user\nFiles in the chat:\n{edited_workspace(workspace_version)}<end_of_turn>\n")
     for i, turn in enumerate(history):
         # the last assistant turn keeps its reasoning; earlier ones lose it in the "reasoning" shape
         keep_reasoning = shape != "reasoning" or i == len(history) - 1

@@ -99,6 +99,7 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
     if (attn_capture_) {
         attn_capture_->check_layout(llama_memory_kv_bytes_per_pos(llama_get_memory(ctx_)));
     }
+    llama_memory_set_park_seq(llama_get_memory(ctx_), scratch_seq());  // Tier-2 sync's parked rows keep their tiles
     if (cfg.persist_enabled) {
         open_persist_store();
     }
@@ -278,7 +279,7 @@ void llama_opt_context::drop_sequence(int32_t seq) {
     slots_[seq] = slot();
 }
 
-bool llama_opt_context::evict_one(int32_t except, bool cached_only) {
+bool llama_opt_context::evict_one(int32_t except, bool cached_only, size_t above) {
     // cached sequences first, then idle sessions; least recently used first
     int32_t victim = -1;
     for (const slot_state state : { slot_state::cached, slot_state::session }) {
@@ -289,7 +290,8 @@ bool llama_opt_context::evict_one(int32_t except, bool cached_only) {
             const slot & s = slots_[seq];
             const std::shared_ptr<llama_opt_seq_owner> owner = s.owner.lock();
             const bool alive = state == slot_state::cached || (owner && !owner->in_use());
-            if ((int32_t) seq != except && s.state == state && alive && (victim < 0 || s.last_use < slots_[victim].last_use)) {
+            if ((int32_t) seq != except && s.state == state && alive && (victim < 0 || s.last_use < slots_[victim].last_use) &&
+                (above == 0 || kv_top((int32_t) seq) > above)) {
                 victim = (int32_t) seq;
             }
         }
@@ -357,11 +359,10 @@ struct llama_opt_batch {
     }
 };
 
-llama_opt_work llama_opt_context::compute_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end,
-                                               std::vector<float> * logits, bool evict_sessions) {
+void llama_opt_context::compute_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end,
+                                     std::vector<float> * logits, bool evict_sessions, llama_opt_work & work) {
     check_open();
     touch(seq);
-    llama_opt_work  work;
     llama_opt_batch b((int32_t) llama_n_batch(ctx_));
     try {
         for (size_t pos = begin; pos < end;) {
@@ -377,9 +378,7 @@ llama_opt_work llama_opt_context::compute_span(int32_t seq, const llama_token * 
                 b.set((int32_t) (p - pos), seq, p, tokens[p], logits && p + 1 == end);
             }
             if (decode_evicting(seq, b.batch, true, evict_sessions) != 0) {
-                throw llama_opt_error(llama_opt_errc::context_overflow,
-                    "the KV cache is full (" + std::to_string(n_ctx_) + " cells shared by all sessions of this "
-                    "context); close other sessions or create the Context with a larger n_ctx", "n_ctx");
+                throw kv_full();
             }
             work.tokens += stop - pos;
             work.passes += 1;
@@ -393,7 +392,6 @@ llama_opt_work llama_opt_context::compute_span(int32_t seq, const llama_token * 
         const float * out = llama_get_logits_ith(ctx_, -1);
         logits->assign(out, out + model_->n_vocab());
     }
-    return work;
 }
 
 int32_t llama_opt_context::decode_evicting(int32_t seq, const llama_batch & batch, bool evict, bool evict_sessions) {
@@ -471,13 +469,61 @@ void llama_opt_context::kv_share(int32_t src, int32_t dst, size_t p0, size_t p1)
     }
 }
 
-void llama_opt_context::kv_park(int32_t seq, size_t p0, size_t p1) {
-    llama_memory_seq_cp(llama_get_memory(ctx_), seq, scratch_seq(), (llama_pos) p0, (llama_pos) p1);
+llama_opt_in_place llama_opt_context::kv_prepare_in_place(int32_t seq, size_t keep, size_t n_old, size_t n_new) {
+    llama_memory_t mem = llama_get_memory(ctx_);
+    if (!canonical() || llama_memory_kv_bytes_per_pos(mem) == 0) {
+        return llama_opt_in_place::unsupported;
+    }
+    // rows are written where the sequence's own rows are: past the edit they must be its alone
+    for (size_t end; (end = (size_t) llama_memory_seq_shared_end(mem, seq)) > keep;) {
+        const int32_t cell   = kv_cell(seq, end - 1);
+        int32_t       holder = -1;
+        for (size_t s = 0; s < slots_.size() && holder < 0; ++s) {
+            if (slots_[s].state == slot_state::cached && kv_cell((int32_t) s, end - 1) == cell) {
+                holder = (int32_t) s;
+            }
+        }
+        if (holder < 0) {
+            return llama_opt_in_place::shared;  // an open session's: it stays as it is
+        }
+        drop_sequence(holder);
+        stats_.dedup_sequences_evicted += 1;
+    }
+    slots_[seq].n_shared = std::min(slots_[seq].n_shared, (size_t) llama_memory_seq_shared_end(mem, seq));
+    // blocks past the sequence's last tile go above it, as a computation would place them
+    return kv_make_room(seq, n_old, n_new, /* evict_sessions */ false) ? llama_opt_in_place::possible
+                                                                       : llama_opt_in_place::no_room;
 }
 
-bool llama_opt_context::kv_unpark(int32_t seq, size_t p0, size_t p1, long delta) {
-    return llama_memory_seq_move(llama_get_memory(ctx_), scratch_seq(), seq, (llama_pos) p0, (llama_pos) p1,
-                                 (llama_pos) delta);
+bool llama_opt_context::kv_make_room(int32_t seq, size_t n_old, size_t n_new, bool evict_sessions) {
+    llama_memory_t mem   = llama_get_memory(ctx_);
+    auto           tiles = [&](size_t n) { return (n + align_ - 1) / align_; };
+    const size_t   grow  = tiles(n_new) > tiles(n_old) ? tiles(n_new) - tiles(n_old) : 0;
+    while (llama_memory_seq_tiles_free_above(mem, seq) < grow) {
+        // only KV above the sequence's highest tile is in the way (all of it, for a sequence without KV)
+        const size_t top = kv_top(seq);
+        if (!evict_one(seq, !evict_sessions, top == 0 ? 0 : (top + align_ - 1) / align_ * align_)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+llama_opt_error llama_opt_context::kv_full() const {
+    return llama_opt_error(llama_opt_errc::context_overflow,
+        "the KV cache is full (" + std::to_string(n_ctx_) + " cells shared by all sessions of this context); close "
+        "other sessions or create the Context with a larger n_ctx", "n_ctx");
+}
+
+bool llama_opt_context::kv_park(int32_t seq, size_t from, size_t to, size_t n) {
+    return llama_memory_seq_move(llama_get_memory(ctx_), seq, scratch_seq(), (llama_pos) from, (llama_pos) (from + n),
+                                 (llama_pos) to - (llama_pos) from);
+}
+
+void llama_opt_context::kv_unpark(int32_t seq, size_t p0, size_t p1) {
+    llama_memory_t mem = llama_get_memory(ctx_);
+    llama_memory_seq_cp(mem, scratch_seq(), seq, (llama_pos) p0, (llama_pos) p1);  // the same cells, no copy
+    llama_memory_seq_rm(mem, scratch_seq(), (llama_pos) p0, (llama_pos) p1);
 }
 
 void llama_opt_context::kv_clear_parked() {
@@ -486,6 +532,11 @@ void llama_opt_context::kv_clear_parked() {
 
 size_t llama_opt_context::kv_end(int32_t seq) const {
     return (size_t) (llama_memory_seq_pos_max(llama_get_memory(ctx_), seq) + 1);  // -1: none
+}
+
+size_t llama_opt_context::kv_top(int32_t seq) const {
+    const size_t end = kv_end(seq);
+    return end == 0 ? 0 : (size_t) kv_cell(seq, end - 1) + 1;  // cells are in position order
 }
 
 int32_t llama_opt_context::kv_cell(int32_t seq, size_t pos) const {

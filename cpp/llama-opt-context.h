@@ -53,6 +53,14 @@ struct llama_opt_row {
     llama_token token;
 };
 
+// Whether a sequence's KV can be rearranged in place (llama_opt_context::kv_prepare_in_place), or why not.
+enum class llama_opt_in_place {
+    possible,
+    unsupported,  // the KV memory cannot move rows (flash attention off: V stored transposed)
+    shared,       // an open session holds cells past the edit too
+    no_room,      // no room above the sequence's cells for the history's growth
+};
+
 // Work a compute call did, for the caller's statistics.
 struct llama_opt_work {
     uint64_t tokens = 0;
@@ -104,7 +112,7 @@ public:
     uint32_t min_chunk() const { return std::max(align_, LLAMA_OPT_ROW_INVARIANT_BATCH + row_align()); }
     uint32_t row_align() const { return 4; }       // canonical chunk boundaries are multiples of this
     bool     canonical() const { return params_.canonical; }
-    // A sequence id no session uses: KV parked there while a session is rearranged.
+    // A sequence id no session uses: KV parked there while a session is rearranged (Tier-2 sync).
     int32_t  scratch_seq() const { return (int32_t) params_.n_seq_max; }
     bool     dedup() const { return pool_ != nullptr; }
     // kv-cache-persist: the disk tier, if persist_enabled (else null), and what its entries must match
@@ -136,9 +144,10 @@ public:
     // a multiple of row_align(), chunk_ tokens each, and a remainder smaller than min_chunk()
     // joins the chunk before it). When the cache is full, cached sequences and then (if
     // evict_sessions) idle sequences are evicted, least recently used first. On failure the KV
-    // of [begin, end) is removed and llama_opt_error is thrown.
-    llama_opt_work compute_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end,
-                                std::vector<float> * logits, bool evict_sessions);
+    // of [begin, end) is removed and llama_opt_error is thrown. Adds the work done to `work`,
+    // also when it fails (work thrown away, which the statistics must show too).
+    void compute_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end, std::vector<float> * logits,
+                      bool evict_sessions, llama_opt_work & work);
     // Computes `rows` in one batch (at most LLAMA_OPT_ROW_INVARIANT_BATCH rows: each computes
     // like a one-token decode step, patches/0006) with the logits of every row, row after row,
     // into `logits`. Rows may belong to several sequences. Returns false, with nothing computed,
@@ -159,13 +168,29 @@ public:
     void   kv_drop(int32_t seq, size_t p0, size_t p1);
     // `dst` takes `src`'s cells of [p0, p1): stored once, held by both.
     void   kv_share(int32_t src, int32_t dst, size_t p0, size_t p1);
-    // Tier-2 sync rebuilds a history in position order: spans of it are parked on the scratch
-    // sequence, then moved back to [p0 + delta, p1 + delta) (patches/0005; false: no room).
-    void   kv_park(int32_t seq, size_t p0, size_t p1);
-    bool   kv_unpark(int32_t seq, size_t p0, size_t p1, long delta);
+    // Tier-2 sync rebuilds a history in position order around the unchanged spans after an edit,
+    // without room for a second copy of them. First kv_prepare_in_place: whether the KV of `seq`
+    // can be rearranged in its own cells for a history going from n_old to n_new tokens, its
+    // positions >= keep the sequence's alone and room above its cells for the growth; cached
+    // sequences sharing those cells or taking that room are evicted. Then kv_park moves the KV of
+    // [from, from + n) to [to, to + n) within the sequence's cells, parked on the scratch sequence
+    // (patches/0005; false: not possible after all), whose rows reserve their tiles (patches/0008);
+    // kv_unpark gives [p0, p1) back once the tokens before it are computed.
+    llama_opt_in_place kv_prepare_in_place(int32_t seq, size_t keep, size_t n_old, size_t n_new);
+    // Room for the history of `seq` to grow from n_old to n_new tokens: its new blocks go into empty
+    // tiles above its highest one (all of the cache's, for a sequence without KV). Frees cached
+    // sequences holding cells up there (and, with evict_sessions, then idle sessions), least recently
+    // used first, until there is room; false if there is none even then. Nothing is computed, so a
+    // caller that checks first never throws work away.
+    bool   kv_make_room(int32_t seq, size_t n_old, size_t n_new, bool evict_sessions);
+    // The error of a full KV cache (context_overflow), with what to do.
+    llama_opt_error kv_full() const;
+    bool   kv_park(int32_t seq, size_t from, size_t to, size_t n);
+    void   kv_unpark(int32_t seq, size_t p0, size_t p1);
     void   kv_clear_parked();
     int32_t kv_cell(int32_t seq, size_t pos) const;  // the cell holding a position, -1 if none (patches/0004)
     size_t kv_end(int32_t seq) const;  // one past the last position of the sequence in the KV memory
+    size_t kv_top(int32_t seq) const;  // one past the sequence's highest cell (canonical placement), 0 if none
     // The KV rows of [p0, p1) as the disk tier stores them; false if some are not in the cache.
     bool   kv_read(int32_t seq, size_t p0, size_t p1, uint8_t * rows) const;
     // Writes KV rows read by kv_read into [p0, p1), evicting cached sequences for room; false: no room.
@@ -194,8 +219,8 @@ private:
 
     void touch(int32_t seq);
     // Frees the least recently used cached sequence (or, unless cached_only, idle session)
-    // other than `except`; false if there is none.
-    bool evict_one(int32_t except, bool cached_only = false);
+    // other than `except` (and with `above`, holding a cell at or above that index); false if there is none.
+    bool evict_one(int32_t except, bool cached_only = false, size_t above = 0);
     // llama_decode; while there is no room (1) and `evict`, frees least recently used KV
     // (cached sequences, then if evict_sessions idle sessions) and retries. Throws
     // decode_failed on other errors.

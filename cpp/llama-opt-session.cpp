@@ -90,7 +90,14 @@ void llama_opt_session::count_work(uint64_t llama_opt_stats::* counter, const ll
 
 void llama_opt_session::compute(size_t begin, size_t end, uint64_t llama_opt_stats::* counter, bool evict_sessions,
                                 bool logits) {
-    count_work(counter, ctx_->compute_span(seq_, tokens_.data(), begin, end, logits ? &logits_ : nullptr, evict_sessions));
+    llama_opt_work work;
+    try {
+        ctx_->compute_span(seq_, tokens_.data(), begin, end, logits ? &logits_ : nullptr, evict_sessions, work);
+    } catch (...) {
+        count_work(counter, work);  // the chunks computed before the failure: thrown away, but done
+        throw;
+    }
+    count_work(counter, work);
     if (logits) {
         logits_for_ = end;
     }
@@ -243,20 +250,20 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
         restore_from_disk(end);
     }
     if (n_evaluated_ < end) {
-        try {
-            // canonical: before evicting idle sessions, try moving down (below)
-            compute(n_evaluated_, end, counter, /* evict_sessions */ !ctx_->canonical());
-        } catch (const llama_opt_error & e) {
-            if (e.code != llama_opt_errc::context_overflow || !ctx_->canonical()) {
-                throw;
-            }
-            // Our cells (or the chunks placed before the failing one, or the prefix we took from
-            // another sequence) may sit at the top of the cache, where the next block, which must
-            // lie above them, has no room although there is room below: compute everything again
-            // from the bottom (without taking shared cells), letting idle sessions go if needed.
+        // canonical: the room is found before anything is computed (a chunk that failed for want of
+        // it would throw the chunks before it away)
+        if (ctx_->canonical() && !ctx_->kv_make_room(seq_, n_evaluated_, end, /* evict_sessions */ false)) {
+            // Our cells (or the prefix we took from another sequence) sit so high that the new
+            // blocks, which must lie above them, have no room although there may be room below:
+            // compute everything again from the bottom (without taking shared cells), once there
+            // is room for all of it, letting idle sessions go if needed (before evicting them,
+            // moving down).
             forget(0);
-            compute(0, end, counter, /* evict_sessions */ true);
+            if (!ctx_->kv_make_room(seq_, 0, end, /* evict_sessions */ true)) {
+                throw ctx_->kv_full();
+            }
         }
+        compute(n_evaluated_, end, counter, /* evict_sessions */ !ctx_->canonical());
         n_evaluated_ = end;
     }
     if (ctx_->canonical() && !approximate()) {  // a relocation (above) computed an approximate session exactly
@@ -503,9 +510,7 @@ void llama_opt_session::sync(const std::vector<llama_token> & tokens) {
     const bool     edited          = keep < n_evaluated_ && keep < tokens.size();
     const std::vector<span_move> moves =
         cfg.diff_enabled && cfg.diff_reuse_shifted && edited ? plan_shifted(tokens, keep) : std::vector<span_move>();
-    if (!moves.empty()) {
-        sync_shifted(tokens, keep, moves);
-    } else {
+    if (moves.empty() || !sync_shifted(tokens, keep, moves)) {
         forget(keep);
         tokens_ = tokens;
         prefill_or_cut_back(npos);  // on failure: the tokens whose KV exists
@@ -520,16 +525,16 @@ void llama_opt_session::sync(const std::vector<llama_token> & tokens) {
 }
 
 // Tier 2 (approximate, opt-in): after an edit, the KV of the unchanged spans that follow it is
-// reused at their new positions (rows moved to aligned cells, K rotated by the shift:
-// patches/0005) instead of being computed again, as CacheBlend does. Those rows were computed
+// reused at their new positions (rows moved within the session's own aligned cells, K rotated by
+// the shift: patches/0005) instead of being computed again, as CacheBlend does. Those rows were computed
 // without the edit, so they are approximate; the first diff_recompute_share of each span, where
 // the edit matters most, is computed again, and so is the last token (its logits are needed).
 // Approximate KV never enters the block pool.
 std::vector<llama_opt_session::span_move> llama_opt_session::plan_shifted(const std::vector<llama_token> & tokens,
                                                                           size_t keep) const {
     const llama_opt_config & cfg = ctx_->settings().config;
-    // the session keeps the tile of the block that holds `keep` and writes the rest of it again:
-    // cells parked there would be in the way
+    // the rest of the block the edit is in is computed again, whatever the share: the tokens
+    // closest to the edit
     const size_t B          = ctx_->block_size();
     const size_t first_free = (keep + B - 1) / B * B;
     const llama_opt_diff_engine engine(ctx_->block_size(), cfg.diff_min_unchanged);
@@ -553,41 +558,71 @@ std::vector<llama_opt_session::span_move> llama_opt_session::plan_shifted(const 
     return moves;
 }
 
-void llama_opt_session::sync_shifted(const std::vector<llama_token> & tokens, size_t keep,
-                                     const std::vector<span_move> & moves) {
-    for (const span_move & m : moves) {  // parked, so that the history can be rebuilt in order
-        ctx_->kv_park(seq_, m.from, m.from + m.n);
+// The order to park spans in: their rows move within the session's own cells (like memmove), so
+// a span whose new place overlaps where another span still is waits for it. Spans keep their
+// order, so the waits form no cycle (a span reaching right into the next one's place while that
+// one reaches left into its own would need their new places to cross).
+std::vector<llama_opt_session::span_move> llama_opt_session::parking_order(std::vector<span_move> moves) {
+    std::vector<span_move> order;
+    while (!moves.empty()) {
+        const auto next = std::find_if(moves.begin(), moves.end(), [&](const span_move & m) {
+            return std::none_of(moves.begin(), moves.end(), [&](const span_move & other) {
+                return &other != &m && m.to < other.from + other.n && other.from < m.to + m.n;
+            });
+        });
+        order.push_back(*next);
+        moves.erase(next);
     }
-    forget(keep);
+    return order;
+}
+
+bool llama_opt_session::sync_shifted(const std::vector<llama_token> & tokens, size_t keep,
+                                     const std::vector<span_move> & moves) {
+    drop_draft();  // its cells would take room the moves may need
+    const llama_opt_in_place in_place = ctx_->kv_prepare_in_place(seq_, keep, n_evaluated_, tokens.size());
+    if (in_place != llama_opt_in_place::possible) {
+        count(in_place == llama_opt_in_place::unsupported ? &llama_opt_stats::diff_shift_fallbacks_unsupported
+              : in_place == llama_opt_in_place::shared    ? &llama_opt_stats::diff_shift_fallbacks_shared
+                                                          : &llama_opt_stats::diff_shift_fallbacks_room, 1);
+        return false;
+    }
+    for (const span_move & m : parking_order(moves)) {
+        if (!ctx_->kv_park(seq_, m.from, m.to, m.n)) {  // not expected once prepared: counted as no room
+            ctx_->kv_clear_parked();
+            count(&llama_opt_stats::diff_shift_fallbacks_room, 1);
+            return false;
+        }
+    }
+    forget(keep);  // the rest of the old KV (the parked rows are the scratch sequence's)
     tokens_      = tokens;
     approx_from_ = n_evaluated_;
     size_t pos = n_evaluated_;
     try {
-        for (const span_move & m : moves) {
+        for (const span_move & m : moves) {  // in position order: computed up to each span, then it joins
             if (pos < m.to) {
                 compute(pos, m.to, &llama_opt_stats::tokens_prefilled, true);
-                n_evaluated_ = m.to;
             }
-            if (ctx_->kv_unpark(seq_, m.from, m.from + m.n, (long) m.to - (long) m.from)) {
-                n_evaluated_ = m.to + m.n;
-                count(&llama_opt_stats::diff_tokens_shifted, m.n);
-            }  // else: no room for the moved cells, the span is computed instead
-            pos = n_evaluated_;
+            ctx_->kv_unpark(seq_, m.to, m.to + m.n);
+            n_evaluated_ = pos = m.to + m.n;
+            count(&llama_opt_stats::diff_tokens_shifted, m.n);
         }
         compute(pos, tokens_.size(), &llama_opt_stats::tokens_prefilled, true);
         n_evaluated_ = tokens_.size();
     } catch (const llama_opt_error & e) {
         ctx_->kv_clear_parked();
+        tokens_.resize(n_evaluated_);  // the history whose KV exists
         if (e.code != llama_opt_errc::context_overflow) {
-            tokens_.resize(n_evaluated_);  // the history whose KV exists
             throw;
         }
-        // no room to rebuild the history this way: compute it exactly (prefill can relocate)
+        // not expected (kv_prepare_in_place found the room): exact mode's work, which can relocate
+        count(&llama_opt_stats::diff_shift_fallbacks_room, 1);
         forget(std::min(n_evaluated_, keep));
+        tokens_ = tokens;
         prefill_or_cut_back(npos);
-        return;
+        return true;
     }
     ctx_->kv_clear_parked();
+    return true;
 }
 
 std::vector<uint64_t> llama_opt_session::persist_chain(size_t n_blocks) const {

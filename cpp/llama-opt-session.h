@@ -181,7 +181,10 @@ private:
     // Tier 2 sync: the KV of positions [from, from + n) is reused at [to, to + n)
     struct span_move { size_t from, to, n; };
     std::vector<span_move> plan_shifted(const std::vector<llama_token> & tokens, size_t keep) const;
-    void sync_shifted(const std::vector<llama_token> & tokens, size_t keep, const std::vector<span_move> & moves);
+    static std::vector<span_move> parking_order(std::vector<span_move> moves);
+    // false, with nothing computed and the reason counted, if the plan cannot work (then sync does
+    // exact mode's work)
+    bool sync_shifted(const std::vector<llama_token> & tokens, size_t keep, const std::vector<span_move> & moves);
     size_t save_blocks();                  // save() without the checks
     void   save_quietly();                 // on close: never throws, failures are counted
     void   restore_from_disk(size_t end);  // persist: take a longer canonical prefix from disk

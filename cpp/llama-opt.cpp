@@ -346,6 +346,7 @@ const std::vector<llama_opt_stats_field> & llama_opt_stats_fields() {
     static const std::vector<llama_opt_stats_field> fields = {
         STAT(dedup_blocks_total), STAT(dedup_blocks_hit), STAT(dedup_tokens_saved), STAT(dedup_sequences_evicted),
         STAT(diff_tokens_total), STAT(diff_tokens_unchanged), STAT(diff_tokens_recomputed), STAT(diff_tokens_shifted),
+        STAT(diff_shift_fallbacks_unsupported), STAT(diff_shift_fallbacks_shared), STAT(diff_shift_fallbacks_room),
         STAT(schema_tokens_total), STAT(schema_tokens_skipped), STAT(schema_tokens_inferred), STAT(schema_check_us),
         STAT(canon_entries_total), STAT(canon_entries_deduped), STAT(canon_bytes_saved),
         STAT(precompute_rope_hits), STAT(precompute_norm_hits), STAT(precompute_mask_hits),

@@ -189,6 +189,10 @@ struct llama_opt_stats {
     uint64_t diff_tokens_unchanged  = 0;
     uint64_t diff_tokens_recomputed = 0;
     uint64_t diff_tokens_shifted    = 0;  // Tier 2: reused at a new position after an edit
+    // Tier 2: post-edit reuse refused before computing anything (sync then does exact mode's work), by reason:
+    uint64_t diff_shift_fallbacks_unsupported = 0;  // the KV memory cannot move rows (flash attention off)
+    uint64_t diff_shift_fallbacks_shared      = 0;  // an open session (a fork) holds cells past the edit too
+    uint64_t diff_shift_fallbacks_room        = 0;  // no room above the session's cells for its growth
     // Phase 1 - schema-aware skipping
     uint64_t schema_tokens_total    = 0;
     uint64_t schema_tokens_skipped  = 0;

@@ -172,6 +172,15 @@ class Stats:
     def dedup_tokens_saved(self) -> int:
         ...
     @property
+    def diff_shift_fallbacks_room(self) -> int:
+        ...
+    @property
+    def diff_shift_fallbacks_shared(self) -> int:
+        ...
+    @property
+    def diff_shift_fallbacks_unsupported(self) -> int:
+        ...
+    @property
     def diff_tokens_recomputed(self) -> int:
         ...
     @property
@@ -363,6 +372,10 @@ class Context:
     def _set_test_hash_mask(self, mask: typing.SupportsInt | typing.SupportsIndex) -> None:
         """
         Test hook: keep only these bits of block hashes, forcing collisions.
+        """
+    def _test_kv_cell(self, seq: typing.SupportsInt | typing.SupportsIndex, pos: typing.SupportsInt | typing.SupportsIndex) -> int:
+        """
+        Test hook: the KV cell holding a position of a sequence, -1 if none.
         """
     def _test_kv_remove(self, seq: typing.SupportsInt | typing.SupportsIndex, p0: typing.SupportsInt | typing.SupportsIndex, p1: typing.SupportsInt | typing.SupportsIndex) -> None:
         """

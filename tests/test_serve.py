@@ -423,6 +423,28 @@ def test_approximate_reuse_is_a_server_option_and_answers_say_so(tiny_model_path
     assert approximate["approximate"] and approximate["computed_tokens"] < len(changed) // 2
 
 
+def test_refused_tier2_plans_are_counted_in_the_metrics(tiny_model):
+    """A Tier-2 plan that cannot work (here: flash attention off, V stored transposed) is refused
+    before computing; the request gets exact mode's answer, and the metrics count the reason."""
+    async def scenario() -> None:
+        config = OptConfig(env={}, diff_reuse_shifted=True)
+        with Context(tiny_model, n_ctx=N_CTX, n_threads=2, flash_attn=False, config=config) as ctx:
+            scheduler = Scheduler()
+            metrics = Metrics()
+            service = Service(ctx, scheduler, metrics, max_sessions=2, session_ttl=60)
+            [e async for e in service.complete(LONG_PROMPT, GenerateParams(max_tokens=2))]
+            changed = [7, 8, 9] + LONG_PROMPT[1:]
+            answer = [e async for e in service.complete(changed, GenerateParams(max_tokens=2))]
+            assert not answer[-1].usage.approximate and answer[-1].usage.computed == len(changed)
+            refused = metrics.shift_fallbacks
+            assert refused.labels(reason="unsupported")._value.get() == 1
+            assert refused.labels(reason="shared")._value.get() == refused.labels(reason="room")._value.get() == 0
+            assert b'pyllamaopt_shift_fallbacks_total{reason="unsupported"} 1.0' in metrics.exposition()
+            scheduler.stop()
+
+    asyncio.run(scenario())
+
+
 def test_an_invariant_violation_fails_the_request_closes_the_session_and_keeps_nothing(tiny_model, tmp_path):
     """003 §2.8: KV removed behind a session's back (a stand-in for a bug) is found after the next
     operation, counted, and answered with an error that says what to do; the session is gone

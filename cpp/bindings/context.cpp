@@ -34,6 +34,10 @@ void register_context(py::module_ & m) {
                  self.kv_remove(seq, p0, p1);
              }, py::arg("seq"), py::arg("p0"), py::arg("p1"),
              "Test hook: remove a sequence's KV behind its session's back (an invariant violation).")
+        .def("_test_kv_cell", [](llama_opt_context & self, int32_t seq, size_t pos) {
+                 std::lock_guard<std::recursive_mutex> lock(self.mutex());
+                 return self.kv_cell(seq, pos);
+             }, py::arg("seq"), py::arg("pos"), "Test hook: the KV cell holding a position of a sequence, -1 if none.")
         .def_property_readonly("closed", &llama_opt_context::closed)
         .def_property_readonly("n_ctx", &llama_opt_context::n_ctx)
         .def_property_readonly("n_sessions", &llama_opt_context::n_sessions)

@@ -6,10 +6,12 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 if TYPE_CHECKING:
+    from ..stats import Stats
     from .service import Usage
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _TOKEN_BUCKETS = tuple(float(4**k) for k in range(1, 10))  # 4 .. 262144
+SHIFT_FALLBACK_REASONS = ("unsupported", "shared", "room")  # Stats.diff_shift_fallbacks_<reason>
 
 
 class Metrics:
@@ -45,6 +47,11 @@ class Metrics:
                                       registry=r)
         self.tokens_forced = Counter("pyllamaopt_tokens_grammar_forced", "Generated tokens the grammar forced",
                                      registry=r)
+        self.shift_fallbacks = Counter(
+            "pyllamaopt_shift_fallbacks", "Tier-2 post-edit reuse plans refused before computing (exact mode's work "
+            "instead), by reason (docs/exactness.md)", ["reason"], registry=r)
+        for reason in SHIFT_FALLBACK_REASONS:
+            self.shift_fallbacks.labels(reason=reason)
         self.queue_depth = Gauge("pyllamaopt_queue_depth", "Calls and generations waiting for the scheduler",
                                  registry=r)
         self.time_to_first_token_seconds = Histogram(
@@ -61,6 +68,10 @@ class Metrics:
         self.tokens_generated.inc(usage.completion_tokens)
         self.tokens_drafted.inc(usage.drafted)
         self.tokens_forced.inc(usage.forced)
+
+    def count_shift_fallbacks(self, spent: Stats) -> None:
+        for reason in SHIFT_FALLBACK_REASONS:
+            self.shift_fallbacks.labels(reason=reason).inc(getattr(spent, f"diff_shift_fallbacks_{reason}"))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

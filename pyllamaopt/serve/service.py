@@ -407,7 +407,7 @@ class Service:
         PENDING yielded between them. An append is all or nothing: failed or cancelled, the session
         has its old history; a failed or cancelled sync leaves a prefix of `tokens` (as its info
         says). The Tier-2 shifted reuse plans on the whole prompt: with it on, a sync is one piece."""
-        old = session.tokens
+        old, before = session.tokens, session.stats
         target = tokens if sync else old + tokens
         done = len(os.path.commonprefix([old, target]))
         whole = sync and bool(self.context.config.diff_reuse_shifted)
@@ -440,6 +440,7 @@ class Service:
         finally:
             self.metrics.generate_prefill_tokens.observe(len(tokens))
             self.metrics.generate_prefill_duration_seconds.observe(spent)
+            self.metrics.count_shift_fallbacks(session.stats - before)
 
     def _verify(self, session: Session, entry: _Entry | None = None, *, grew_from: int | None = None) -> None:
         """The anomaly invariants (003 §2.8) after an operation: INV-1, the session's KV is what its

@@ -1,0 +1,104 @@
+"""Room in the KV cache for a prompt, found before anything is computed.
+
+A session's new blocks must lie above its other cells (canonical placement: its cells stay in
+position order). Before a prompt is computed the context checks that they fit there; if not, the
+session computes its whole history again from the bottom of the cache, once there is room for all
+of it (cached sequences, then idle sessions evicted, least recently used first). Nothing computed is
+thrown away, and a prompt of several chunks gets an idle session evicted as a prompt of one does
+(it did not: its first chunks were placed above the idle session's cells, and freeing those then
+left no room for the next chunk above them)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyllamaopt import Context, ContextOverflowError, OptConfig
+from test_reuse import reference, text_tokens
+
+
+def small_context(model, n_ctx=1024, **config):
+    return Context(model, n_ctx=n_ctx, n_batch=256, n_seq_max=8, n_threads=2, config=OptConfig(env={}, **config))
+
+
+def spent_on_append(session, tokens):
+    before = session.stats
+    session.append(tokens)
+    return session.stats - before
+
+
+@pytest.mark.parametrize("n_tokens, evicts", [(700, False), (750, True)])
+def test_a_prompt_of_several_chunks_gets_an_idle_session_evicted(tiny_model, n_tokens, evicts):
+    """The lead's reproduction: 300 tokens of an idle session leave 11 of 16 tiles; 700 tokens fit
+    in them, 750 need the idle session's room (three chunks of at most 256 tokens)."""
+    prompt = text_tokens(tiny_model, n_tokens, seed=2)
+    with small_context(tiny_model) as ctx:
+        idle = ctx.session()
+        idle.append(text_tokens(tiny_model, 300, seed=1))
+        newest = ctx.session()
+        spent = spent_on_append(newest, prompt)
+        assert idle.evicted == evicts
+        assert ctx.stats.sessions_evicted == int(evicts)
+        assert spent.tokens_prefilled == n_tokens and spent.forward_passes == 3  # computed once
+        np.testing.assert_array_equal(newest.logits(), reference(tiny_model, prompt)[0])
+
+
+def test_a_session_moving_down_computes_its_history_once(tiny_model):
+    """The session's cells end one tile short of the top after the session below it is closed: it
+    cannot grow in place and computes its whole history again from the bottom (exactly as from
+    scratch), without first computing the chunks that still fit above it."""
+    history = text_tokens(tiny_model, 1400, seed=4)
+    more = text_tokens(tiny_model, 600, seed=5)
+    with small_context(tiny_model, n_ctx=2048, dedup_enabled=False) as ctx:
+        below = ctx.session()
+        below.append(text_tokens(tiny_model, 300, seed=3))
+        s = ctx.session()
+        s.append(history)
+        below.close()  # its 5 tiles are free now, below s; 5 are free above s, which needs 10 more
+        spent = spent_on_append(s, more)
+        assert spent.tokens_prefilled == len(history + more)
+        assert spent.forward_passes == 8  # 2000 tokens in chunks of 256: computed once
+        assert ctx.stats.sessions_evicted == 0
+        np.testing.assert_array_equal(s.logits(), reference(tiny_model, history + more)[0])
+        assert s.invariant_violation is None
+
+
+def test_a_cached_sequence_below_the_session_is_not_evicted_for_its_growth(tiny_model):
+    """Only KV above the session's cells is in the way of its new blocks: a closed session's cached
+    blocks below them stay, those above go."""
+    with small_context(tiny_model, n_ctx=2048) as ctx:
+        low = ctx.session()
+        low.append(text_tokens(tiny_model, 256, seed=6))
+        s = ctx.session()
+        s.append(text_tokens(tiny_model, 640, seed=7))
+        high = ctx.session()
+        high.append(text_tokens(tiny_model, 1024, seed=8))
+        low.close()
+        high.close()
+        assert ctx.n_cached == 2
+        spent = spent_on_append(s, text_tokens(tiny_model, 300, seed=9))
+        assert spent.tokens_prefilled < 400  # grew in place
+        assert ctx.n_cached == 1 and ctx.stats.dedup_sequences_evicted == 1
+        reused = ctx.session()
+        reused.append(text_tokens(tiny_model, 256, seed=6) + [5])
+        assert reused.stats.dedup_tokens_saved == 192  # `low` is the one kept (a last chunk holds >= 64)
+
+
+def test_no_room_even_after_evicting_computes_nothing(tiny_model):
+    """A session in the middle of a generation cannot be evicted: a prompt that needs its room
+    fails before any of it is computed, and the generation goes on as it would have."""
+    first = text_tokens(tiny_model, 600, seed=10)
+    _, expected = reference(tiny_model, first, 8)
+    with small_context(tiny_model) as ctx:
+        busy = ctx.session()
+        busy.append(first)
+        generation = busy.generate(8)
+        got = [next(generation).id]
+        other = ctx.session()
+        before = ctx.stats
+        with pytest.raises(ContextOverflowError, match="KV cache is full"):
+            other.append(text_tokens(tiny_model, 600, seed=11))
+        spent = ctx.stats - before
+        assert spent.tokens_prefilled == 0 and spent.forward_passes == 0
+        assert other.n_tokens == 0 and not busy.evicted
+        got += [t.id for t in generation]
+        assert got == expected
