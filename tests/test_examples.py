@@ -140,6 +140,8 @@ def check_cancel(python: str, node: str, seconds: str) -> None:
 
 
 def test_cancel(served):
+    """A 5 ms deadline: the tiny model generates a token in about 0.4 ms, and its greedy text (whose
+    start depends on where the first cancel stopped) can end by itself within 50 ms (it did in CI)."""
     server, address = served
-    check_cancel(run_python("cancel", address, "--after-seconds", "0.05"),
-                 run_node("cancel", server.url, "--after-ms", "50"), "0.05")
+    check_cancel(run_python("cancel", address, "--after-seconds", "0.005"),
+                 run_node("cancel", server.url, "--after-ms", "5"), "0.005")
