@@ -50,11 +50,16 @@ def serve(model: str, *args: str, log: Path) -> Iterator[Served]:
             time.sleep(0.2)
         yield Served(process, url, f"127.0.0.1:{grpc_port}")
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop(process)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM (the server drains and saves), then a kill if it has not ended within 60 s."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 def process_status(pid: int) -> dict[str, int]:

@@ -44,7 +44,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -61,6 +60,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tools"))
 import agent_trace_data as data  # noqa: E402
 import openai  # noqa: E402
+from served import stop  # noqa: E402
 
 import pyllamaopt  # noqa: E402
 from pyllamaopt import Context, Model, models  # noqa: E402
@@ -134,11 +134,7 @@ def running(engine: str, model: Model, server_bin: Path | None, n_ctx: int, slot
         wait_ready(process, server, log)
         yield server
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop(process)
 
 
 def wait_ready(process: subprocess.Popen, server: Server, log: Path) -> None:
