@@ -5,6 +5,7 @@
 #include "llama.h"
 
 #include <algorithm>
+#include <chrono>
 #include <thread>
 
 // Measured on this build (tests/integration/test_numerics.py): with flash attention, rows
@@ -377,7 +378,7 @@ void llama_opt_context::compute_span(int32_t seq, const llama_token * tokens, si
             for (size_t p = pos; p < stop; ++p) {
                 b.set((int32_t) (p - pos), seq, p, tokens[p], logits && p + 1 == end);
             }
-            if (decode_evicting(seq, b.batch, true, evict_sessions) != 0) {
+            if (decode_evicting(seq, b.batch, true, evict_sessions, work) != 0) {
                 throw kv_full();
             }
             work.tokens += stop - pos;
@@ -394,11 +395,14 @@ void llama_opt_context::compute_span(int32_t seq, const llama_token * tokens, si
     }
 }
 
-int32_t llama_opt_context::decode_evicting(int32_t seq, const llama_batch & batch, bool evict, bool evict_sessions) {
-    int32_t rc = llama_decode(ctx_, batch);
+int32_t llama_opt_context::decode_evicting(int32_t seq, const llama_batch & batch, bool evict, bool evict_sessions,
+                                           llama_opt_work & work) {
+    const auto t0 = std::chrono::steady_clock::now();
+    int32_t    rc = llama_decode(ctx_, batch);
     while (rc == 1 && evict && evict_one(seq, !evict_sessions)) {  // no room: free the least recently used KV, retry
         rc = llama_decode(ctx_, batch);
     }
+    work.us += (uint64_t) std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
     if (rc != 0 && rc != 1) {
         const std::string why = llama_opt_log_take_errors();
         throw llama_opt_error(llama_opt_errc::decode_failed,
@@ -407,7 +411,8 @@ int32_t llama_opt_context::decode_evicting(int32_t seq, const llama_batch & batc
     return rc;
 }
 
-bool llama_opt_context::compute_rows(const std::vector<llama_opt_row> & rows, std::vector<float> & logits) {
+bool llama_opt_context::compute_rows(const std::vector<llama_opt_row> & rows, std::vector<float> & logits,
+                                     llama_opt_work & work) {
     check_open();
     const int32_t n = (int32_t) rows.size();
     if (n == 0 || n > (int32_t) llama_n_batch(ctx_)) {
@@ -421,7 +426,7 @@ bool llama_opt_context::compute_rows(const std::vector<llama_opt_row> & rows, st
     }
     int32_t rc;
     try {
-        rc = decode_evicting(rows[0].seq, b.batch, /* evict */ false, false);  // rows never cost other sequences their KV
+        rc = decode_evicting(rows[0].seq, b.batch, /* evict */ false, false, work);  // rows never cost other sequences their KV
     } catch (...) {
         for (const llama_opt_row & r : rows) {
             llama_memory_seq_rm(llama_get_memory(ctx_), r.seq, (llama_pos) r.pos, -1);
@@ -432,6 +437,8 @@ bool llama_opt_context::compute_rows(const std::vector<llama_opt_row> & rows, st
         llama_opt_log_take_errors();  // llama.cpp's "failed to find a memory slot": expected here, not an error
         return false;
     }
+    work.tokens += (uint64_t) n;
+    work.passes += 1;
     const size_t n_vocab = model_->n_vocab();
     logits.resize((size_t) n * n_vocab);
     for (int32_t i = 0; i < n; ++i) {

@@ -65,6 +65,7 @@ enum class llama_opt_in_place {
 struct llama_opt_work {
     uint64_t tokens = 0;
     uint64_t passes = 0;  // forward passes (llama_decode calls)
+    uint64_t us     = 0;  // time inside them
 };
 
 struct llama_opt_context_params {
@@ -151,8 +152,8 @@ public:
     // Computes `rows` in one batch (at most LLAMA_OPT_ROW_INVARIANT_BATCH rows: each computes
     // like a one-token decode step, patches/0006) with the logits of every row, row after row,
     // into `logits`. Rows may belong to several sequences. Returns false, with nothing computed,
-    // when the cache has no room for them as it is (nothing is evicted for them).
-    bool compute_rows(const std::vector<llama_opt_row> & rows, std::vector<float> & logits);
+    // when the cache has no room for them as it is (nothing is evicted for them). Adds the work to `work`.
+    bool compute_rows(const std::vector<llama_opt_row> & rows, std::vector<float> & logits, llama_opt_work & work);
 
     // --- the KV memory of a sequence ---
 
@@ -223,8 +224,8 @@ private:
     bool evict_one(int32_t except, bool cached_only = false, size_t above = 0);
     // llama_decode; while there is no room (1) and `evict`, frees least recently used KV
     // (cached sequences, then if evict_sessions idle sessions) and retries. Throws
-    // decode_failed on other errors.
-    int32_t decode_evicting(int32_t seq, const llama_batch & batch, bool evict, bool evict_sessions);
+    // decode_failed on other errors. Adds the time it took to work.us.
+    int32_t decode_evicting(int32_t seq, const llama_batch & batch, bool evict, bool evict_sessions, llama_opt_work & work);
     // Frees the least recently used cached sequence that alone holds a pooled block, so that
     // the pool gets room; false if there is none.
     bool evict_for_pool(int32_t except);

@@ -86,6 +86,7 @@ void llama_opt_session::count(uint64_t llama_opt_stats::* counter, uint64_t n) {
 void llama_opt_session::count_work(uint64_t llama_opt_stats::* counter, const llama_opt_work & work) {
     count(counter, work.tokens);
     count(&llama_opt_stats::forward_passes, work.passes);
+    count(&llama_opt_stats::forward_us, work.us);
 }
 
 void llama_opt_session::compute(size_t begin, size_t end, uint64_t llama_opt_stats::* counter, bool evict_sessions,
@@ -311,12 +312,13 @@ bool llama_opt_session::plain_step_row(llama_opt_row & row) const {
     return true;
 }
 
-void llama_opt_session::take_row(const float * logits) {
+void llama_opt_session::take_row(const float * logits, uint64_t us) {
     n_evaluated_ = tokens_.size();
     logits_.assign(logits, logits + ctx_->model().n_vocab());
     logits_for_ = n_evaluated_;
-    stats_.tokens_decoded += 1;  // the context counts the batch's tokens and its one pass
+    stats_.tokens_decoded += 1;  // the context counts the batch's tokens, its one pass and its time
     stats_.forward_passes += 1;
+    stats_.forward_us += us;
 }
 
 void llama_opt_session::prefetch_steps(const std::vector<std::shared_ptr<llama_opt_session>> & sessions) {
@@ -329,11 +331,13 @@ void llama_opt_session::prefetch_steps(const std::vector<std::shared_ptr<llama_o
     std::vector<llama_opt_row>       rows;
     std::vector<float>               logits;
     auto flush = [&] {
-        if (rows.size() > 1 && ctx.compute_rows(rows, logits)) {  // one row alone: its own step is the same
-            ctx.count(&llama_opt_stats::tokens_decoded, rows.size());
-            ctx.count(&llama_opt_stats::forward_passes, 1);
+        llama_opt_work work;
+        if (rows.size() > 1 && ctx.compute_rows(rows, logits, work)) {  // one row alone: its own step is the same
+            ctx.count(&llama_opt_stats::tokens_decoded, work.tokens);
+            ctx.count(&llama_opt_stats::forward_passes, work.passes);
+            ctx.count(&llama_opt_stats::forward_us, work.us);
             for (size_t i = 0; i < takers.size(); ++i) {
-                takers[i]->take_row(logits.data() + i * ctx.model().n_vocab());
+                takers[i]->take_row(logits.data() + i * ctx.model().n_vocab(), work.us / takers.size());
             }
         }
         takers.clear();
@@ -375,10 +379,11 @@ bool llama_opt_session::check_draft() {
     for (size_t i = 0; i < draft.tokens.size(); ++i) {
         rows.push_back({ seq_, n_evaluated_ + 1 + i, draft.tokens[i] });
     }
-    if (!ctx_->compute_rows(rows, memo_.rows())) {
+    llama_opt_work work;
+    if (!ctx_->compute_rows(rows, memo_.rows(), work)) {
         return false;  // no room for the draft: a plain step
     }
-    count_work(&llama_opt_stats::tokens_decoded, { rows.size(), 1 });
+    count_work(&llama_opt_stats::tokens_decoded, work);
     count(&llama_opt_stats::memo_hits, 1);
     const size_t n_vocab = ctx_->model().n_vocab();
     memo_.start(draft.tokens, n_vocab);

@@ -170,7 +170,7 @@ private:
     void decode_pending_step();            // pending generated tokens, as one-token decodes
     bool check_draft();                    // memo: the pending step and a draft in one batch; false: no draft
     bool plain_step_row(llama_opt_row & row) const;  // prefetch_steps: the pending token, if the step is plain
-    void take_row(const float * logits);   // prefetch_steps: the logits computed for that row
+    void take_row(const float * logits, uint64_t us);  // prefetch_steps: the logits computed for that row, its share of the time
     void take_checked(llama_token token);  // memo: a token joined the history: confirm it as drafted, or drop the draft
     void drop_draft();                     // memo: frees the KV of drafted tokens not confirmed
     llama_token take_inferred(llama_token token);  // a token the grammar decided

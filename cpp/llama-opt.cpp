@@ -359,6 +359,7 @@ const std::vector<llama_opt_stats_field> & llama_opt_stats_fields() {
         STAT(act_lookups), STAT(act_hits),
         STAT(noop_ops_elided),
         STAT(tokens_prefilled), STAT(tokens_decoded), STAT(tokens_generated), STAT(forward_passes),
+        STAT(forward_us),
         STAT(sessions_evicted),
     };
     return fields;

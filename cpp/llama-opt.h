@@ -240,6 +240,7 @@ struct llama_opt_stats {
     uint64_t tokens_decoded   = 0;  // tokens whose KV was computed by generation steps
     uint64_t tokens_generated = 0;  // tokens sampled
     uint64_t forward_passes   = 0;  // llama_decode calls (one ubatch each)
+    uint64_t forward_us       = 0;  // time inside llama_decode (a batch of several sessions' rows: split evenly)
     uint64_t sessions_evicted = 0;  // idle sessions whose KV was dropped to make room
 
     void reset() { *this = llama_opt_stats(); }

@@ -196,6 +196,9 @@ class Stats:
     def forward_passes(self) -> int:
         ...
     @property
+    def forward_us(self) -> int:
+        ...
+    @property
     def memo_hits(self) -> int:
         ...
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -313,6 +314,24 @@ def test_context_stats_sum_the_sessions(tiny_context):
     assert tiny_context.stats.as_dict()["forward_passes"] == 2
     tiny_context.reset_stats()
     assert tiny_context.stats.tokens_prefilled == 0
+
+
+def test_forward_us_is_the_time_inside_the_forward_passes(tiny_context):
+    s = tiny_context.session()
+    start = time.perf_counter()
+    s.append_text(PROMPT)
+    wall_us = (time.perf_counter() - start) * 1e6
+    assert 0 < s.stats.forward_us <= wall_us
+    before = s.stats
+    start = time.perf_counter()
+    assert s.generate_text(8)
+    wall_us = (time.perf_counter() - start) * 1e6
+    spent = s.stats - before
+    assert spent.forward_passes > 0 and 0 < spent.forward_us <= wall_us
+    # the context's time is the sum of its sessions'
+    other = tiny_context.session()
+    other.append_text("hello world")
+    assert tiny_context.stats.forward_us == s.stats.forward_us + other.stats.forward_us
 
 
 @pytest.mark.parametrize("kwargs", [{"n_ctx": 0}, {"n_ctx": -5}, {"n_batch": 0}, {"n_seq_max": 0},
