@@ -10,10 +10,14 @@
   keep-generated    exact + Tier-2 reuse of generated tokens' KV (diff_reuse_generated): the
                     answer's one-token-step rows are kept, as llama.cpp's prefix reuse keeps them
   llama-cpp-python  0.3.36 (same llama.cpp) with its automatic prefix reuse
+  llama-server      llama.cpp's own server from the same pinned tree and CPU flags
+                    (tools/build_upstream.py), one slot, its prompt cache, token ids over HTTP
+  llama-server-ngram  the same, drafting from n-grams of its context (--spec-type ngram-mod)
 
     python benchmarks/agent_trace.py [--shapes append,reasoning,workspace,edits,shared,fresh] [--turns 22]
                                      [--engines off,exact,exact-no-memo,tier2,tier2@0.1,keep-generated,
-                                                 llama-cpp-python] [--n-ctx 16384] [--per-turn]
+                                                 llama-cpp-python,llama-server,llama-server-ngram]
+                                     [--n-ctx 16384] [--per-turn]
 
 Shapes (benchmarks/agent_trace_data.py): append-only history; re-rendered history whose earlier
 answers lose their reasoning block; a workspace file after the system prompt, edited every
@@ -32,7 +36,9 @@ any earlier prompt, the limit of exact reuse), wall time (split into prefill = t
 times to first token, and decode = the rest), time to first token per turn, peak KV
 cells and bytes, and whether the generated tokens equal those of the reference ("off", else
 "exact", which equals "off" token for token); for pyllamaopt engines also the mean and max KL
-divergence of each turn's next-token distribution from the reference's.
+divergence of each turn's next-token distribution from the reference's. Then where the time
+went: the prompt and generation each split into the forward passes and the rest (ours: the C++
+around llama_decode and Python), per computed and per generated token.
 
 llama-cpp-python must be built without AMX on these machines, e.g.
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \\
@@ -42,14 +48,18 @@ llama-cpp-python must be built without AMX on these machines, e.g.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import math
 import statistics
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
 import agent_trace_data as data  # noqa: E402
 
@@ -77,6 +87,10 @@ class Turn:
     drafted: int = 0  # generated tokens confirmed from a checked draft (memo): no pass of their own
     shifted: int = 0  # Tier 2: prompt tokens whose KV was reused at a new position
     refused: int = 0  # Tier 2: post-edit reuse plans refused (exact mode's work instead)
+    # seconds in the forward passes of the prompt / of generation (pyllamaopt: Stats.forward_us;
+    # llama-server: its own prompt_ms / predicted_ms, which include its sampling and bookkeeping)
+    forward_prefill: float = 0.0
+    forward_decode: float = 0.0
 
 
 @dataclass
@@ -102,16 +116,19 @@ class Pyllamaopt:
         peek = time.perf_counter()
         logits = session.logits()  # already computed; peeking does not change the generation
         start += time.perf_counter() - peek  # (the copy is not the engine's time)
+        synced = session.stats
         generation = session.generate(n_gen)
         first = next(generation, None)
         ttft = time.perf_counter() - start
         drafted_before = session.stats.memo_tokens_skipped
         generated = ([first.id] if first else []) + [t.id for t in generation]
+        wall = time.perf_counter() - start
         spent = session.stats - before
-        return Turn(spent.tokens_prefilled, ttft, time.perf_counter() - start, generated, logits,
+        return Turn(spent.tokens_prefilled, ttft, wall, generated, logits,
                     session.stats.memo_tokens_skipped - drafted_before, spent.diff_tokens_shifted,
                     spent.diff_shift_fallbacks_unsupported + spent.diff_shift_fallbacks_shared
-                    + spent.diff_shift_fallbacks_room)
+                    + spent.diff_shift_fallbacks_room,
+                    (synced - before).forward_us / 1e6, (session.stats - synced).forward_us / 1e6)
 
     def kv_cells(self) -> int:
         return self.ctx.kv_cells_used
@@ -185,6 +202,41 @@ def kl_divergence(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     return float((np.exp(log_p) * (log_p - log_q)).sum())
 
 
+class LlamaServer:
+    """llama.cpp's own llama-server (tools/build_upstream.py: the same tree and CPU flags), one
+    slot with its prompt cache, driven with token ids over its native /completion route (its
+    reply has the generated token ids and its own timings). With `ngram`: --spec-type ngram-mod."""
+
+    def __init__(self, name: str, model: Model, n_ctx: int) -> None:
+        import build_upstream
+        from server import running
+
+        self.name = name
+        self._stack = contextlib.ExitStack()
+        server_bin = build_upstream.build(("llama-server",)) / "llama-server"
+        self.url = f"http://127.0.0.1:{self._stack.enter_context(running(name, model, server_bin, n_ctx)).port}"
+        self.cells = 0
+
+    def turn(self, session_id: int, prompt: list[int], n_gen: int) -> Turn:
+        body = {"prompt": prompt, "n_predict": n_gen, "temperature": 0, "cache_prompt": True, "return_tokens": True}
+        request = urllib.request.Request(f"{self.url}/completion", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        start = time.perf_counter()
+        with urllib.request.urlopen(request, timeout=600) as response:
+            reply = json.loads(response.read())
+        wall = time.perf_counter() - start
+        timings = reply["timings"]
+        self.cells = len(prompt) + len(reply["tokens"])
+        return Turn(timings["prompt_n"], timings["prompt_ms"] / 1000, wall, reply["tokens"],
+                    forward_prefill=timings["prompt_ms"] / 1000, forward_decode=timings["predicted_ms"] / 1000)
+
+    def kv_cells(self) -> int:
+        return self.cells
+
+    def close(self) -> None:
+        self._stack.close()
+
+
 def run(engines: dict, work, n_gen: int) -> dict[str, Result]:
     """Turn by turn, every engine in turn, so that the machine's speed drifts alike for all."""
     results = {name: Result() for name in engines}
@@ -195,6 +247,26 @@ def run(engines: dict, work, n_gen: int) -> dict[str, Result]:
     for engine in engines.values():
         engine.close()
     return results
+
+
+def time_split(results: dict[str, Result]) -> str:
+    """Where each engine's time went: the prompt (up to the first token) and generation, each
+    split into the forward passes and the rest (pyllamaopt: our C++ around llama_decode and
+    Python; llama-server: HTTP, its server loop, and its sampling, which its timings count as
+    generation), per computed prompt token and per generated token."""
+    lines = [f"  {'engine':<19} {'prompt s':>8} {'in fwd':>7} {'outside':>7} {'ms/computed':>11} "
+             f"{'gen s':>7} {'in fwd':>7} {'outside':>7} {'ms/token':>8} {'outside ms/token':>16}"]
+    for name, r in results.items():
+        if not r.total("forward_prefill"):
+            continue
+        computed, generated = r.total("computed"), sum(len(t.generated) for t in r.turns)
+        prompt, gen = r.total("ttft"), r.total("wall") - r.total("ttft")
+        lines.append(f"  {name:<19} {prompt:>8.2f} {r.total('forward_prefill'):>7.2f} "
+                     f"{prompt - r.total('forward_prefill'):>7.2f} {prompt / max(1, computed) * 1000:>11.3f} "
+                     f"{gen:>7.2f} {r.total('forward_decode'):>7.2f} {gen - r.total('forward_decode'):>7.2f} "
+                     f"{gen / max(1, generated) * 1000:>8.2f} "
+                     f"{(gen - r.total('forward_decode')) / max(1, generated) * 1000:>16.3f}")
+    return "\n".join(lines)
 
 
 def report_tier2(name: str, r: Result, exact: Result, prompts: list[list[int]], baseline: Result | None,
@@ -243,6 +315,8 @@ def main() -> int:
         "exact-no-memo": lambda: Pyllamaopt(model, "exact-no-memo", n_ctx, memo_enabled=False),
         "keep-generated": lambda: Pyllamaopt(model, "keep-generated", n_ctx, diff_reuse_generated=True),
         "llama-cpp-python": lambda: LlamaCppPython(path, n_ctx),
+        "llama-server": lambda: LlamaServer("llama-server", model, n_ctx),
+        "llama-server-ngram": lambda: LlamaServer("llama-server-ngram", model, n_ctx),
     }
     engines = args.engines.split(",")
     for name in engines:
@@ -281,6 +355,7 @@ def main() -> int:
                   f"{r.total('wall'):>8.1f} {r.total('ttft'):>9.2f} {r.total('wall') - r.total('ttft'):>8.2f} "
                   f"{statistics.median(ttfts):>11.0f} {max(ttfts):>11.0f} "
                   f"{r.peak_cells * cell_bytes / 2**20:>11.1f} {f'{same}/{len(r.turns)}':>20} {kl}")
+        print(time_split(results))
         for name in results:
             if name.startswith("tier2") and "exact" in results:
                 report_tier2(name, results[name], results["exact"], prompts, baseline, reference, args.per_turn)

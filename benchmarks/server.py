@@ -11,7 +11,8 @@ defaults) plus --swa-full, which its prompt reuse needs on Gemma 3's sliding-win
 
 Engines: `pyllamaopt` (exact, the server's defaults); `pyllamaopt-tier2` (the same server with
 LLAMA_OPT_DIFF_REUSE_SHIFTED=1: unchanged spans after an edit reused at their shifted positions,
-approximately; `@SHARE` also sets LLAMA_OPT_DIFF_RECOMPUTE_SHARE); `llama-server`.
+approximately; `@SHARE` also sets LLAMA_OPT_DIFF_RECOMPUTE_SHARE); `llama-server`;
+`llama-server-ngram` (llama-server drafting from n-grams of the context: --spec-type ngram-mod).
 
 One agent, its whole conversation re-sent every turn (default 22 turns; header 12):
   append, reasoning, workspace   the agent trace of benchmarks/agent_trace.py
@@ -116,10 +117,11 @@ def server_command(engine: str, path: Path, server_bin: Path | None, port: int, 
             raise SystemExit(f"unknown engine {engine}")
         return [sys.executable, "-m", "pyllamaopt.cli", "serve", "--model", str(path), "--port", str(port),
                 "--n-ctx", str(n_ctx), "--threads", "2"], env
-    if engine != "llama-server" or server_bin is None:
+    speculation = {"llama-server": [], "llama-server-ngram": ["--spec-type", "ngram-mod"]}
+    if engine not in speculation or server_bin is None:
         raise SystemExit(f"unknown engine {engine}")
     return [str(server_bin), "-m", str(path), "--port", str(port), "-c", str(n_ctx), "-t", "2", "-tb", "2",
-            "-np", str(slots), "-fa", "on", "--swa-full", "--no-webui", "--metrics"], env
+            "-np", str(slots), "-fa", "on", "--swa-full", "--no-webui", "--metrics", *speculation[engine]], env
 
 
 @contextlib.contextmanager
@@ -261,7 +263,7 @@ def bench_trace(shape: str, model: Model, server_bin: Path | None, engines: list
             replies = run_turns(client, prompts, gen)
             wall = time.perf_counter() - start
             load = os.getloadavg()[0]
-            if with_reference and engine == "llama-server":
+            if with_reference and engine.startswith("llama-server"):
                 reference = [r.text for r in run_turns(client, prompts, gen, {"cache_prompt": False})]
         if with_reference and engine.startswith("pyllamaopt"):
             exact = exact or reference_answers(model, prompts, gen)
@@ -435,7 +437,7 @@ def main() -> int:
     model = Model(models.resolve(args.model))
     engines = args.engines.split(",")
     server_bin = None
-    if "llama-server" in engines:
+    if any(engine.startswith("llama-server") for engine in engines):
         import build_upstream
 
         server_bin = build_upstream.build(("llama-server",)) / "llama-server"
