@@ -12,6 +12,16 @@ llama_opt_diff_engine::llama_opt_diff_engine(uint32_t block_size, uint32_t min_u
     }
 }
 
+// A block found in more places of prev than this anchors nothing: a run of repeated text would
+// give quadratically many candidate runs (difflib's "popular" elements, likewise).
+static constexpr size_t DIFF_MAX_BLOCK_REPEATS = 16;
+
+namespace {
+struct diff_run {
+    uint32_t p, c, n;  // prev[p, p + n) == curr[c, c + n)
+};
+}  // namespace
+
 void llama_opt_diff_engine::match_blocks(const llama_token * prev, uint32_t p0, uint32_t p1,
                                          const llama_token * curr, uint32_t c0, uint32_t c1,
                                          llama_opt_diff_result & keeps) const {
@@ -19,44 +29,91 @@ void llama_opt_diff_engine::match_blocks(const llama_token * prev, uint32_t p0, 
     if (p1 - p0 < B || c1 - c0 < B) {
         return;
     }
-    // prev's blocks by content; each found again in curr anchors a KEEP span
+    // prev's blocks by content; each found again in curr anchors the run of equal tokens on its
+    // diagonal (p - c), extended both ways as far as the tokens agree
     std::unordered_multimap<uint64_t, uint32_t> blocks;
     for (uint32_t p = p0; p + B <= p1; p += B) {
         blocks.emplace(llama_opt_hash_block(prev + p, B), p);
     }
     work_ += p1 - p0;
-    uint32_t prev_done = p0;  // matches must increase in both histories
-    uint32_t curr_done = c0;
-    for (uint32_t c = c0; c + B <= c1;) {
+    std::vector<diff_run>                  runs;
+    std::unordered_map<int64_t, uint32_t> diagonal_end;  // curr end of the last run found on a diagonal
+    for (uint32_t c = c0; c + B <= c1; ++c) {
         work_ += B;
-        const auto range = blocks.equal_range(llama_opt_hash_block(curr + c, B));
-        uint32_t   found = UINT32_MAX;
-        for (auto it = range.first; it != range.second; ++it) {
-            const uint32_t p = it->second;
-            if (p >= prev_done && p < found && std::equal(prev + p, prev + p + B, curr + c)) {
-                found = p;  // the earliest one keeps the most of prev available
-            }
-        }
-        if (found == UINT32_MAX) {
-            ++c;
+        const uint64_t h = llama_opt_hash_block(curr + c, B);
+        if (blocks.count(h) > DIFF_MAX_BLOCK_REPEATS) {
             continue;
         }
-        // refine to token boundaries: extend backwards into the gap, then forwards
-        uint32_t p = found, cs = c;
-        while (p > prev_done && cs > curr_done && prev[p - 1] == curr[cs - 1]) {
-            --p;
-            --cs;
+        const auto range = blocks.equal_range(h);
+        for (auto it = range.first; it != range.second; ++it) {
+            const uint32_t p    = it->second;
+            const int64_t  diag = (int64_t) p - c;
+            const auto     seen = diagonal_end.find(diag);
+            if ((seen != diagonal_end.end() && c < seen->second) || !std::equal(prev + p, prev + p + B, curr + c)) {
+                continue;  // inside a run found already, or a hash collision
+            }
+            uint32_t ps = p, cs = c;
+            while (ps > p0 && cs > c0 && prev[ps - 1] == curr[cs - 1]) {
+                --ps;
+                --cs;
+            }
+            uint32_t n = (c - cs) + B;
+            while (ps + n < p1 && cs + n < c1 && prev[ps + n] == curr[cs + n]) {
+                ++n;
+            }
+            runs.push_back({ ps, cs, n });
+            diagonal_end[diag] = cs + n;
+            work_ += n;
         }
-        uint32_t n = (c - cs) + B;
-        while (p + n < p1 && cs + n < c1 && prev[p + n] == curr[cs + n]) {
-            ++n;
-        }
-        keeps.push_back({ DIFF_KEEP, p, n, cs, n });
-        work_ += n;
-        prev_done = p + n;
-        curr_done = cs + n;
-        c         = curr_done;
     }
+    // Longest run first, then the same in the windows before and after it, as difflib does: the
+    // first block matched is not always the right one (text that also occurs far ahead, such as
+    // a file quoted again in a later tool result, would pull the match past the nearer runs).
+    struct window {
+        uint32_t              p0, p1, c0, c1;
+        std::vector<uint32_t> runs;  // indices of the runs that reach into it
+    };
+    std::vector<window> todo(1, window{ p0, p1, c0, c1, {} });
+    for (uint32_t i = 0; i < runs.size(); ++i) {
+        todo[0].runs.push_back(i);
+    }
+    const size_t first_keep = keeps.size();
+    while (!todo.empty()) {
+        const window w = std::move(todo.back());
+        todo.pop_back();
+        // the longest run clipped to the window; ties: the earliest in curr, then in prev
+        diff_run best{ 0, 0, 0 };
+        for (uint32_t i : w.runs) {
+            const diff_run & r  = runs[i];
+            const int64_t    lo = std::max<int64_t>({ 0, (int64_t) w.p0 - r.p, (int64_t) w.c0 - r.c });
+            const int64_t    hi = std::min<int64_t>({ (int64_t) r.n, (int64_t) w.p1 - r.p, (int64_t) w.c1 - r.c });
+            const diff_run   clipped{ (uint32_t) (r.p + lo), (uint32_t) (r.c + lo), (uint32_t) std::max<int64_t>(0, hi - lo) };
+            if (clipped.n > best.n || (clipped.n == best.n && clipped.n > 0 &&
+                                       (clipped.c < best.c || (clipped.c == best.c && clipped.p < best.p)))) {
+                best = clipped;
+            }
+        }
+        work_ += w.runs.size();
+        if (best.n == 0) {
+            continue;
+        }
+        keeps.push_back({ DIFF_KEEP, best.p, best.n, best.c, best.n });
+        window before{ w.p0, best.p, w.c0, best.c, {} };
+        window after{ best.p + best.n, w.p1, best.c + best.n, w.c1, {} };
+        for (uint32_t i : w.runs) {
+            const diff_run & r = runs[i];
+            if (r.p < before.p1 && r.c < before.c1) {
+                before.runs.push_back(i);
+            }
+            if (r.p + r.n > after.p0 && r.c + r.n > after.c0) {
+                after.runs.push_back(i);
+            }
+        }
+        todo.push_back(std::move(before));
+        todo.push_back(std::move(after));
+    }
+    std::sort(keeps.begin() + (std::ptrdiff_t) first_keep, keeps.end(),
+              [](const llama_opt_diff_span & a, const llama_opt_diff_span & b) { return a.curr_start < b.curr_start; });
 }
 
 llama_opt_diff_result llama_opt_diff_engine::compute(const llama_token * prev, uint32_t n_prev,

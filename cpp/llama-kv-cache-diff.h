@@ -2,8 +2,8 @@
 
 // llama-kv-cache-diff: what changed between two token histories, as KEEP / INSERT / DELETE /
 // REPLACE spans. The common cases (append-only, one edit) cost one linear pass; other edits
-// are matched block by block (content hash of block_size tokens, verified token by token)
-// and refined to exact token boundaries.
+// are matched block by block (content hash of block_size tokens, verified token by token),
+// each match extended to the whole run of equal tokens, and the runs taken longest first.
 //
 // Exactness note: KV after a changed token depends on the change, so only a KEEP span at
 // the start (the common prefix) can be reused exactly; later KEEP spans are Tier 2.

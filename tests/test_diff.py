@@ -61,6 +61,27 @@ def test_several_edits_keep_most_of_what_difflib_keeps(prev, data):
     assert kept >= reference - 4 * 2 * 16  # at most two blocks lost around each edit
 
 
+@given(st.lists(st.integers(0, 10**6), min_size=100, max_size=600), st.data())
+@settings(max_examples=100)
+def test_a_passage_quoted_again_further_on_keeps_what_difflib_keeps(passage, data):
+    """A workspace file edited near the start while its new version is already quoted further on
+    (read back by a tool): a block after the edit matches the quote too, and the match must not
+    jump there and lose the rest of the file and what follows it."""
+    at = data.draw(st.integers(0, len(passage)))
+    edited = list(passage)
+    edited[at:at + data.draw(st.integers(0, 10))] = data.draw(st.lists(st.integers(10**6 + 1, 2 * 10**6),
+                                                                        min_size=1, max_size=20))
+    other = st.lists(st.integers(0, 10**6), min_size=1, max_size=300)
+    head, middle, tail = data.draw(other), data.draw(other), data.draw(other)
+    prev = head + passage + middle + edited + tail
+    curr = head + edited + middle + edited + tail + [2 * 10**6 + 1]  # a new message: no common suffix
+    spans = _core.DiffEngine(16).compute(prev, curr)
+    assert apply(prev, curr, spans) == curr
+    kept = sum(pl for op, _, pl, _, _ in spans if op == "keep")
+    reference = sum(b.size for b in difflib.SequenceMatcher(None, prev, curr, autojunk=False).get_matching_blocks())
+    assert kept >= reference - 2 * 16
+
+
 def test_the_common_case_is_linear():
     engine = _core.DiffEngine(64)
     for n in (10_000, 100_000):

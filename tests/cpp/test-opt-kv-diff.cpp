@@ -98,6 +98,36 @@ static void test_moved_and_multiple_edits() {
     }
 }
 
+// An agent trace's shape: a workspace file F near the start, edited (F2), and the edited
+// version already quoted further on (a tool result that read the file back). The block matched
+// first after the edit is found in that later quote too; the match must stay on the longer run
+// (the rest of F, B, F2, C), not jump to the quote and lose everything before it.
+static void test_a_copy_further_on_does_not_pull_the_match_away() {
+    std::mt19937 rng(5);
+    const llama_opt_diff_engine e(64);
+    for (int trial = 0; trial < 100; ++trial) {
+        const tokens_t a = random_tokens(rng, 100 + rng() % 400), f = random_tokens(rng, 400 + rng() % 800);
+        const tokens_t b = random_tokens(rng, 50 + rng() % 300), c = random_tokens(rng, 50 + rng() % 300);
+        const tokens_t d = random_tokens(rng, 1 + rng() % 100, 1000000);  // a new message: no common suffix
+        const uint32_t at = 1 + rng() % 100, removed = 1 + rng() % 10;
+        tokens_t f2(f.begin(), f.begin() + at);
+        const tokens_t inserted = random_tokens(rng, 1 + rng() % 30, 1000000);
+        f2.insert(f2.end(), inserted.begin(), inserted.end());
+        f2.insert(f2.end(), f.begin() + at + removed, f.end());
+        auto join = [](std::initializer_list<const tokens_t *> parts) {
+            tokens_t out;
+            for (const tokens_t * t : parts) {
+                out.insert(out.end(), t->begin(), t->end());
+            }
+            return out;
+        };
+        const tokens_t prev = join({ &a, &f, &b, &f2, &c }), curr = join({ &a, &f2, &b, &f2, &c, &d });
+        const auto diff_ = diff(e, prev, curr);
+        CHECK(reconstructs(prev, curr, diff_));
+        CHECK(llama_opt_diff_kept(diff_) >= prev.size() - removed);  // all but the replaced tokens: optimal
+    }
+}
+
 static void test_min_unchanged_folds_short_spans() {
     const tokens_t prev = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 };
     const tokens_t curr = { 1, 2, 3, 90, 5, 6, 7, 8, 91, 10, 11, 12, 13, 14, 15, 16 };
@@ -142,6 +172,7 @@ int main() {
     test_append_fast_path();
     test_single_edits_are_exact();
     test_moved_and_multiple_edits();
+    test_a_copy_further_on_does_not_pull_the_match_away();
     test_min_unchanged_folds_short_spans();
     test_common_cases_are_linear();
     test_history();
