@@ -222,6 +222,71 @@ void llama_h2o::next_chunk(uint32_t chunk_len) {
     state_.chunk_boundaries.push_back(state_.tokens_processed);
 }
 
+void llama_h2o::subset(uint32_t il, uint32_t n_tokens, llama_h2o_subset & out) const {
+    check_layer(il);
+    const uint32_t  M   = params_.memory_size();
+    const int32_t * mem = memory_[il].data();
+    out.pos.clear();
+    for (uint32_t s = 0; s < n_head_ * M; ++s) {
+        if (mem[s] != EMPTY) {
+            out.pos.push_back(mem[s]);
+        }
+    }
+    std::sort(out.pos.begin(), out.pos.end());
+    out.pos.erase(std::unique(out.pos.begin(), out.pos.end()), out.pos.end());
+    out.n_tokens = n_tokens;
+
+    const size_t n_keys = out.n_keys(), n_mem = out.pos.size();
+    const float  ninf   = -std::numeric_limits<float>::infinity();
+    out.mask.assign((size_t) n_head_ * n_tokens * n_keys, ninf);
+    for (uint32_t h = 0; h < n_head_; ++h) {
+        float * head_mask = out.mask.data() + (size_t) h * n_tokens * n_keys;
+        // the head's memory set, as columns of the union (both ascending: one merge)
+        size_t j = 0;
+        for (uint32_t s = 0; s < M && mem[h * M + s] != EMPTY; ++s) {
+            while (out.pos[j] != mem[h * M + s]) {
+                ++j;
+            }
+            for (uint32_t q = 0; q < n_tokens; ++q) {
+                head_mask[q * n_keys + j] = 0.0f;
+            }
+        }
+        for (uint32_t q = 0; q < n_tokens; ++q) {
+            std::fill(head_mask + q * n_keys + n_mem, head_mask + q * n_keys + n_mem + q + 1, 0.0f);  // causal
+        }
+    }
+}
+
+void llama_h2o::update_layer(uint32_t il, const llama_h2o_subset & sub, const float * colsum) {
+    check_layer(il);
+    const uint32_t  M           = params_.memory_size();
+    const uint32_t  chunk_start = state_.chunk_boundaries.back();
+    const size_t    n_keys = sub.n_keys(), n_mem = sub.pos.size();
+    const int32_t * mem         = memory_[il].data();
+    inter_.assign((size_t) n_head_ * M, 0.0f);
+    intra_.resize((size_t) n_head_ * sub.n_tokens);
+    for (uint32_t h = 0; h < n_head_; ++h) {
+        const float * head_sums = colsum + (size_t) h * n_keys;
+        size_t        j         = 0;
+        for (uint32_t s = 0; s < M && mem[h * M + s] != EMPTY; ++s) {
+            while (j < n_mem && sub.pos[j] != mem[h * M + s]) {
+                ++j;
+            }
+            if (j == n_mem) {
+                throw std::invalid_argument("H2O: the subset does not hold layer " + std::to_string(il) +
+                                            "'s memory set (built for another chunk?)");
+            }
+            inter_[(size_t) h * M + s] = head_sums[j];
+        }
+        std::copy(head_sums + n_mem, head_sums + n_keys, intra_.begin() + (size_t) h * sub.n_tokens);
+    }
+    if (memory_initialized_) {
+        accumulate_memory_scores(il, inter_.data());
+    }
+    init_chunk_scores(il, chunk_start, sub.n_tokens, intra_.data());
+    build_memory_set(il, chunk_start + sub.n_tokens);
+}
+
 void llama_h2o::reset() {
     for (auto & s : scores_) {
         s.clear();

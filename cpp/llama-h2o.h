@@ -76,6 +76,18 @@ private:
     size_t                               size_ = 0;
 };
 
+// What one layer attends to for a chunk (patches/0010's llama_set_attn_subset): the positions of
+// the union of its heads' memory sets, ascending, then the chunk's own tokens; the mask
+// [(pos.size() + n_tokens) x n_tokens x n_head] (by head, query, key): 0 where the head attends
+// (its own memory set; the chunk's tokens up to the query), -inf elsewhere.
+struct llama_h2o_subset {
+    std::vector<int32_t> pos;
+    std::vector<float>   mask;
+    uint32_t             n_tokens = 0;
+
+    size_t n_keys() const { return pos.size() + n_tokens; }
+};
+
 class llama_h2o {
 public:
     static constexpr int32_t EMPTY = -1;  // an unused memory slot
@@ -101,6 +113,14 @@ public:
 
     // The chunk of `chunk_len` tokens is done (every layer's memory set built).
     void next_chunk(uint32_t chunk_len);
+
+    // Layer il's subset for the next chunk of n_tokens queries (from chunk_boundaries.back()).
+    void subset(uint32_t il, uint32_t n_tokens, llama_h2o_subset & out) const;
+
+    // After the chunk: its column sums over `sub`'s keys (n_head × sub.n_keys(), the sum of each
+    // head's softmax weights over the chunk's queries) go to the memory set's scores (accumulated)
+    // and the chunk's own (initialized), and the next memory set is built.
+    void update_layer(uint32_t il, const llama_h2o_subset & sub, const float * colsum);
 
     // A new prompt: scores 0, memory sets empty, chunk state back to the start.
     void reset();
@@ -140,6 +160,8 @@ private:
     };
     std::vector<candidate> candidates_;  // scratch of build_memory_set
     std::vector<int32_t>   selected_;    // scratch of build_memory_set
+    std::vector<float>     inter_;       // scratch of update_layer: the memory set's column sums
+    std::vector<float>     intra_;       // scratch of update_layer: the chunk's
 };
 
 // The KV cache bytes per token of `n_layer_kv` layers with F16 K and V of n_head_kv × head_dim,

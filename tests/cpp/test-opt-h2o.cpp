@@ -446,6 +446,85 @@ static void test_sixteen_chunks_stay_finite() {
     CHECK(memory_well_formed(h2o, n_chunks * S));
 }
 
+// The subset a layer attends to for a chunk: the union of its heads' memory sets, then the chunk;
+// each head's mask opens exactly its own memory set and the chunk causally.
+static void test_subset_masks_each_heads_memory_and_the_chunk() {
+    const uint32_t S = 64, L = 8, H = 8, n_head = 3, n = 5;
+    llama_h2o h2o(params_of(L, H, S), 1, n_head, 4 * S);
+    for (uint32_t h = 0; h < n_head; ++h)
+        for (uint32_t pos = 0; pos < S; ++pos) set_score(h2o, 0, h, pos, (float) ((pos * 13 + h * 29) % 64));
+    llama_h2o_subset first;
+    h2o.subset(0, S, first);  // before any memory set: the chunk alone, causally
+    CHECK(first.pos.empty() && first.n_keys() == S && first.mask[1] == -std::numeric_limits<float>::infinity() &&
+          first.mask[S + 1] == 0.0f);
+    h2o.build_memory_set(0, S);
+    h2o.next_chunk(S);
+    llama_h2o_subset sub;
+    h2o.subset(0, n, sub);
+    std::set<int32_t> all;
+    for (uint32_t h = 0; h < n_head; ++h) {
+        for (int32_t p : memory_of(h2o, 0, h)) all.insert(p);
+    }
+    CHECK(std::vector<int32_t>(all.begin(), all.end()) == sub.pos);
+    CHECK(sub.mask.size() == (size_t) n_head * n * sub.n_keys());
+    bool ok = true;
+    for (uint32_t h = 0; h < n_head; ++h) {
+        const std::vector<int32_t> mem = memory_of(h2o, 0, h);
+        for (uint32_t q = 0; q < n; ++q) {
+            for (size_t j = 0; j < sub.n_keys(); ++j) {
+                const float m        = sub.mask[((size_t) h * n + q) * sub.n_keys() + j];
+                const bool  attended = j < sub.pos.size() ? std::find(mem.begin(), mem.end(), sub.pos[j]) != mem.end()
+                                                          : j - sub.pos.size() <= q;
+                ok &= attended ? m == 0.0f : m == -std::numeric_limits<float>::infinity();
+            }
+        }
+    }
+    CHECK(ok);
+    CHECK(sub.pos.size() > L + H);  // the heads chose differently: the union is larger than one set
+}
+
+// update_layer = the column sums split into the memory set's and the chunk's, accumulated,
+// initialized and the next memory set built (the steps of the specification, in one call).
+static void test_update_layer_is_the_specifications_steps() {
+    const uint32_t S = 128, L = 16, H = 24, n_head = 2, M = L + H;
+    llama_h2o a(params_of(L, H, S), 1, n_head, 3 * S), b = a;
+    std::mt19937 rng(12);
+    std::uniform_real_distribution<float> u(0.0f, 2.0f);
+    for (uint32_t c = 0; c < 3; ++c) {
+        llama_h2o_subset sub;
+        a.subset(0, S, sub);
+        std::vector<float> colsum((size_t) n_head * sub.n_keys());
+        for (float & v : colsum) v = u(rng);
+        // by hand, on b
+        std::vector<float> inter((size_t) n_head * M, 0.0f), intra((size_t) n_head * S);
+        for (uint32_t h = 0; h < n_head; ++h) {
+            const std::vector<int32_t> mem = memory_of(b, 0, h);
+            for (size_t s = 0; s < mem.size(); ++s) {
+                const size_t j = std::lower_bound(sub.pos.begin(), sub.pos.end(), mem[s]) - sub.pos.begin();
+                inter[h * M + s] = colsum[h * sub.n_keys() + j];
+            }
+            for (uint32_t k = 0; k < S; ++k) intra[h * S + k] = colsum[h * sub.n_keys() + sub.pos.size() + k];
+        }
+        if (c > 0) b.accumulate_memory_scores(0, inter.data());
+        b.init_chunk_scores(0, c * S, S, intra.data());
+        b.build_memory_set(0, (c + 1) * S);
+        b.next_chunk(S);
+        a.update_layer(0, sub, colsum.data());
+        a.next_chunk(S);
+        bool same = true;
+        for (uint32_t h = 0; h < n_head; ++h) {
+            same &= memory_of(a, 0, h) == memory_of(b, 0, h);
+            for (uint32_t p = 0; p < 3 * S; ++p) same &= a.score(0, h, p) == b.score(0, h, p);
+        }
+        CHECK(same);
+    }
+    // column sums of another chunk's subset (a memory set it does not hold) are refused
+    llama_h2o_subset stale;
+    stale.n_tokens = S;
+    std::vector<float> colsum((size_t) n_head * S, 1.0f);
+    CHECK(throws_invalid([&] { a.update_layer(0, stale, colsum.data()); }));
+}
+
 static void test_reset() {
     llama_h2o h2o(params_of(8, 8, 32), 1, 2, 64);
     std::vector<float> colsum(2 * 32, 1.0f);
@@ -472,6 +551,8 @@ int main() {
     test_heads_select_independently();
     test_indices_are_sorted();
     test_sixteen_chunks_stay_finite();
+    test_subset_masks_each_heads_memory_and_the_chunk();
+    test_update_layer_is_the_specifications_steps();
     test_reset();
     return check_result("test-opt-h2o");
 }
