@@ -216,6 +216,11 @@ void llama_h2o::build_memory_set(uint32_t il, uint32_t chunk_end) {
     memory_initialized_ = true;
 }
 
+uint64_t llama_h2o::memory_count(uint32_t il) const {
+    check_layer(il);
+    return (uint64_t) std::count_if(memory_[il].begin(), memory_[il].end(), [](int32_t p) { return p != EMPTY; });
+}
+
 void llama_h2o::next_chunk(uint32_t chunk_len) {
     state_.tokens_processed += chunk_len;
     state_.chunk_idx++;

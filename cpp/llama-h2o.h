@@ -131,6 +131,7 @@ public:
     const uint16_t * scores(uint32_t il) const { return scores_[il].data(); }  // BF16 [kv_size, n_head]
     uint16_t *       scores(uint32_t il) { return scores_[il].data(); }
     const int32_t *  memory(uint32_t il) const { return memory_[il].data(); }  // I32 [M, n_head]
+    uint64_t         memory_count(uint32_t il) const;  // entries of layer il's memory sets (all heads)
     bool             memory_initialized() const { return memory_initialized_; }
 
     llama_h2o_layout scores_layout() const;
