@@ -3,23 +3,10 @@
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "llama-h2o.h"
-#include "llama-model.h"  // llama.cpp's internal hyperparameters (src/): which layers slide
 
-#include <cstdio>
-#include <cstring>
-
-llama_opt_h2o_capture::llama_opt_h2o_capture(const llama_model * model) {
-    const llama_hparams & hp = model->hparams;
-    const int32_t n_layer = llama_model_n_layer(model);
-    n_head_ = (uint32_t) llama_model_n_head(model);
-    slot_of_layer_.assign(n_layer, -1);
-    for (int32_t il = 0; il < n_layer; ++il) {
-        if (!hp.is_swa(il)) {
-            slot_of_layer_[il] = (int32_t) layers_.size();
-            layers_.push_back(il);
-        }
-    }
-    colsum_.resize(layers_.size());
+llama_opt_h2o_capture::llama_opt_h2o_capture(const llama_model * model)
+    : full_(model), n_head_((uint32_t) llama_model_n_head(model)) {
+    colsum_.resize(full_.layers.size());
 }
 
 void llama_opt_h2o_capture::arm() {
@@ -34,10 +21,8 @@ bool llama_opt_h2o_capture::callback(ggml_tensor * t, bool ask, void * user_data
 }
 
 bool llama_opt_h2o_capture::observe(ggml_tensor * t, bool ask) {
-    int layer = -1;
-    if (!armed_ || std::strncmp(t->name, "kq_soft_max-", 12) != 0 || std::sscanf(t->name + 12, "%d", &layer) != 1 ||
-        layer < 0 || layer >= (int) slot_of_layer_.size() || slot_of_layer_[layer] < 0 || t->type != GGML_TYPE_F32 ||
-        t->ne[2] != n_head_ || t->ne[3] != 1 || !ggml_is_contiguous(t)) {
+    const int32_t slot = armed_ ? full_.slot(t->name, "kq_soft_max") : -1;
+    if (slot < 0 || t->type != GGML_TYPE_F32 || t->ne[2] != n_head_ || t->ne[3] != 1 || !ggml_is_contiguous(t)) {
         return !ask;  // ask: not needed; after computing: go on
     }
     if (ask) {
@@ -46,7 +31,7 @@ bool llama_opt_h2o_capture::observe(ggml_tensor * t, bool ask) {
     const uint32_t n_keys = (uint32_t) t->ne[0], n_query = (uint32_t) t->ne[1];
     weights_.resize(ggml_nelements(t));
     ggml_backend_tensor_get(t, weights_.data(), 0, ggml_nbytes(t));
-    std::vector<float> & sums = colsum_[slot_of_layer_[layer]];
+    std::vector<float> & sums = colsum_[slot];
     sums.resize((size_t) n_head_ * n_keys);
     llama_h2o_column_sums(weights_.data(), n_head_, n_query, n_keys, sums.data());
     return true;

@@ -5,6 +5,7 @@
 // "kq_soft_max-<il>" ([n_keys, n_tokens, n_head]); the eval callback reads it and keeps the sum over
 // the chunk's queries of each head's weights (llama_h2o_column_sums), n_head x n_keys per layer.
 
+#include "llama-opt-attn-capture.h"
 #include "llama.h"
 
 #include <cstdint>
@@ -23,7 +24,7 @@ public:
     void arm();
     void disarm() { armed_ = false; }
 
-    const std::vector<int32_t> & layers() const { return layers_; }  // the full-attention (H2O) layers
+    const std::vector<int32_t> & layers() const { return full_.layers; }  // the full-attention (H2O) layers
     uint32_t                     n_head() const { return n_head_; }
     // Column sums of H2O layer i (index into layers()) in the last call: n_head x n_keys; empty if
     // the layer's weights were not seen.
@@ -32,8 +33,7 @@ public:
 private:
     bool observe(ggml_tensor * t, bool ask);
 
-    std::vector<int32_t>            layers_;
-    std::vector<int32_t>            slot_of_layer_;  // by model layer: index into layers_, -1 if not H2O's
+    llama_opt_full_layers           full_;
     uint32_t                        n_head_ = 0;
     bool                            armed_  = false;
     std::vector<std::vector<float>> colsum_;
