@@ -16,6 +16,12 @@ Methods (each off by default in the engine; here each set on its own session, co
   sparse-tool  sparse attention over tool results (000 §4.2): the context is appended as a tool
                result, the question drops its irrelevant spans; sparse_attn_budget = budget: a
                share of each tool result (the rest of a session, e.g. a system prompt, stays)
+  h2o          H2O chunked sparse prefill (004, docs/h2o.md): the context is a fresh prompt in a
+               context of its own (h2o_enabled), its full-attention layers attend per chunk to a
+               memory set of budget·n tokens (L = H = half of it, S = max(512, L + H)); every
+               token's KV is kept and the question and answer see all of it (kv_fraction 1: the
+               budget is the prefill's attention, not the KV). Not run on the agent trace: it
+               appends message by message, and H2O applies to a fresh prompt only.
 
 Measures:
   needle grid  a key (5 digits, or a code identifier) hidden at each depth of deterministic
@@ -193,6 +199,13 @@ class Method:
                     "sparse_attn_budget": self.budget}
         return off
 
+    def h2o_config(self, n_tokens: int) -> tuple[dict, int]:
+        """h2o's settings for a prompt of n_tokens, and the chunk (n_batch of its context)."""
+        memory = max(2, int(self.budget * n_tokens))
+        chunk = max(512, (memory + 63) // 64 * 64)
+        return dict(h2o_enabled=True, h2o_local_window=memory - memory // 2, h2o_heavy_budget=memory // 2,
+                    h2o_chunk_size=chunk), chunk
+
     def before_query(self, session: Session, n_query: int) -> None:
         """What the baseline does when the context is in and the query is about to come (the
         engine's methods act by themselves, inside append)."""
@@ -210,13 +223,13 @@ def parse_methods(names: list[str], budgets: list[float]) -> list[Method]:
     for name in names:
         if name == "exact":
             out.append(EXACT)
-        elif name in ("sink-window", "attn-prune", "sparse-tool"):
+        elif name in ("sink-window", "attn-prune", "sparse-tool", "h2o"):
             out += [Method(name, f"{b:g}", b) for b in budgets]
         elif name.startswith("attn-prune/") and name.partition("/")[2].isdigit():
             recent = int(name.partition("/")[2])
             out += [Method("attn-prune", f"{b:g}/recent={recent}", b, recent) for b in budgets]
         else:
-            raise SystemExit(f"unknown method {name!r} (exact, sink-window, attn-prune[/RECENT], sparse-tool)")
+            raise SystemExit(f"unknown method {name!r} (exact, sink-window, attn-prune[/RECENT], sparse-tool, h2o)")
     return out
 
 
@@ -267,7 +280,8 @@ class NeedleRun:
     score_ms: float  # attention scoring on the host (attn_score_us), part of prefill_s
 
 
-def run_needle(methods: list[Method], ctx: Context, case: Case, answer_tokens: int, blind_tail: int) -> list[NeedleRun]:
+def run_needle(methods: list[Method], ctx: Context, case: Case, answer_tokens: int, blind_tail: int,
+               threads: int) -> list[NeedleRun]:
     """The context is computed once (a tool result, for sparse-tool) in a base session; each
     method goes on from a fork of it (sharing its complete blocks; bitwise a fresh session).
     With blind_tail, the context's last blind_tail tokens are a turn of their own on each fork:
@@ -282,6 +296,9 @@ def run_needle(methods: list[Method], ctx: Context, case: Case, answer_tokens: i
     runs = []
     try:
         for method in methods:
+            if method.name == "h2o":
+                runs.append(run_h2o_needle(method, ctx.model, case, answer_tokens, threads))
+                continue
             session = base.fork()
             try:
                 session.configure_tier2(**method.tier2())
@@ -302,6 +319,22 @@ def run_needle(methods: list[Method], ctx: Context, case: Case, answer_tokens: i
     finally:
         base.discard()
     return runs
+
+
+def run_h2o_needle(method: Method, model: Model, case: Case, answer_tokens: int, threads: int) -> NeedleRun:
+    """The context as a fresh prompt computed by H2O in a context of its own, then the question."""
+    config, chunk = method.h2o_config(len(case.context))
+    with Context(model, n_ctx=len(case.context) + len(case.question) + answer_tokens + 64, n_batch=chunk,
+                 n_seq_max=1, n_threads=threads, config=OptConfig(env={}, **config)) as own:
+        session = own.session()
+        start = time.perf_counter()
+        session.append(case.context)
+        session.append(case.question)
+        prefill = time.perf_counter() - start
+        logits, cells = session.logits(), session.n_tokens  # every token's KV is kept
+        tokens, speed = generate(session, answer_tokens)
+        return NeedleRun(model.detokenize(tokens), logits, cells, len(case.context) + len(case.question), prefill,
+                         speed, 0.0)
 
 
 @dataclass
@@ -441,7 +474,8 @@ def main() -> int:
             for variant in variants:
                 for trial in range(args.trials):
                     case = needle_case(model, n, d, variant, trial)
-                    results = run_needle(methods, ctx, case, args.answer_tokens, args.blind_tail)  # methods[0] is exact
+                    results = run_needle(methods, ctx, case, args.answer_tokens, args.blind_tail,  # methods[0] is exact
+                                         args.threads)
                     for method, run in zip(methods, results):
                         runs[method.label].append((case.expected in run.answer, run, results[0]))
             for method in methods:
@@ -469,6 +503,8 @@ def main() -> int:
     trace: dict[str, list[TraceTurn]] = {}
     if args.trace_turns:
         for method in methods:
+            if method.name == "h2o":
+                continue  # a fresh prompt's method: the trace appends message by message (see the docstring)
             t0 = time.perf_counter()
             trace[method.label] = run_trace(method, ctx, model, args.trace_turns, args.gen, args.ppl_tokens)
             print(f"{method.label}: agent trace in {time.perf_counter() - t0:.0f}s", flush=True)

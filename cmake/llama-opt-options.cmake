@@ -15,7 +15,7 @@ option(LLAMA_OPT_SPARSE_ATTN "sparse tool attention (Tier 2)"        ON)
 option(LLAMA_OPT_ACT_DEDUP   "activation deduplication (CSE)"        OFF)
 option(LLAMA_OPT_NOOP        "no-op detection and elision"           ON)
 option(LLAMA_OPT_ALGEBRAIC   "exact algebraic rewriting"             OFF)
-option(LLAMA_OPT_H2O         "H2O heavy-hitter sparse attention (Tier 2)" OFF)
+option(LLAMA_OPT_H2O         "H2O heavy-hitter sparse attention (Tier 2)" ON)
 
 set(LLAMA_OPT_FEATURE_SWITCHES
     LLAMA_OPT_DEDUP LLAMA_OPT_KV_DIFF LLAMA_OPT_SCHEMA_SKIP LLAMA_OPT_KV_CANON

@@ -9,28 +9,43 @@
 #include <cstdio>
 #include <cstring>
 
-llama_opt_attn_capture::llama_opt_attn_capture(const llama_model * model, uint32_t max_rows) : max_rows_(max_rows) {
+llama_opt_full_layers::llama_opt_full_layers(const llama_model * model) {
+    const int32_t n_layer = llama_model_n_layer(model);
+    slot_of_layer.assign(n_layer, -1);
+    for (int32_t il = 0; il < n_layer; ++il) {
+        if (!model->hparams.is_swa(il)) {
+            slot_of_layer[il] = (int32_t) layers.size();
+            layers.push_back(il);
+        }
+    }
+}
+
+int32_t llama_opt_full_layers::slot(const char * name, const char * prefix) const {
+    const size_t n     = std::strlen(prefix);
+    int          layer = -1;
+    if (std::strncmp(name, prefix, n) != 0 || name[n] != '-' || std::sscanf(name + n + 1, "%d", &layer) != 1 ||
+        layer < 0 || layer >= (int) slot_of_layer.size()) {
+        return -1;
+    }
+    return slot_of_layer[layer];
+}
+
+llama_opt_attn_capture::llama_opt_attn_capture(const llama_model * model, uint32_t max_rows)
+    : full_(model), max_rows_(max_rows) {
     const llama_hparams & hp = model->hparams;
     const int32_t n_layer = llama_model_n_layer(model);
     shape_.n_head    = (uint32_t) llama_model_n_head(model);
     shape_.n_head_kv = (uint32_t) llama_model_n_head_kv(model);
     shape_.head_dim  = hp.n_embd_head_k();
     shape_.scale     = hp.f_attention_scale != 0.0f ? hp.f_attention_scale : 1.0f / std::sqrt((float) shape_.head_dim);
-    slot_of_layer_.assign(n_layer, -1);
-    for (int32_t il = 0; il < n_layer; ++il) {
-        if (!hp.is_swa(il)) {
-            slot_of_layer_[il] = (int32_t) layers_.size();
-            layers_.push_back(il);
-        }
-    }
-    q_.resize(layers_.size());
+    q_.resize(full_.layers.size());
     // patches/0005: per position, the layers of the full-attention cache (or the only one) in
     // order, K row then V row (F16), then those of the sliding-window cache
     if (!hp.is_n_embd_k_gqa_variable() && shape_.n_head_kv > 0 && shape_.n_head % shape_.n_head_kv == 0 &&
         hp.n_embd_k_gqa() == shape_.n_head_kv * shape_.head_dim) {
         k_row_bytes_ = hp.n_embd_k_gqa() * sizeof(ggml_fp16_t);
         const size_t layer_bytes = k_row_bytes_ + hp.n_embd_v_gqa() * sizeof(ggml_fp16_t);
-        for (size_t i = 0; i < layers_.size(); ++i) {
+        for (size_t i = 0; i < full_.layers.size(); ++i) {
             k_offset_.push_back(i * layer_bytes);
         }
         row_stride_ = (size_t) n_layer * layer_bytes;
@@ -49,10 +64,8 @@ bool llama_opt_attn_capture::callback(ggml_tensor * t, bool ask, void * user_dat
 
 bool llama_opt_attn_capture::observe(ggml_tensor * t, bool ask) {
     // "Qcur-<layer>": the queries after RoPE, before the attention scale: head_dim × n_head × n_tokens
-    int layer = -1;
-    if (!armed_ || std::strncmp(t->name, "Qcur-", 5) != 0 || std::sscanf(t->name + 5, "%d", &layer) != 1 ||
-        layer < 0 || layer >= (int) slot_of_layer_.size() || slot_of_layer_[layer] < 0 || t->type != GGML_TYPE_F32 ||
-        t->ne[0] != shape_.head_dim || t->ne[1] != shape_.n_head) {
+    const int32_t slot = armed_ ? full_.slot(t->name, "Qcur") : -1;
+    if (slot < 0 || t->type != GGML_TYPE_F32 || t->ne[0] != shape_.head_dim || t->ne[1] != shape_.n_head) {
         return !ask;  // ask: not needed; after computing: go on
     }
     if (ask) {
@@ -61,7 +74,7 @@ bool llama_opt_attn_capture::observe(ggml_tensor * t, bool ask) {
     const uint32_t n_tokens = (uint32_t) t->ne[2];
     const uint32_t n        = std::min(n_tokens, max_rows_);
     const size_t   row      = (size_t) shape_.n_head * shape_.head_dim;
-    std::vector<float> & q = q_[slot_of_layer_[layer]];
+    std::vector<float> & q = q_[slot];
     q.resize(n * row);
     for (uint32_t r = 0; r < n; ++r) {
         for (uint32_t h = 0; h < shape_.n_head; ++h) {

@@ -19,6 +19,17 @@
 
 struct ggml_tensor;
 
+// The layers attending to the whole context (not sliding-window ones), which both Tier-2 captures
+// observe, and where a graph tensor named "<prefix>-<layer>" of one of them sits among them.
+struct llama_opt_full_layers {
+    std::vector<int32_t> layers;
+    std::vector<int32_t> slot_of_layer;  // by model layer: index into layers, -1 for a sliding-window layer
+
+    explicit llama_opt_full_layers(const llama_model * model);
+    // the index into layers of tensor `name` = "<prefix>-<layer>", -1 if it is not one
+    int32_t slot(const char * name, const char * prefix) const;
+};
+
 class llama_opt_attn_capture {
 public:
     // `max_rows`: queries kept per call (the last rows of the ubatch).
@@ -32,7 +43,7 @@ public:
     void disarm() { armed_ = false; }
 
     const llama_opt_attn_shape &  shape() const { return shape_; }
-    const std::vector<int32_t> &  layers() const { return layers_; }  // the scored layers
+    const std::vector<int32_t> &  layers() const { return full_.layers; }  // the scored layers
     uint32_t                      n_rows() const { return n_rows_; }  // queries of the last call
     // The queries of scored layer i (index into layers()): n_rows() × n_head × head_dim.
     const std::vector<float> &    queries(size_t i) const { return q_[i]; }
@@ -50,8 +61,7 @@ private:
     bool observe(ggml_tensor * t, bool ask);
 
     llama_opt_attn_shape            shape_;
-    std::vector<int32_t>            layers_;
-    std::vector<int32_t>            slot_of_layer_;  // by model layer: index into layers_, -1 if not scored
+    llama_opt_full_layers           full_;
     std::vector<size_t>             k_offset_;
     size_t                          k_row_bytes_ = 0;
     size_t                          row_stride_  = 0;

@@ -1,6 +1,7 @@
 #include "llama-opt-context.h"
 
 #include "llama-context-hash.h"
+#include "llama-h2o.h"
 #include "llama-opt-log.h"
 #include "llama.h"
 
@@ -81,6 +82,12 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
         cp.cb_eval           = &llama_opt_attn_capture::callback;
         cp.cb_eval_user_data = attn_capture_.get();
     }
+    if (cfg.h2o_enabled) {  // Tier 2: observe the H2O chunks' softmax weights
+        h2o_capture_ = std::make_unique<llama_opt_h2o_capture>(model_->get());
+        check_h2o_settings(cp.n_batch);
+        cp.cb_eval           = &llama_opt_h2o_capture::callback;
+        cp.cb_eval_user_data = h2o_capture_.get();
+    }
 
     llama_opt_log_take_errors();
     ctx_ = llama_init_from_model(model_->get(), cp);
@@ -105,6 +112,36 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
         open_persist_store();
     }
     slots_.resize(params.n_seq_max);
+}
+
+void llama_opt_context::check_h2o_settings(uint32_t n_batch) const {
+    const llama_opt_config & cfg = settings_.config;
+    llama_h2o_params p;
+    p.local_window = cfg.h2o_local_window, p.heavy_budget = cfg.h2o_heavy_budget, p.chunk_size = cfg.h2o_chunk_size;
+    const std::string why = llama_h2o_check_params(p);
+    if (!why.empty()) {
+        throw llama_opt_error(llama_opt_errc::config, why, "h2o_chunk_size");
+    }
+    if (p.chunk_size > n_batch) {
+        throw llama_opt_error(llama_opt_errc::config,
+            "h2o_chunk_size (" + std::to_string(p.chunk_size) + ") must fit one llama_decode call of this context (" +
+            std::to_string(n_batch) + " tokens): raise n_batch or lower LLAMA_OPT_H2O_CHUNK_SIZE", "h2o_chunk_size");
+    }
+    if (cfg.attn_prune_enabled) {
+        throw llama_opt_error(llama_opt_errc::config,
+            "h2o_enabled and attn_prune_enabled cannot share a context yet (both observe the graph): turn one off",
+            "h2o_enabled");
+    }
+    if (!params_.flash_attn) {
+        throw llama_opt_error(llama_opt_errc::config,
+            "H2O gathers K and V rows from the cache, which needs flash_attn=True (without it llama.cpp stores V "
+            "transposed)", "flash_attn");
+    }
+    if (h2o_capture_->layers().empty()) {
+        throw llama_opt_error(llama_opt_errc::config,
+            "this model has no full-attention layer (every layer slides): H2O has nothing to do; turn h2o_enabled off",
+            "h2o_enabled");
+    }
 }
 
 void llama_opt_context::open_persist_store() {
@@ -389,6 +426,82 @@ void llama_opt_context::compute_span(int32_t seq, const llama_token * tokens, si
         llama_memory_seq_rm(llama_get_memory(ctx_), seq, (llama_pos) begin, -1);  // no half-computed span stays
         throw;
     }
+    if (logits) {
+        const float * out = llama_get_logits_ith(ctx_, -1);
+        logits->assign(out, out + model_->n_vocab());
+    }
+}
+
+void llama_opt_context::compute_span_h2o(int32_t seq, const llama_token * tokens, size_t end,
+                                         std::vector<float> * logits, llama_opt_work & work,
+                                         llama_opt_h2o_work & h2o_work) {
+    check_open();
+    if (!h2o_capture_) {
+        throw llama_opt_error(llama_opt_errc::feature_unavailable, "H2O prefill needs a context made with h2o_enabled");
+    }
+    touch(seq);
+    using clock = std::chrono::steady_clock;
+    auto us = [](clock::time_point since) {
+        return (uint64_t) std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - since).count();
+    };
+    const llama_opt_config & cfg = settings_.config;
+    llama_h2o_params p;
+    p.local_window = cfg.h2o_local_window, p.heavy_budget = cfg.h2o_heavy_budget, p.chunk_size = cfg.h2o_chunk_size;
+    const std::vector<int32_t> & layers = h2o_capture_->layers();
+    llama_h2o                     state(p, (uint32_t) layers.size(), h2o_capture_->n_head(), (uint32_t) end);
+    std::vector<llama_h2o_subset> subsets(layers.size());
+    llama_opt_batch               b((int32_t) p.chunk_size);
+    try {
+        for (size_t pos = 0; pos < end;) {
+            const size_t   stop = std::min(end, pos + p.chunk_size);
+            const uint32_t n    = (uint32_t) (stop - pos);
+            auto           t0   = clock::now();
+            for (size_t i = 0; i < layers.size(); ++i) {
+                state.subset((uint32_t) i, n, subsets[i]);
+                if (!llama_set_attn_subset(ctx_, layers[i], subsets[i].pos.data(), (int32_t) subsets[i].pos.size(),
+                                           subsets[i].mask.data(), (int32_t) n)) {
+                    throw llama_opt_error(llama_opt_errc::decode_failed,
+                                          "llama.cpp refused the attention subset of layer " + std::to_string(layers[i]));
+                }
+                h2o_work.tokens_kept += state.memory_count((uint32_t) i);
+            }
+            h2o_work.select_us += us(t0);
+
+            b.batch.n_tokens = (int32_t) n;
+            for (size_t q = pos; q < stop; ++q) {
+                b.set((int32_t) (q - pos), seq, q, tokens[q], logits && q + 1 == end);
+            }
+            h2o_capture_->arm();
+            const int32_t rc = decode_evicting(seq, b.batch, true, /* evict_sessions */ false, work);
+            h2o_capture_->disarm();
+            if (rc != 0) {
+                throw kv_full();
+            }
+            work.tokens += n;
+            work.passes += 1;
+            h2o_work.chunks += 1;
+
+            t0 = clock::now();
+            for (size_t i = 0; i < layers.size(); ++i) {
+                const std::vector<float> & colsum = h2o_capture_->colsum(i);
+                if (colsum.size() != (size_t) h2o_capture_->n_head() * subsets[i].n_keys()) {
+                    throw llama_opt_error(llama_opt_errc::decode_failed,
+                                          "the softmax weights of layer " + std::to_string(layers[i]) +
+                                          " were not observed (is patches/0010 applied?)");
+                }
+                state.update_layer((uint32_t) i, subsets[i], colsum.data());
+            }
+            state.next_chunk(n);
+            h2o_work.select_us += us(t0);
+            pos = stop;
+        }
+    } catch (...) {
+        h2o_capture_->disarm();
+        llama_clear_attn_subsets(ctx_);
+        llama_memory_seq_rm(llama_get_memory(ctx_), seq, 0, -1);  // no half-computed prompt stays
+        throw;
+    }
+    llama_clear_attn_subsets(ctx_);
     if (logits) {
         const float * out = llama_get_logits_ith(ctx_, -1);
         logits->assign(out, out + model_->n_vocab());

@@ -17,6 +17,7 @@
 
 #include "llama-kv-cache-dedup.h"
 #include "llama-opt-attn-capture.h"
+#include "llama-opt-h2o-capture.h"
 #include "llama-kv-cache-persist.h"
 #include "llama-opt-model.h"
 #include "llama-opt.h"
@@ -66,6 +67,13 @@ struct llama_opt_work {
     uint64_t tokens = 0;
     uint64_t passes = 0;  // forward passes (llama_decode calls)
     uint64_t us     = 0;  // time inside them
+};
+
+// What an H2O prefill did (compute_span_h2o), for the statistics.
+struct llama_opt_h2o_work {
+    uint64_t chunks      = 0;  // chunks computed with attention subsets
+    uint64_t tokens_kept = 0;  // memory-set entries, summed over chunks, layers and heads
+    uint64_t select_us   = 0;  // time in subsets, score updates and memory-set construction
 };
 
 struct llama_opt_context_params {
@@ -154,6 +162,13 @@ public:
     // into `logits`. Rows may belong to several sequences. Returns false, with nothing computed,
     // when the cache has no room for them as it is (nothing is evicted for them). Adds the work to `work`.
     bool compute_rows(const std::vector<llama_opt_row> & rows, std::vector<float> & logits, llama_opt_work & work);
+    // Tier 2, H2O (docs/h2o.md): computes tokens[0, end) of `seq`, which has no KV, in chunks of
+    // h2o_chunk_size tokens, each full-attention layer attending to the chunk and to its memory
+    // set (patches/0010), with the logits of the last token. The KV of every token is stored. On
+    // failure the KV of the sequence is removed and llama_opt_error is thrown. Null capture
+    // (h2o_enabled off): llama_opt_error.
+    void compute_span_h2o(int32_t seq, const llama_token * tokens, size_t end, std::vector<float> * logits,
+                          llama_opt_work & work, llama_opt_h2o_work & h2o_work);
 
     // --- the KV memory of a sequence ---
 
@@ -234,6 +249,8 @@ private:
     void check_open() const;
     void open_persist_store();
 
+    void check_h2o_settings(uint32_t n_batch) const;  // llama_opt_errc::config if H2O cannot work here
+
     std::shared_ptr<llama_opt_model>      model_;
     llama_opt_context_params              params_;
     llama_opt_settings                    settings_;
@@ -245,6 +262,7 @@ private:
     std::unique_ptr<llama_opt_block_pool> pool_;
     std::unique_ptr<llama_opt_persist_store> persist_;
     std::unique_ptr<llama_opt_attn_capture>  attn_capture_;
+    std::unique_ptr<llama_opt_h2o_capture>   h2o_capture_;
     llama_opt_persist_layout              persist_layout_;
     std::vector<slot>                     slots_;           // by sequence id
     uint64_t                              clock_ = 0;       // for LRU

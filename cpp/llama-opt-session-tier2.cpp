@@ -394,3 +394,32 @@ void llama_opt_session::prune_turn(size_t turn_begin) {
     count(&llama_opt_stats::attn_score_us,
           (uint64_t) std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
 }
+
+//
+// H2O chunked sparse prefill (docs/h2o.md): the context computes, the session counts and marks
+// itself approximate from the prompt's first position (prefill sets approx_from_)
+//
+
+bool llama_opt_session::uses_h2o(size_t end) const {
+    const llama_opt_config & cfg = ctx_->settings().config;  // the context's: it observes the graph for H2O
+    return cfg.h2o_enabled && n_evaluated_ == 0 && end > cfg.h2o_chunk_size;
+}
+
+void llama_opt_session::compute_h2o(size_t end) {
+    llama_opt_work     work;
+    llama_opt_h2o_work h2o;
+    auto               count_all = [&] {
+        count_work(&llama_opt_stats::tokens_prefilled, work);
+        count(&llama_opt_stats::h2o_chunks, h2o.chunks);
+        count(&llama_opt_stats::h2o_tokens_kept, h2o.tokens_kept);
+        count(&llama_opt_stats::h2o_select_us, h2o.select_us);
+    };
+    try {
+        ctx_->compute_span_h2o(seq_, tokens_.data(), end, &logits_, work, h2o);
+    } catch (...) {
+        count_all();  // the chunks computed before the failure: thrown away, but done
+        throw;
+    }
+    count_all();
+    logits_for_ = end;
+}

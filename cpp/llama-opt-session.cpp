@@ -234,6 +234,10 @@ void llama_opt_session::share_duplicate(size_t k, const llama_opt_kv_block * b) 
 
 void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
     const size_t end = tokens_.size();
+    const bool   h2o = uses_h2o(end);
+    if (h2o) {
+        approx_from_ = 0;  // Tier 2: the whole prompt is computed by H2O's chunks (docs/h2o.md)
+    }
     // an approximate session (Tier 2) keeps its KV as it is and is never pooled beyond n_canonical_
     bool canonical = ctx_->canonical() && !approximate();
     if (canonical && ctx_->settings().config.diff_reuse_generated && n_canonical_ < n_evaluated_ && n_evaluated_ < end) {
@@ -264,7 +268,11 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
                 throw ctx_->kv_full();
             }
         }
-        compute(n_evaluated_, end, counter, /* evict_sessions */ !ctx_->canonical());
+        if (h2o) {
+            compute_h2o(end);
+        } else {
+            compute(n_evaluated_, end, counter, /* evict_sessions */ !ctx_->canonical());
+        }
         n_evaluated_ = end;
     }
     if (ctx_->canonical() && !approximate()) {  // a relocation (above) computed an approximate session exactly

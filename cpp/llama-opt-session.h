@@ -197,6 +197,9 @@ private:
     void forget_holes(size_t pos);                 // the history is cut at pos
     bool in_hole(size_t pos) const;
     void drop_irrelevant_tool_spans(const std::vector<llama_token> & query);  // sparse_attn
+    // H2O (docs/h2o.md): a prompt of more than h2o_chunk_size tokens into a session without KV
+    bool uses_h2o(size_t end) const;
+    void compute_h2o(size_t end);                  // tokens_[0, end) by H2O chunks, counted
     void prune_turn(size_t turn_begin);            // attn_prune, after a turn's tokens are computed
     bool restore_block(size_t block);              // attn_prune: a cold block back into the KV
     std::vector<std::pair<size_t, size_t>> live_ranges() const;  // [0, n_evaluated_) less the holes

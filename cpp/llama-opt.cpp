@@ -32,7 +32,7 @@ const std::vector<llama_opt_feature> & llama_opt_features() {
         { "act_dedup",   "LLAMA_OPT_ACT_DEDUP",   "act_dedup_enabled",   1, LLAMA_OPT_ACT_DEDUP != 0,   false },
         { "noop",        "LLAMA_OPT_NOOP",        "noop_enabled",        1, LLAMA_OPT_NOOP != 0,        false },
         { "algebraic",   "LLAMA_OPT_ALGEBRAIC",   "algebraic_enabled",   1, LLAMA_OPT_ALGEBRAIC != 0,   false },
-        { "h2o",         "LLAMA_OPT_H2O",         "h2o_enabled",         2, LLAMA_OPT_H2O != 0,         false },
+        { "h2o",         "LLAMA_OPT_H2O",         "h2o_enabled",         2, LLAMA_OPT_H2O != 0,         true  },
     };
     return features;
 }
@@ -113,6 +113,7 @@ const std::vector<llama_opt_field> & llama_opt_fields() {
         OPT_BOOL(h2o_enabled,                "LLAMA_OPT_H2O_ENABLED",                          "H2O heavy-hitter attention (Tier 2)"),
         OPT_UINT(h2o_local_window,           "LLAMA_OPT_H2O_LOCAL_WINDOW",     1, 1u << 24,   "H2O recent-token window"),
         OPT_UINT(h2o_heavy_budget,           "LLAMA_OPT_H2O_HEAVY_BUDGET",     0, 1u << 24,   "H2O heavy-hitter budget"),
+        OPT_UINT(h2o_chunk_size,             "LLAMA_OPT_H2O_CHUNK_SIZE",       1, 1u << 24,   "H2O prompt tokens per chunk (>= window + budget)"),
         OPT_BOOL(stats_enabled,              "LLAMA_OPT_STATS",                                "print per-turn statistics to stderr"),
     };
     return fields;
@@ -356,6 +357,7 @@ const std::vector<llama_opt_stats_field> & llama_opt_stats_fields() {
         STAT(attn_blocks_pruned), STAT(attn_tokens_pruned), STAT(attn_blocks_restored), STAT(attn_tokens_restored),
         STAT(attn_tokens_recomputed), STAT(attn_keys_scored), STAT(attn_score_us),
         STAT(sparse_spans_dropped), STAT(sparse_tokens_dropped),
+        STAT(h2o_chunks), STAT(h2o_tokens_kept), STAT(h2o_select_us),
         STAT(act_lookups), STAT(act_hits),
         STAT(noop_ops_elided),
         STAT(tokens_prefilled), STAT(tokens_decoded), STAT(tokens_generated), STAT(forward_passes),

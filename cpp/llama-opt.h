@@ -120,6 +120,7 @@ struct llama_opt_config {
     bool     h2o_enabled      = false;
     uint32_t h2o_local_window = 256;  // recent tokens always attended
     uint32_t h2o_heavy_budget = 256;  // heavy-hitter tokens kept beyond the window
+    uint32_t h2o_chunk_size   = 512;  // prompt tokens per H2O chunk (>= window + budget)
 
     bool stats_enabled = false;  // print per-turn statistics to stderr
 };
@@ -229,6 +230,10 @@ struct llama_opt_stats {
     // Phase 4 - sparse attention over tool results
     uint64_t sparse_spans_dropped  = 0;
     uint64_t sparse_tokens_dropped = 0;
+    // Tier 2 - H2O chunked sparse prefill
+    uint64_t h2o_chunks      = 0;  // prompt chunks computed with attention subsets
+    uint64_t h2o_tokens_kept = 0;  // memory-set entries, summed over chunks, layers and heads
+    uint64_t h2o_select_us   = 0;  // time in subsets, score updates and memory-set construction
     // Phase 5 - activation dedup
     uint64_t act_lookups = 0;
     uint64_t act_hits    = 0;

@@ -1,0 +1,41 @@
+#pragma once
+
+// llama-opt-h2o-capture: the column sums of H2O chunks (docs/h2o.md). During a chunk computed with
+// attention subsets (patches/0010), each full-attention layer's softmax weights are the graph tensor
+// "kq_soft_max-<il>" ([n_keys, n_tokens, n_head]); the eval callback reads it and keeps the sum over
+// the chunk's queries of each head's weights (llama_h2o_column_sums), n_head x n_keys per layer.
+
+#include "llama-opt-attn-capture.h"
+#include "llama.h"
+
+#include <cstdint>
+#include <vector>
+
+struct ggml_tensor;
+
+class llama_opt_h2o_capture {
+public:
+    explicit llama_opt_h2o_capture(const llama_model * model);
+
+    // The eval callback (ggml_backend_sched_eval_callback) with `this` as user data.
+    static bool callback(ggml_tensor * t, bool ask, void * user_data);
+
+    // While armed, each llama_decode call replaces the column sums kept.
+    void arm();
+    void disarm() { armed_ = false; }
+
+    const std::vector<int32_t> & layers() const { return full_.layers; }  // the full-attention (H2O) layers
+    uint32_t                     n_head() const { return n_head_; }
+    // Column sums of H2O layer i (index into layers()) in the last call: n_head x n_keys; empty if
+    // the layer's weights were not seen.
+    const std::vector<float> &   colsum(size_t i) const { return colsum_[i]; }
+
+private:
+    bool observe(ggml_tensor * t, bool ask);
+
+    llama_opt_full_layers           full_;
+    uint32_t                        n_head_ = 0;
+    bool                            armed_  = false;
+    std::vector<std::vector<float>> colsum_;
+    std::vector<float>              weights_;  // scratch: one layer's weights
+};
