@@ -120,8 +120,8 @@ std::vector<uint32_t> llama_opt_spec_keep(const std::vector<float> & importance,
     if (n == 0) {
         return {};
     }
-    // ceil, not fooled by 0.3 · 10 = 3.0000001 in float
-    const size_t k = std::min(n, std::max<size_t>(1, (size_t) std::ceil((double) keep * (double) n - 1e-6)));
+    // ceil, not fooled by float: 0.3f · 700 = 210.0000083
+    const size_t k = std::min(n, std::max<size_t>(1, (size_t) std::ceil((double) keep * (double) n * (1 - 1e-6))));
     std::vector<uint32_t> order(n - 1);
     std::iota(order.begin(), order.end(), 0u);
     std::stable_sort(order.begin(), order.end(),

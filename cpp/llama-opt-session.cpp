@@ -263,7 +263,9 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
                 throw ctx_->kv_full();
             }
         }
-        compute(n_evaluated_, end, counter, /* evict_sessions */ !ctx_->canonical());
+        if (!spec_prefill(end, counter)) {
+            compute(n_evaluated_, end, counter, /* evict_sessions */ !ctx_->canonical());
+        }
         n_evaluated_ = end;
     }
     if (ctx_->canonical() && !approximate()) {  // a relocation (above) computed an approximate session exactly

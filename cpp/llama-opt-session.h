@@ -198,6 +198,10 @@ private:
     bool in_hole(size_t pos) const;
     void drop_irrelevant_tool_spans(const std::vector<llama_token> & query);  // sparse_attn
     void prune_turn(size_t turn_begin);            // attn_prune, after a turn's tokens are computed
+    // spec_prefill: computes only the tokens of [n_evaluated_, end) its scorer keeps (the rest are
+    // holes); false, with nothing computed, when the prompt is computed whole (off, too short,
+    // everything kept, or no scores)
+    bool spec_prefill(size_t end, uint64_t llama_opt_stats::* counter);
     bool restore_block(size_t block);              // attn_prune: a cold block back into the KV
     std::vector<std::pair<size_t, size_t>> live_ranges() const;  // [0, n_evaluated_) less the holes
 

@@ -68,6 +68,7 @@ static void test_speculative_prefill_keeps_the_top_fraction_and_the_last_token()
     CHECK((llama_opt_spec_keep(s, 0.31f) == std::vector<uint32_t>{ 0, 2, 4, 9 }));
     CHECK((llama_opt_spec_keep(s, 0.0f) == std::vector<uint32_t>{ 9 }));          // at least the last token
     CHECK(llama_opt_spec_keep(s, 1.0f).size() == 10);
+    CHECK(llama_opt_spec_keep(std::vector<float>(700, 0.0f), 0.3f).size() == 210);  // 0.3f · 700 = 210.0000083
     CHECK((llama_opt_spec_keep({ 0.5f, 0.5f, 0.5f, 0.1f }, 0.5f) == std::vector<uint32_t>{ 0, 3 }));  // ties: earlier
     CHECK((llama_opt_spec_keep({ 0.1f, 0.9f }, 0.5f) == std::vector<uint32_t>{ 1 }));  // the last is also the best
     CHECK(llama_opt_spec_keep({}, 0.5f).empty());
