@@ -302,7 +302,20 @@ def run_needle(methods: list[Method], ctx: Context, case: Case, answer_tokens: i
     method goes on from a fork of it (sharing its complete blocks; bitwise a fresh session).
     With blind_tail, the context's last blind_tail tokens are a turn of their own on each fork:
     attn-prune prunes after it, scoring with queries that do not know the question (without it,
-    after the question, with the question's own queries)."""
+    after the question, with the question's own queries). Fresh methods (spec-prefill, keep-last)
+    compute the whole prompt in a new session first, before the base session exists: with dedup on,
+    they would otherwise take the base's blocks from the pool instead of computing them."""
+    fresh: dict[str, NeedleRun] = {}
+    for method in methods:
+        if method.fresh:
+            session = ctx.session()
+            try:
+                session.configure_tier2(**method.tier2())
+                start = time.perf_counter()
+                session.append(method.prompt(case.context + case.question))
+                fresh[method.label] = finish_needle(ctx, session, case, answer_tokens, time.perf_counter() - start)
+            finally:
+                session.discard()  # nothing of it pooled
     base = ctx.session()
     base.configure_tier2(**EXACT.tier2())
     head, tail = case.context[:len(case.context) - blind_tail], case.context[len(case.context) - blind_tail:]
@@ -312,15 +325,13 @@ def run_needle(methods: list[Method], ctx: Context, case: Case, answer_tokens: i
     runs = []
     try:
         for method in methods:
-            session = ctx.session() if method.fresh else base.fork()
+            if method.fresh:
+                runs.append(fresh[method.label])
+                continue
+            session = base.fork()
             try:
                 session.configure_tier2(**method.tier2())
                 start = time.perf_counter()
-                if method.fresh:
-                    session.append(method.prompt(case.context + case.question))
-                    prefill = time.perf_counter() - start
-                    runs.append(finish_needle(ctx, session, case, answer_tokens, prefill))
-                    continue
                 if tail:
                     session.append(tail, kind="tool")
                 method.before_query(session, len(case.question))

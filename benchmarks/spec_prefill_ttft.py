@@ -2,7 +2,7 @@
 """Speculative prefill's time to first token (TTFT) against exact prefill, side by side in one run.
 
     python benchmarks/spec_prefill_ttft.py [--lengths 2048,4096,8192,16384] [--keeps 0.1,0.2,0.3,0.5]
-        [--layers 6] [--repeats 2] [--threads 2] [--json out.json]
+        [--layers 6] [--settings KEEP/LAYERS,...] [--repeats 2] [--threads 2] [--json out.json]
 
 Each prompt is a needle input of benchmarks/quality.py (passkey at 50 % depth, with its question),
 computed in a new session: exact prefill (speculative prefill off), then the same prompt with
@@ -50,19 +50,21 @@ def main() -> int:
     parser.add_argument("--lengths", default="2048,4096,8192")
     parser.add_argument("--keeps", default="0.1,0.2,0.3,0.5")
     parser.add_argument("--layers", default="6", help="scorer sizes (the model's first N layers), comma list")
+    parser.add_argument("--settings", default="",
+                        help="instead of --keeps × --layers: KEEP/LAYERS pairs, e.g. 0.1/2,0.3/2,0.3/6")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
-    keeps = [float(x) for x in args.keeps.split(",")]
-    layer_counts = [int(x) for x in args.layers.split(",")]
+    pairs = [(float(k), int(n)) for k, n in (s.split("/") for s in args.settings.split(",") if s)] or \
+        [(float(k), int(n)) for n in args.layers.split(",") for k in args.keeps.split(",")]
 
     model = Model(models.resolve(args.model), progress=False)
     ctx = Context(model, n_ctx=max(lengths) + 256, n_seq_max=2, n_threads=args.threads,
                   config=OptConfig(env={}, dedup_enabled=False, diff_enabled=False, spec_prefill_enabled=True))
     print(f"model {model.description}; {args.threads} threads; {model.n_layer} layers", flush=True)
-    settings = [("exact", None, None)] + [(f"keep {k:g} / {n} layers", k, n) for n in layer_counts for k in keeps]
+    settings = [("exact", None, None)] + [(f"keep {k:g} / {n} layers", k, n) for k, n in pairs]
     rows = []
     for n_tokens in lengths:
         case = needle_case(model, n_tokens, 50, "passkey", 0)
