@@ -117,8 +117,10 @@ struct llama_opt_config {
     bool        spec_prefill_enabled     = false;
     float       spec_prefill_keep        = 0.3f;  // share of a prompt's tokens computed (1: all, as exact)
     uint32_t    spec_prefill_layers      = 6;     // scorer: the model's own first layers
-    uint32_t    spec_prefill_last_layers = 0;     // scores averaged over the scorer's last N layers (0: all)
-    uint32_t    spec_prefill_pool        = 1;     // average pooling kernel over neighbouring tokens (1: none)
+    // measured on Gemma 3 270M (docs/benchmarks.md): the 6th layer alone (its first full-attention
+    // one) with pooling over 13 tokens finds a needle that all 6 layers unpooled miss
+    uint32_t    spec_prefill_last_layers = 1;     // scores averaged over the scorer's last N layers (0: all)
+    uint32_t    spec_prefill_pool        = 13;    // average pooling kernel over neighbouring tokens (1: none)
     uint32_t    spec_prefill_min_tokens  = 1024;  // shorter prompts are computed whole
     std::string spec_prefill_draft_model;         // scorer: a separate model with the same vocabulary ("" = none)
 

@@ -165,7 +165,7 @@ def test_the_kept_tokens_are_the_ones_the_last_query_attends_to_most(tiny_model)
         expected = numpy_importance(q, k, p["n_head"], p["n_head_kv"], p["q"].shape[-1], p["scale"])
         s = ctx.session()
         s.configure_tier2(spec_prefill_enabled=True, spec_prefill_min_tokens=100, spec_prefill_keep=0.2,
-                          spec_prefill_layers=2)
+                          spec_prefill_layers=2, spec_prefill_last_layers=0, spec_prefill_pool=1)
         s.append(tokens)
         kept = sorted(set(range(500)) - hole_positions(s))
     assert len(kept) == 100 and kept[-1] == 499
