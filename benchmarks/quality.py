@@ -18,8 +18,9 @@ Methods (each off by default in the engine; here each set on its own session, co
                share of each tool result (the rest of a session, e.g. a system prompt, stays)
   spec-prefill speculative prefill (001): spec_prefill_enabled, spec_prefill_keep = budget; the
                needle's context and question are one prompt in a new session (the scorer's last
-               query is the question's), scored by the model's first 6 layers ("spec-prefill/K":
-               K layers; "spec-prefill/K/N/P": the last N of them averaged, pooling kernel P); on
+               query is the question's), scored by the model's first 6 layers, all averaged,
+               unpooled: 001 as written ("spec-prefill/K": K layers; "spec-prefill/K/N/P": the
+               last N of them averaged, pooling kernel P; the engine's defaults are 6/1/13); on
                the agent trace every message of 256 tokens or more is scored
   keep-last    the baseline of speculative prefill: only the prompt's last budget·n tokens (and
                its first, BOS) are computed, as a prompt of their own; not run on the agent trace
