@@ -3,7 +3,7 @@
 for the KV it saves, beside the exact baseline and a plain sink + recent window at the same
 KV budget, on the same inputs.
 
-    python benchmarks/quality.py [--methods exact,sink-window,attn-prune,sparse-tool]
+    python benchmarks/quality.py [--methods exact,sink-window,attn-prune,sparse-tool,spec-prefill,keep-last]
         [--lengths 1024,2048,4096,8192,16384] [--depths 0,10,25,50,75,90,100]
         [--budgets 0.5,0.25,0.125] [--variants passkey,code,multi] [--answer-tokens 12] [--blind-tail 0]
         [--trace-turns 12] [--threads 2] [--json out.json] [--markdown out.md]
@@ -22,6 +22,14 @@ Methods (each off by default in the engine; here each set on its own session, co
                token's KV is kept and the question and answer see all of it (kv_fraction 1: the
                budget is the prefill's attention, not the KV). Not run on the agent trace: it
                appends message by message, and H2O applies to a fresh prompt only.
+  spec-prefill speculative prefill (001): spec_prefill_enabled, spec_prefill_keep = budget; the
+               needle's context and question are one prompt in a new session (the scorer's last
+               query is the question's), scored by the model's first 6 layers, all averaged,
+               unpooled: 001 as written ("spec-prefill/K": K layers; "spec-prefill/K/N/P": the
+               last N of them averaged, pooling kernel P; the engine's defaults are 6/1/13); on
+               the agent trace every message of 256 tokens or more is scored
+  keep-last    the baseline of speculative prefill: only the prompt's last budget·n tokens (and
+               its first, BOS) are computed, as a prompt of their own; not run on the agent trace
 
 Measures:
   needle grid  a key (5 digits, or a code identifier) hidden at each depth of deterministic
@@ -35,7 +43,8 @@ Measures:
                distributions, greedy agreement of --gen generated tokens, and the perplexity of
                the scripted answer after the (compressed) context.
   cost         KV cells kept and their fraction, prefill time (the context's, shared by all
-               methods, plus the method's own: the question and, for attn-prune, scoring),
+               methods, plus the method's own: the question and, for attn-prune, scoring; for
+               spec-prefill and keep-last the whole prompt's, scoring included),
                decode tok/s and attention scoring time (at the longest length), the process's
                peak RSS.
 
@@ -69,6 +78,7 @@ from pyllamaopt.session import Session  # noqa: E402
 SINK = 64             # tokens kept at the start by the sink + window baseline (one block, as attn-prune guards)
 ANSWER_TOKENS = 12    # generated for a needle answer (default of --answer-tokens)
 MEANINGFUL = 0.9      # exact recall from which a cell says something about a method
+SPEC_MIN_TOKENS = 256  # spec-prefill: shorter prompts (messages of the agent trace) are computed whole
 
 # ---------------------------------------------------------------------------------------------
 # inputs
@@ -180,6 +190,15 @@ class Method:
     setting: str
     budget: float | None  # KV fraction kept; None: no compression (exact)
     recent: int = SINK    # attn-prune: the most recent tokens never pruned ("attn-prune/512" on the command line)
+    layers: int = 6       # spec-prefill: the scorer's layers ("spec-prefill/2" on the command line),
+    last_layers: int = 0  # the last of them averaged ("spec-prefill/6/1": layer 6 only; 0: all)
+    pool: int = 1         # the pooling kernel ("spec-prefill/6/1/13")
+
+    @property
+    def fresh(self) -> bool:
+        """Computes the whole needle prompt itself (a new session), instead of going on from the
+        shared context."""
+        return self.name in ("spec-prefill", "keep-last")
 
     @property
     def label(self) -> str:
@@ -188,7 +207,7 @@ class Method:
     def tier2(self) -> dict:
         """The session's Tier-2 settings (Session.configure_tier2): every method runs in one
         context made with attn_prune_enabled (observing the queries changes no bit)."""
-        off = dict(attn_prune_enabled=False, sparse_attn_enabled=False)
+        off = dict(attn_prune_enabled=False, sparse_attn_enabled=False, spec_prefill_enabled=False)
         if self.name == "attn-prune":
             # the threshold is left to the budget: blocks go weakest first until the budget holds
             return {**off, "attn_prune_enabled": True, "attn_prune_budget": self.budget, "attn_prune_window": 1,
@@ -197,6 +216,10 @@ class Method:
             # the budget is a share of each tool result: the rest of a session is always kept
             return {**off, "sparse_attn_enabled": True, "sparse_relevance_threshold": 0.0,
                     "sparse_attn_budget": self.budget}
+        if self.name == "spec-prefill":
+            return {**off, "spec_prefill_enabled": True, "spec_prefill_keep": self.budget,
+                    "spec_prefill_layers": self.layers, "spec_prefill_last_layers": self.last_layers,
+                    "spec_prefill_pool": self.pool, "spec_prefill_min_tokens": SPEC_MIN_TOKENS}
         return off
 
     def h2o_config(self, n_tokens: int) -> tuple[dict, int]:
@@ -205,6 +228,14 @@ class Method:
         chunk = max(512, (memory + 63) // 64 * 64)
         return dict(h2o_enabled=True, h2o_local_window=memory - memory // 2, h2o_heavy_budget=memory // 2,
                     h2o_chunk_size=chunk), chunk
+
+    def prompt(self, tokens: list[int]) -> list[int]:
+        """What a fresh method computes of a prompt: keep-last its first token (BOS) and the
+        last ones, budget·n in all."""
+        if self.name != "keep-last" or self.budget is None:
+            return tokens
+        n = max(2, math.ceil(self.budget * len(tokens)))
+        return tokens[:1] + tokens[len(tokens) - (n - 1):]
 
     def before_query(self, session: Session, n_query: int) -> None:
         """What the baseline does when the context is in and the query is about to come (the
@@ -223,13 +254,19 @@ def parse_methods(names: list[str], budgets: list[float]) -> list[Method]:
     for name in names:
         if name == "exact":
             out.append(EXACT)
-        elif name in ("sink-window", "attn-prune", "sparse-tool", "h2o"):
+        elif name in ("sink-window", "attn-prune", "sparse-tool", "h2o", "spec-prefill", "keep-last"):
             out += [Method(name, f"{b:g}", b) for b in budgets]
+        elif name.startswith("spec-prefill/") and name.partition("/")[2].replace("/", "").isdigit():
+            layers, last, pool = ([int(x) for x in name.split("/")[1:]] + [0, 1])[:3]
+            out += [Method("spec-prefill", f"{b:g}/layers={layers}" + (f"/last={last}" if last else "") +
+                           (f"/pool={pool}" if pool > 1 else ""), b, layers=layers, last_layers=last, pool=pool)
+                    for b in budgets]
         elif name.startswith("attn-prune/") and name.partition("/")[2].isdigit():
             recent = int(name.partition("/")[2])
             out += [Method("attn-prune", f"{b:g}/recent={recent}", b, recent) for b in budgets]
         else:
-            raise SystemExit(f"unknown method {name!r} (exact, sink-window, attn-prune[/RECENT], sparse-tool, h2o)")
+            raise SystemExit(f"unknown method {name!r} (exact, sink-window, attn-prune[/RECENT], sparse-tool, h2o, "
+                             "spec-prefill[/LAYERS[/LAST[/POOL]]], keep-last)")
     return out
 
 
@@ -277,7 +314,7 @@ class NeedleRun:
     n_tokens: int
     prefill_s: float
     decode_tok_s: float
-    score_ms: float  # attention scoring on the host (attn_score_us), part of prefill_s
+    score_ms: float  # attention scoring (attn_score_us; spec-prefill's scorer: spec_prefill_score_us), part of prefill_s
 
 
 def run_needle(methods: list[Method], ctx: Context, case: Case, answer_tokens: int, blind_tail: int,
@@ -286,7 +323,20 @@ def run_needle(methods: list[Method], ctx: Context, case: Case, answer_tokens: i
     method goes on from a fork of it (sharing its complete blocks; bitwise a fresh session).
     With blind_tail, the context's last blind_tail tokens are a turn of their own on each fork:
     attn-prune prunes after it, scoring with queries that do not know the question (without it,
-    after the question, with the question's own queries)."""
+    after the question, with the question's own queries). Fresh methods (spec-prefill, keep-last)
+    compute the whole prompt in a new session first, before the base session exists: with dedup on,
+    they would otherwise take the base's blocks from the pool instead of computing them."""
+    fresh: dict[str, NeedleRun] = {}
+    for method in methods:
+        if method.fresh:
+            session = ctx.session()
+            try:
+                session.configure_tier2(**method.tier2())
+                start = time.perf_counter()
+                session.append(method.prompt(case.context + case.question))
+                fresh[method.label] = finish_needle(ctx, session, case, answer_tokens, time.perf_counter() - start)
+            finally:
+                session.discard()  # nothing of it pooled
     base = ctx.session()
     base.configure_tier2(**EXACT.tier2())
     head, tail = case.context[:len(case.context) - blind_tail], case.context[len(case.context) - blind_tail:]
@@ -299,6 +349,9 @@ def run_needle(methods: list[Method], ctx: Context, case: Case, answer_tokens: i
             if method.name == "h2o":
                 runs.append(run_h2o_needle(method, ctx.model, case, answer_tokens, threads))
                 continue
+            if method.fresh:
+                runs.append(fresh[method.label])
+                continue
             session = base.fork()
             try:
                 session.configure_tier2(**method.tier2())
@@ -308,12 +361,7 @@ def run_needle(methods: list[Method], ctx: Context, case: Case, answer_tokens: i
                 method.before_query(session, len(case.question))
                 session.append(case.question)
                 prefill = base_prefill + time.perf_counter() - start
-                logits = session.logits()
-                cells = kv_cells(session)
-                tokens, speed = generate(session, answer_tokens)
-                runs.append(NeedleRun(ctx.model.detokenize(tokens), logits, cells,
-                                      len(case.context) + len(case.question), prefill, speed,
-                                      session.stats.attn_score_us / 1000))
+                runs.append(finish_needle(ctx, session, case, answer_tokens, prefill))
             finally:
                 session.discard()
     finally:
@@ -337,6 +385,16 @@ def run_h2o_needle(method: Method, model: Model, case: Case, answer_tokens: int,
                          speed, 0.0)
 
 
+def finish_needle(ctx: Context, session: Session, case: Case, answer_tokens: int, prefill: float) -> NeedleRun:
+    """The answer to the prompt the session holds, and what it cost."""
+    logits = session.logits()
+    cells = kv_cells(session)
+    tokens, speed = generate(session, answer_tokens)
+    stats = session.stats
+    return NeedleRun(ctx.model.detokenize(tokens), logits, cells, len(case.context) + len(case.question), prefill,
+                     speed, (stats.attn_score_us + stats.spec_prefill_score_us) / 1000)
+
+
 @dataclass
 class TraceTurn:
     logits: np.ndarray
@@ -348,6 +406,8 @@ class TraceTurn:
 
 def run_trace(method: Method, ctx: Context, model: Model, n_turns: int, n_gen: int, n_ppl: int) -> list[TraceTurn]:
     """The conversation appended message by message; measured at every third turn from the fourth."""
+    if method.name == "keep-last":
+        return []  # a baseline for one prompt, not for a conversation
     session = ctx.session()
     session.configure_tier2(**method.tier2())
     out = []
@@ -465,7 +525,7 @@ def main() -> int:
           f"bytes/token; variants {variants} × {args.trials} trial(s) per cell", flush=True)
 
     ctx = Context(model, n_ctx=n_ctx, n_seq_max=4, n_threads=args.threads,
-                  config=OptConfig(env={}, attn_prune_enabled=True))
+                  config=OptConfig(env={}, attn_prune_enabled=True))  # its queries' observer also serves spec-prefill
     records: list[dict] = []
     t0 = time.perf_counter()
     for n in lengths:

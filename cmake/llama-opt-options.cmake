@@ -12,6 +12,7 @@ option(LLAMA_OPT_KV_PERSIST  "persistent cross-session KV cache"     ON)
 option(LLAMA_OPT_MEMO        "token-level output memoization"        ON)
 option(LLAMA_OPT_ATTN_PRUNE  "attention sink pruning (Tier 2)"       ON)
 option(LLAMA_OPT_SPARSE_ATTN "sparse tool attention (Tier 2)"        ON)
+option(LLAMA_OPT_SPEC_PREFILL "speculative prefill (Tier 2)"     ON)
 option(LLAMA_OPT_ACT_DEDUP   "activation deduplication (CSE)"        OFF)
 option(LLAMA_OPT_NOOP        "no-op detection and elision"           ON)
 option(LLAMA_OPT_ALGEBRAIC   "exact algebraic rewriting"             OFF)
@@ -20,7 +21,7 @@ option(LLAMA_OPT_H2O         "H2O heavy-hitter sparse attention (Tier 2)" ON)
 set(LLAMA_OPT_FEATURE_SWITCHES
     LLAMA_OPT_DEDUP LLAMA_OPT_KV_DIFF LLAMA_OPT_SCHEMA_SKIP LLAMA_OPT_KV_CANON
     LLAMA_OPT_PRECOMPUTE LLAMA_OPT_KV_PERSIST LLAMA_OPT_MEMO LLAMA_OPT_ATTN_PRUNE
-    LLAMA_OPT_SPARSE_ATTN LLAMA_OPT_ACT_DEDUP LLAMA_OPT_NOOP LLAMA_OPT_ALGEBRAIC LLAMA_OPT_H2O)
+    LLAMA_OPT_SPARSE_ATTN LLAMA_OPT_SPEC_PREFILL LLAMA_OPT_ACT_DEDUP LLAMA_OPT_NOOP LLAMA_OPT_ALGEBRAIC LLAMA_OPT_H2O)
 
 # -DLLAMA_OPT_<NAME>=0|1 for every switch, so that code can test them with #if.
 set(LLAMA_OPT_FEATURE_DEFINITIONS "")

@@ -62,7 +62,76 @@ bool llama_opt_attn_capture::callback(ggml_tensor * t, bool ask, void * user_dat
     return static_cast<llama_opt_attn_capture *>(user_data)->observe(t, ask);
 }
 
+void llama_opt_attn_capture::arm_scorer(uint32_t n_layers, llama_pos begin, size_t n_keys) {
+    scorer_.n_layers = std::min<uint32_t>(n_layers, (uint32_t) slot_of_layer_.size());
+    scorer_.begin    = begin;
+    scorer_.n_keys   = n_keys;
+    scorer_.q_pos    = -1;
+    scorer_.q.assign(scorer_.n_layers, std::vector<float>((size_t) shape_.n_head * shape_.head_dim, 0.0f));
+    scorer_.k.assign(scorer_.n_layers, std::vector<float>(n_keys * shape_.n_head_kv * shape_.head_dim, 0.0f));
+    new_call();
+}
+
+std::vector<llama_opt_spec_layer> llama_opt_attn_capture::scorer_layers() const {
+    std::vector<llama_opt_spec_layer> out;
+    if (scorer_.q_pos != scorer_.begin + (llama_pos) scorer_.n_keys - 1) {
+        return out;
+    }
+    for (size_t il = 0; il < scorer_.q.size(); ++il) {  // also after disarm_scorer()
+        out.push_back({ scorer_.q[il].data(), scorer_.k[il].data() });
+    }
+    return out;
+}
+
+bool llama_opt_attn_capture::observe_scorer(ggml_tensor * t, bool ask) {
+    if (scorer_.cut) {
+        return ask;  // ask for every node, and stop after computing it: as little as possible runs
+    }
+    // "Qcur-<layer>" / "Kcur-<layer>" as RoPE leaves them: head_dim × heads × n_tokens, src[1] the positions
+    const bool is_q = std::strncmp(t->name, "Qcur-", 5) == 0, is_k = std::strncmp(t->name, "Kcur-", 5) == 0;
+    int layer = -1;
+    if ((!is_q && !is_k) || std::sscanf(t->name + 5, "%d", &layer) != 1 || layer < 0 ||
+        layer >= (int) scorer_.n_layers || t->op != GGML_OP_ROPE || t->type != GGML_TYPE_F32 ||
+        t->ne[0] != shape_.head_dim || t->ne[1] != (is_q ? shape_.n_head : shape_.n_head_kv) || !t->src[1] ||
+        t->src[1]->type != GGML_TYPE_I32) {
+        return !ask;
+    }
+    if (ask) {
+        return true;
+    }
+    const int64_t          n_tokens = t->ne[2];
+    std::vector<llama_pos> pos((size_t) n_tokens);
+    ggml_backend_tensor_get(t->src[1], pos.data(), 0, pos.size() * sizeof(llama_pos));
+    const uint32_t heads = (uint32_t) t->ne[1];
+    const size_t   row   = (size_t) heads * shape_.head_dim;
+    auto copy_row = [&](int64_t r, float * dst) {
+        for (uint32_t h = 0; h < heads; ++h) {
+            ggml_backend_tensor_get(t, dst + (size_t) h * shape_.head_dim, (size_t) r * t->nb[2] + (size_t) h * t->nb[1],
+                                    shape_.head_dim * sizeof(float));
+        }
+    };
+    if (is_q) {  // the last token of the call: the prompt's last one in the last call
+        copy_row(n_tokens - 1, scorer_.q[layer].data());
+        scorer_.q_pos = pos.back();
+    } else {
+        for (int64_t r = 0; r < n_tokens; ++r) {
+            const llama_pos p = pos[(size_t) r] - scorer_.begin;
+            if (p >= 0 && (size_t) p < scorer_.n_keys) {
+                copy_row(r, scorer_.k[layer].data() + (size_t) p * row);
+            }
+        }
+    }
+    if (layer == (int) scorer_.n_layers - 1) {
+        (is_q ? scorer_.q_seen : scorer_.k_seen) = true;
+        scorer_.cut = scorer_.q_seen && scorer_.k_seen;
+    }
+    return !scorer_.cut;
+}
+
 bool llama_opt_attn_capture::observe(ggml_tensor * t, bool ask) {
+    if (scorer_.n_layers > 0) {
+        return observe_scorer(t, ask);
+    }
     // "Qcur-<layer>": the queries after RoPE, before the attention scale: head_dim × n_head × n_tokens
     const int32_t slot = armed_ ? full_.slot(t->name, "Qcur") : -1;
     if (slot < 0 || t->type != GGML_TYPE_F32 || t->ne[0] != shape_.head_dim || t->ne[1] != shape_.n_head) {

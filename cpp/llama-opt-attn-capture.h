@@ -10,6 +10,16 @@
 // Scored layers: those attending to the whole context (not sliding-window ones): a method that
 // drops cells far behind changes only their view, since a sliding-window layer of Gemma 3 never
 // sees more than its 512 most recent positions.
+//
+// Speculative prefill's scorer (001, arm_scorer): the model's own first layers score a prompt.
+// Each llama_decode call keeps the keys of its tokens (Kcur after RoPE, by position) and the
+// queries of its last token (Qcur) in layers [0, n), and then cuts the graph: once the last of
+// these tensors is computed the callback returns false, which makes ggml's scheduler stop
+// computing the current split (ggml-backend.cpp, ggml_backend_sched_compute_splits); for any
+// later split it asks for the first node and stops after it. llama_decode then returns 0 with
+// meaningless logits and the call's cells allocated, their KV written up to layer n only: the
+// caller removes those cells (the context stays usable: the next call builds and computes a
+// whole graph again). So scoring costs about n / n_layer of a prefill.
 
 #include "llama-opt-attn.h"
 #include "llama.h"
@@ -42,6 +52,16 @@ public:
     void arm() { armed_ = true; n_rows_ = 0; }
     void disarm() { armed_ = false; }
 
+    // Scorer mode (above): the keys of positions [begin, begin + n_keys) and the last token's
+    // queries in layers [0, n_layers), until disarm_scorer(); ahead of arm()'s capture.
+    void arm_scorer(uint32_t n_layers, llama_pos begin, size_t n_keys);
+    void disarm_scorer() { scorer_.n_layers = 0; }
+    // Called before every llama_decode: the scorer's graph cut is per call.
+    void new_call() { scorer_.q_seen = scorer_.k_seen = scorer_.cut = false; }
+    // What the scorer kept, by layer (llama_opt_spec_importance's input); empty if it saw no
+    // query of the prompt's last position (a model whose Q/K tensors are not named as expected).
+    std::vector<llama_opt_spec_layer> scorer_layers() const;
+
     const llama_opt_attn_shape &  shape() const { return shape_; }
     const std::vector<int32_t> &  layers() const { return full_.layers; }  // the scored layers
     uint32_t                      n_rows() const { return n_rows_; }  // queries of the last call
@@ -59,6 +79,18 @@ public:
 
 private:
     bool observe(ggml_tensor * t, bool ask);
+    bool observe_scorer(ggml_tensor * t, bool ask);
+
+    struct scorer_state {
+        uint32_t                        n_layers = 0;  // 0: not scoring
+        llama_pos                       begin    = 0;
+        size_t                          n_keys   = 0;
+        llama_pos                       q_pos    = -1;  // the position of the queries kept
+        bool                            q_seen = false, k_seen = false;  // this call's, of the last layer
+        bool                            cut = false;    // this call's graph is cut
+        std::vector<std::vector<float>> q, k;           // by layer
+    };
+    scorer_state                    scorer_;
 
     llama_opt_attn_shape            shape_;
     llama_opt_full_layers           full_;

@@ -36,6 +36,30 @@ void llama_opt_attn_accumulate(const llama_opt_attn_shape & shape, const float *
 std::vector<float> llama_opt_attn_pool(const std::vector<float> & scores, uint32_t kernel);
 
 //
+// speculative prefill (001): which prompt tokens the target computes
+//
+
+// One scorer layer's view of the prompt: the last token's queries (n_head × head_dim) and every
+// prompt token's keys (n_keys × n_head_kv × head_dim), in layer order.
+struct llama_opt_spec_layer {
+    const float * q;
+    const float * k;
+};
+
+// 001's importance of each of n_keys prompt tokens: per layer, the last token's softmax (per
+// query head, over all the keys; GQA mapping, `shape.scale`) and its max over heads; the mean over
+// the last `last_layers` layers (0: all of them; 001's `last4` and `last1` are 4 and 1); then
+// average pooling over `pool` neighbours (1: none).
+std::vector<float> llama_opt_spec_importance(const llama_opt_attn_shape & shape,
+                                             const std::vector<llama_opt_spec_layer> & layers, size_t n_keys,
+                                             uint32_t last_layers, uint32_t pool);
+
+// 001's top-k: the indices of the ceil(keep · n) most important tokens (at least one), the last
+// token always among them (it takes the place of the least important otherwise kept: the budget
+// holds), ties to the earlier token, in increasing order.
+std::vector<uint32_t> llama_opt_spec_keep(const std::vector<float> & importance, float keep);
+
+//
 // attention-sink pruning (000 §4.1): per-block rolling statistics across turns
 //
 

@@ -77,7 +77,8 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
     cp.swa_full        = params.swa_full;
     cp.kv_unified      = true;  // sessions share the KV cells of a common prefix
     cp.no_perf         = true;
-    if (cfg.attn_prune_enabled) {  // Tier 2: observe queries (set only then: exact mode computes in one graph)
+    // Tier 2: observe queries (set only then: exact mode computes in one graph)
+    if (cfg.attn_prune_enabled || (cfg.spec_prefill_enabled && cfg.spec_prefill_draft_model.empty())) {
         attn_capture_    = std::make_unique<llama_opt_attn_capture>(model_->get(), cfg.attn_prune_queries);
         cp.cb_eval           = &llama_opt_attn_capture::callback;
         cp.cb_eval_user_data = attn_capture_.get();
@@ -106,6 +107,16 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
     }
     if (attn_capture_) {
         attn_capture_->check_layout(llama_memory_kv_bytes_per_pos(llama_get_memory(ctx_)));
+    }
+    if (cfg.spec_prefill_enabled && !cfg.spec_prefill_draft_model.empty()) {
+        try {
+            spec_draft_ = std::make_unique<llama_opt_spec_draft>(cfg.spec_prefill_draft_model, *model_, n_ctx_,
+                                                                 params.n_batch, cp.n_threads);
+        } catch (...) {
+            llama_free(ctx_);
+            ctx_ = nullptr;
+            throw;
+        }
     }
     llama_memory_set_park_seq(llama_get_memory(ctx_), scratch_seq());  // Tier-2 sync's parked rows keep their tiles
     if (cfg.persist_enabled) {
@@ -510,10 +521,16 @@ void llama_opt_context::compute_span_h2o(int32_t seq, const llama_token * tokens
 
 int32_t llama_opt_context::decode_evicting(int32_t seq, const llama_batch & batch, bool evict, bool evict_sessions,
                                            llama_opt_work & work) {
-    const auto t0 = std::chrono::steady_clock::now();
-    int32_t    rc = llama_decode(ctx_, batch);
+    const auto t0     = std::chrono::steady_clock::now();
+    auto       decode = [&] {
+        if (attn_capture_) {
+            attn_capture_->new_call();
+        }
+        return llama_decode(ctx_, batch);
+    };
+    int32_t rc = decode();
     while (rc == 1 && evict && evict_one(seq, !evict_sessions)) {  // no room: free the least recently used KV, retry
-        rc = llama_decode(ctx_, batch);
+        rc = decode();
     }
     work.us += (uint64_t) std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
     if (rc != 0 && rc != 1) {
@@ -522,6 +539,66 @@ int32_t llama_opt_context::decode_evicting(int32_t seq, const llama_batch & batc
             "llama_decode failed with code " + std::to_string(rc) + (why.empty() ? "" : ":\n" + why));
     }
     return rc;
+}
+
+void llama_opt_context::compute_positions(int32_t seq, const llama_token * tokens, const std::vector<size_t> & positions,
+                                          std::vector<float> & logits, bool evict_sessions, llama_opt_work & work) {
+    check_open();
+    touch(seq);
+    if (positions.empty()) {
+        return;
+    }
+    const size_t    chunk = params_.canonical ? chunk_ : params_.n_batch;
+    llama_opt_batch b((int32_t) llama_n_batch(ctx_));
+    llama_set_pos_gaps(ctx_, true);
+    try {
+        for (size_t i = 0; i < positions.size();) {
+            const size_t stop = std::min(positions.size(), i + chunk);
+            b.batch.n_tokens  = (int32_t) (stop - i);
+            for (size_t j = i; j < stop; ++j) {
+                b.set((int32_t) (j - i), seq, positions[j], tokens[positions[j]], j + 1 == positions.size());
+            }
+            if (decode_evicting(seq, b.batch, true, evict_sessions, work) != 0) {
+                throw kv_full();
+            }
+            work.tokens += stop - i;
+            work.passes += 1;
+            i = stop;
+        }
+    } catch (...) {
+        llama_set_pos_gaps(ctx_, false);
+        llama_memory_seq_rm(llama_get_memory(ctx_), seq, (llama_pos) positions[0], -1);  // no half-computed prompt stays
+        throw;
+    }
+    llama_set_pos_gaps(ctx_, false);
+    const float * out = llama_get_logits_ith(ctx_, -1);
+    logits.assign(out, out + model_->n_vocab());
+}
+
+std::vector<float> llama_opt_context::score_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end,
+                                                 uint32_t n_layers, uint32_t last_layers, uint32_t pool,
+                                                 bool evict_sessions, llama_opt_work & work) {
+    check_open();
+    if (!attn_capture_) {
+        throw llama_opt_error(llama_opt_errc::invalid_argument,
+            "speculative prefill with the model's own layers needs a context made with spec_prefill_enabled (the "
+            "model's queries and keys are observed through the eval callback, set when the context is made)",
+            "spec_prefill_enabled");
+    }
+    attn_capture_->arm_scorer(n_layers, (llama_pos) begin, end - begin);
+    try {
+        compute_span(seq, tokens, begin, end, nullptr, evict_sessions, work);
+    } catch (...) {
+        attn_capture_->disarm_scorer();
+        throw;
+    }
+    attn_capture_->disarm_scorer();
+    kv_remove(seq, (llama_pos) begin, -1);  // their KV stops at the scorer's layers
+    const std::vector<llama_opt_spec_layer> layers = attn_capture_->scorer_layers();
+    if (layers.empty()) {
+        return {};
+    }
+    return llama_opt_spec_importance(attn_capture_->shape(), layers, end - begin, last_layers, pool);
 }
 
 bool llama_opt_context::compute_rows(const std::vector<llama_opt_row> & rows, std::vector<float> & logits,

@@ -20,6 +20,7 @@
 #include "llama-opt-h2o-capture.h"
 #include "llama-kv-cache-persist.h"
 #include "llama-opt-model.h"
+#include "llama-opt-spec-prefill.h"
 #include "llama-opt.h"
 #include "llama.h"
 
@@ -129,8 +130,10 @@ public:
     const llama_opt_persist_layout & persist_layout() const { return persist_layout_; }
     uint32_t kv_cells_used() const;
     // The queries the model computes, observed for attention scores (llama-opt-attn-capture):
-    // null unless a Tier-2 method that needs them is on (attn_prune_enabled).
+    // null unless a Tier-2 method that needs them is on (attn_prune_enabled, spec_prefill_enabled).
     llama_opt_attn_capture * attn_capture() const { return attn_capture_.get(); }
+    // Speculative prefill's draft scorer (spec_prefill_draft_model), null if none.
+    llama_opt_spec_draft *   spec_draft() const { return spec_draft_.get(); }
 
     llama_opt_stats stats() const;
     void            reset_stats();
@@ -169,6 +172,18 @@ public:
     // (h2o_enabled off): llama_opt_error.
     void compute_span_h2o(int32_t seq, const llama_token * tokens, size_t end, std::vector<float> * logits,
                           llama_opt_work & work, llama_opt_h2o_work & h2o_work);
+    // Tier 2 (speculative prefill): computes tokens[p] at position p for each of `positions`
+    // (increasing, above the sequence's KV; the positions between get no KV: patches/0011), in
+    // chunks of n_batch, with the logits of the last there. Failure and eviction as compute_span.
+    void compute_positions(int32_t seq, const llama_token * tokens, const std::vector<size_t> & positions,
+                           std::vector<float> & logits, bool evict_sessions, llama_opt_work & work);
+    // Tier 2 (speculative prefill): 001's importance of tokens[begin, end) scored by the model's
+    // first `n_layers` layers on `seq` (on top of its KV of [0, begin), which must end there):
+    // the span is computed up to those layers (llama-opt-attn-capture's scorer mode), and its
+    // cells removed again. Empty if the scorer saw no query (a model whose tensors it does not know).
+    std::vector<float> score_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end,
+                                  uint32_t n_layers, uint32_t last_layers, uint32_t pool, bool evict_sessions,
+                                  llama_opt_work & work);
 
     // --- the KV memory of a sequence ---
 
@@ -263,6 +278,7 @@ private:
     std::unique_ptr<llama_opt_persist_store> persist_;
     std::unique_ptr<llama_opt_attn_capture>  attn_capture_;
     std::unique_ptr<llama_opt_h2o_capture>   h2o_capture_;
+    std::unique_ptr<llama_opt_spec_draft>    spec_draft_;
     llama_opt_persist_layout              persist_layout_;
     std::vector<slot>                     slots_;           // by sequence id
     uint64_t                              clock_ = 0;       // for LRU

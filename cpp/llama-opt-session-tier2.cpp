@@ -12,6 +12,11 @@
 //   below the threshold for the window (or the weakest, over a budget) move to cold storage:
 //   their KV rows in RAM, their cells freed. Never the first block (attention sinks), the system
 //   prompt, the current turn or the last attn_prune_recent tokens.
+// - speculative prefill (001, spec_prefill_enabled): a prompt of spec_prefill_min_tokens or more
+//   is scored first (the model's first spec_prefill_layers layers, llama_opt_context::score_span,
+//   or a draft model, llama-opt-spec-prefill), and only the tokens kept (llama_opt_spec_keep: the
+//   top spec_prefill_keep share, the last token always) are computed, at their own positions
+//   (patches/0011); the others are holes from the start, as if dropped by drop_span.
 //
 // A session with a hole is approximate from the hole on (approx_from): its KV is never pooled,
 // shared by a fork or persisted (those take complete blocks below n_canonical, kept below it).
@@ -66,6 +71,12 @@ void llama_opt_session::set_tier2(const llama_opt_config & config) {
         throw llama_opt_error(llama_opt_errc::invalid_argument,
             "attention-sink pruning needs a context made with attn_prune_enabled (the model's queries are "
             "observed through the eval callback, which is set when the context is made)", "attn_prune_enabled");
+    }
+    if (config.spec_prefill_enabled && !ctx_->attn_capture() && !ctx_->spec_draft()) {
+        throw llama_opt_error(llama_opt_errc::invalid_argument,
+            "speculative prefill needs a context made with spec_prefill_enabled (its scorer observes the model's "
+            "queries and keys through the eval callback, set when the context is made, or loads the draft model)",
+            "spec_prefill_enabled");
     }
     tier2_ = std::make_unique<llama_opt_config>(config);
 }
@@ -422,4 +433,76 @@ void llama_opt_session::compute_h2o(size_t end) {
     }
     count_all();
     logits_for_ = end;
+}
+
+//
+// Speculative prefill (specification 001): a scorer picks the prompt tokens worth computing; the
+// dropped ones become holes, the session approximate from the first of them
+//
+
+bool llama_opt_session::spec_prefill(size_t end, uint64_t llama_opt_stats::* counter) {
+    const llama_opt_config & cfg   = tier2();
+    const size_t             begin = n_evaluated_;
+    if (!cfg.spec_prefill_enabled || counter != &llama_opt_stats::tokens_prefilled ||
+        end - begin < std::max<size_t>(2, cfg.spec_prefill_min_tokens)) {
+        return false;
+    }
+    const auto     t0    = std::chrono::steady_clock::now();
+    const bool     evict = !ctx_->canonical();
+    llama_opt_work scorer;
+    std::vector<float> importance;
+    auto count_scoring = [&] {
+        count(&llama_opt_stats::spec_prefill_tokens_scored, scorer.tokens);
+        count(&llama_opt_stats::forward_passes, scorer.passes);
+        count(&llama_opt_stats::forward_us, scorer.us);
+        count(&llama_opt_stats::spec_prefill_score_us,
+              (uint64_t) std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+                  .count());
+    };
+    try {
+        if (llama_opt_spec_draft * draft = ctx_->spec_draft()) {  // the draft sees the whole history
+            importance = draft->importance(tokens_.data(), end, cfg.spec_prefill_last_layers, cfg.spec_prefill_pool,
+                                           scorer.passes);
+            scorer.tokens = end;
+            importance.erase(importance.begin(), importance.begin() + std::min(begin, importance.size()));
+        } else {  // the model's first layers, on top of the KV the session has
+            importance = ctx_->score_span(seq_, tokens_.data(), begin, end, cfg.spec_prefill_layers,
+                                          cfg.spec_prefill_last_layers, cfg.spec_prefill_pool, evict, scorer);
+        }
+    } catch (...) {
+        count_scoring();
+        throw;
+    }
+    count_scoring();
+    if (importance.size() != end - begin) {
+        return false;  // no scores (a model whose tensors the scorer does not know): computed whole
+    }
+    count(&llama_opt_stats::spec_prefill_prompts, 1);
+    const std::vector<uint32_t> keep = llama_opt_spec_keep(importance, cfg.spec_prefill_keep);
+    count(&llama_opt_stats::spec_prefill_tokens_kept, keep.size());
+    count(&llama_opt_stats::spec_prefill_tokens_dropped, importance.size() - keep.size());
+    if (keep.size() == importance.size()) {
+        return false;  // everything kept: exact prefill
+    }
+    std::vector<size_t> positions(keep.size());
+    for (size_t i = 0; i < keep.size(); ++i) {
+        positions[i] = begin + keep[i];
+    }
+    llama_opt_work work;
+    try {
+        ctx_->compute_positions(seq_, tokens_.data(), positions, logits_, evict, work);
+    } catch (...) {
+        count_work(counter, work);
+        throw;
+    }
+    count_work(counter, work);
+    size_t next = begin;  // the dropped tokens: holes, the session approximate from the first
+    for (size_t p : positions) {
+        if (p > next) {
+            drop_cells(next, p);
+        }
+        next = p + 1;
+    }
+    logits_for_ = end;
+    return true;
 }

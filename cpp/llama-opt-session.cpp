@@ -270,7 +270,7 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
         }
         if (h2o) {
             compute_h2o(end);
-        } else {
+        } else if (!spec_prefill(end, counter)) {
             compute(n_evaluated_, end, counter, /* evict_sessions */ !ctx_->canonical());
         }
         n_evaluated_ = end;

@@ -201,6 +201,10 @@ private:
     bool uses_h2o(size_t end) const;
     void compute_h2o(size_t end);                  // tokens_[0, end) by H2O chunks, counted
     void prune_turn(size_t turn_begin);            // attn_prune, after a turn's tokens are computed
+    // spec_prefill: computes only the tokens of [n_evaluated_, end) its scorer keeps (the rest are
+    // holes); false, with nothing computed, when the prompt is computed whole (off, too short,
+    // everything kept, or no scores)
+    bool spec_prefill(size_t end, uint64_t llama_opt_stats::* counter);
     bool restore_block(size_t block);              // attn_prune: a cold block back into the KV
     std::vector<std::pair<size_t, size_t>> live_ranges() const;  // [0, n_evaluated_) less the holes
 

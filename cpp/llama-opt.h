@@ -113,6 +113,17 @@ struct llama_opt_config {
     uint32_t sparse_attn_span           = 64;    // tokens per scored span
     float    sparse_attn_budget         = 0.0f;  // share of a tool result kept; 0: the threshold alone decides
 
+    // speculative prefill (001): a scorer picks the prompt tokens the model computes
+    bool        spec_prefill_enabled     = false;
+    float       spec_prefill_keep        = 0.3f;  // share of a prompt's tokens computed (1: all, as exact)
+    uint32_t    spec_prefill_layers      = 6;     // scorer: the model's own first layers
+    // measured on Gemma 3 270M (docs/benchmarks.md): the 6th layer alone (its first full-attention
+    // one) with pooling over 13 tokens finds a needle that all 6 layers unpooled miss
+    uint32_t    spec_prefill_last_layers = 1;     // scores averaged over the scorer's last N layers (0: all)
+    uint32_t    spec_prefill_pool        = 13;    // average pooling kernel over neighbouring tokens (1: none)
+    uint32_t    spec_prefill_min_tokens  = 1024;  // shorter prompts are computed whole
+    std::string spec_prefill_draft_model;         // scorer: a separate model with the same vocabulary ("" = none)
+
     bool act_dedup_enabled = false;
     bool noop_enabled      = false;
     bool algebraic_enabled = false;
@@ -234,6 +245,12 @@ struct llama_opt_stats {
     uint64_t h2o_chunks      = 0;  // prompt chunks computed with attention subsets
     uint64_t h2o_tokens_kept = 0;  // memory-set entries, summed over chunks, layers and heads
     uint64_t h2o_select_us   = 0;  // time in subsets, score updates and memory-set construction
+    // Tier 2 - speculative prefill
+    uint64_t spec_prefill_prompts        = 0;  // prompts scored
+    uint64_t spec_prefill_tokens_scored  = 0;  // tokens the scorer computed (to its layers, or the draft's)
+    uint64_t spec_prefill_tokens_kept    = 0;  // of the scored prompts, tokens the model computed
+    uint64_t spec_prefill_tokens_dropped = 0;  // ... and tokens it left out (positions without KV)
+    uint64_t spec_prefill_score_us       = 0;  // time spent scoring (scorer forward passes and host scoring)
     // Phase 5 - activation dedup
     uint64_t act_lookups = 0;
     uint64_t act_hits    = 0;

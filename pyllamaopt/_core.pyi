@@ -271,6 +271,21 @@ class Stats:
     def sparse_tokens_dropped(self) -> int:
         ...
     @property
+    def spec_prefill_prompts(self) -> int:
+        ...
+    @property
+    def spec_prefill_score_us(self) -> int:
+        ...
+    @property
+    def spec_prefill_tokens_dropped(self) -> int:
+        ...
+    @property
+    def spec_prefill_tokens_kept(self) -> int:
+        ...
+    @property
+    def spec_prefill_tokens_scored(self) -> int:
+        ...
+    @property
     def tokens_decoded(self) -> int:
         ...
     @property
@@ -607,6 +622,14 @@ def prefetch_steps(sessions: collections.abc.Sequence[Session]) -> None:
 def segment(tokens: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], block_size: typing.SupportsInt | typing.SupportsIndex) -> list[tuple[int, int, int, int]]:
     """
     Blocks as (start, n_tokens, hash, chain_hash).
+    """
+def spec_prefill_importance(q: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex]], k: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex]], n_head: typing.SupportsInt | typing.SupportsIndex, n_head_kv: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex, last_layers: typing.SupportsInt | typing.SupportsIndex = 0, pool: typing.SupportsInt | typing.SupportsIndex = 1) -> list[float]:
+    """
+    001's importance of each prompt token: per layer (q: the last token's n_head × head_dim queries, k: the prompt's n_keys × n_head_kv × head_dim keys, flattened), softmax per head, max over heads; mean over the last `last_layers` layers (0: all); average pooling over `pool` neighbours.
+    """
+def spec_prefill_keep(importance: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], keep: typing.SupportsFloat | typing.SupportsIndex) -> list[int]:
+    """
+    001's top-k: the indices of the ceil(keep · n) most important tokens, the last always among them, increasing.
     """
 def set_verbose(verbose: bool) -> None:
     """

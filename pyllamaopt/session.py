@@ -145,7 +145,8 @@ class Generation(Iterator[Token]):
                     self._on_finish(self)
 
 
-_TIER2_PREFIXES = ("attn_prune_", "sparse_")
+_TIER2_PREFIXES = ("attn_prune_", "sparse_", "spec_prefill_")
+_CONTEXT_ONLY = ("spec_prefill_draft_model",)  # a model loaded with the context
 _SPAN_KINDS = {"text": _core.SpanKind.text, "system": _core.SpanKind.system, "tool": _core.SpanKind.tool}
 
 
@@ -226,12 +227,15 @@ class Session:
 
     def configure_tier2(self, **values: Any) -> None:
         """This session's settings of the Tier-2 methods that take KV out of attention
-        (``attn_prune_*``, ``sparse_attn_*``, ``sparse_relevance_threshold``), instead of the
-        context's; forks keep them. ``attn_prune_enabled=True`` needs a context made with it.
-        Raises ConfigError for a bad value, InvalidArgumentError for another option."""
-        other = [name for name in values if not name.startswith(_TIER2_PREFIXES)]
+        (``attn_prune_*``, ``sparse_attn_*``, ``sparse_relevance_threshold``) and of speculative
+        prefill (``spec_prefill_*`` but the draft model, which the context loads), instead of the
+        context's; forks keep them. ``attn_prune_enabled=True`` and ``spec_prefill_enabled=True``
+        need a context made with them. Raises ConfigError for a bad value, InvalidArgumentError for
+        another option."""
+        other = [name for name in values if not name.startswith(_TIER2_PREFIXES) or name in _CONTEXT_ONLY]
         if other:
-            raise InvalidArgumentError(f"configure_tier2 takes attn_prune_* and sparse_* options only, got {other}")
+            raise InvalidArgumentError("configure_tier2 takes attn_prune_*, sparse_* and spec_prefill_* options "
+                                       f"(not spec_prefill_draft_model) only, got {other}")
         from .config import OptConfig
 
         config = OptConfig(env={})

@@ -21,6 +21,7 @@ PYBIND11_MODULE(_core, m) {
     register_persist(m);  // before the context and the session: their signatures name these classes
     register_session(m);
     register_context(m);
+    register_spec_prefill(m);
 
     m.def("set_verbose", &llama_opt_log_set_verbose, py::arg("verbose"),
           "Print llama.cpp's log to stderr (default: silent; warnings are kept for error messages).");

@@ -38,6 +38,42 @@ static void test_pooling() {
     CHECK(near(p[0], 1.5f) && near(p[1], 1.0f) && near(p[2], 1.0f) && near(p[3], 0.0f));
 }
 
+// 001's worked example end to end: importance [0.401, 0.401, 0.768], keep 1/2 -> tokens 0 and 2
+static void test_speculative_prefill_of_the_specification_example() {
+    llama_opt_attn_shape shape;
+    shape.n_head = 4, shape.n_head_kv = 2, shape.head_dim = 2, shape.scale = 1.0f / std::sqrt(2.0f);
+    const std::vector<float> k = { 1, 0, 1, 2,  0, 1, 0, 2,  1, 1, 2, 2 };  // [s][g][d]
+    const std::vector<float> q = { 1, 0,  0, 1,  1, 1,  2, 1 };             // [h][d]
+    const std::vector<float> importance = llama_opt_spec_importance(shape, { { q.data(), k.data() } }, 3, 0, 1);
+    CHECK(importance.size() == 3 && near(importance[0], 0.401f) && near(importance[1], 0.401f) &&
+          near(importance[2], 0.768f));
+    CHECK((llama_opt_spec_keep(importance, 0.5f) == std::vector<uint32_t>{ 0, 2 }));
+    // two layers: the same one twice has the same mean; last1 of (zeros, example) is the example
+    const std::vector<float> q0(q.size(), 0.0f);
+    const auto twice = llama_opt_spec_importance(shape, { { q.data(), k.data() }, { q.data(), k.data() } }, 3, 0, 1);
+    CHECK(near(twice[0], 0.401f) && near(twice[2], 0.768f));
+    const auto last1 = llama_opt_spec_importance(shape, { { q0.data(), k.data() }, { q.data(), k.data() } }, 3, 1, 1);
+    CHECK(near(last1[2], 0.768f));
+    // all layers: zero queries attend uniformly (1/3), the mean with the example's
+    const auto all = llama_opt_spec_importance(shape, { { q0.data(), k.data() }, { q.data(), k.data() } }, 3, 0, 1);
+    CHECK(near(all[2], (0.768f + 1.0f / 3) / 2));
+    // pooled over 3: the means of the neighbours
+    const auto pooled = llama_opt_spec_importance(shape, { { q.data(), k.data() } }, 3, 0, 3);
+    CHECK(near(pooled[0], (0.401f + 0.401f) / 2) && near(pooled[1], (0.401f + 0.401f + 0.768f) / 3));
+}
+
+static void test_speculative_prefill_keeps_the_top_fraction_and_the_last_token() {
+    const std::vector<float> s = { 0.9f, 0.1f, 0.8f, 0.2f, 0.7f, 0.3f, 0.6f, 0.4f, 0.5f, 0.0f };
+    CHECK((llama_opt_spec_keep(s, 0.3f) == std::vector<uint32_t>{ 0, 2, 9 }));  // ceil(3.0) = 3: two best + last
+    CHECK((llama_opt_spec_keep(s, 0.31f) == std::vector<uint32_t>{ 0, 2, 4, 9 }));
+    CHECK((llama_opt_spec_keep(s, 0.0f) == std::vector<uint32_t>{ 9 }));          // at least the last token
+    CHECK(llama_opt_spec_keep(s, 1.0f).size() == 10);
+    CHECK(llama_opt_spec_keep(std::vector<float>(700, 0.0f), 0.3f).size() == 210);  // 0.3f · 700 = 210.0000083
+    CHECK((llama_opt_spec_keep({ 0.5f, 0.5f, 0.5f, 0.1f }, 0.5f) == std::vector<uint32_t>{ 0, 3 }));  // ties: earlier
+    CHECK((llama_opt_spec_keep({ 0.1f, 0.9f }, 0.5f) == std::vector<uint32_t>{ 1 }));  // the last is also the best
+    CHECK(llama_opt_spec_keep({}, 0.5f).empty());
+}
+
 static void test_pruner_window_budget_and_guards() {
     llama_opt_attn_pruner pruner(0.01f, 2);
     pruner.update({ 0.5f, 0.001f, 0.2f, 0.002f, 0.3f });
@@ -92,6 +128,8 @@ int main() {
     test_scores_of_the_specification_example();
     test_causal_mask_and_mean_over_queries();
     test_pooling();
+    test_speculative_prefill_of_the_specification_example();
+    test_speculative_prefill_keeps_the_top_fraction_and_the_last_token();
     test_pruner_window_budget_and_guards();
     test_sparse_scorer_keeps_the_relevant_span_and_the_edges();
     test_sparse_budget_drops_the_weakest_first();
