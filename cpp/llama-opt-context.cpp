@@ -80,6 +80,15 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
         cp.cb_eval           = &llama_opt_attn_capture::callback;
         cp.cb_eval_user_data = attn_capture_.get();
     }
+    if (params.profile != llama_opt_profile_mode::none) {  // a diagnostic: every node computed alone
+        if (attn_capture_) {
+            invalid("an operation profile cannot be taken with attn_prune_enabled (both need the eval callback)",
+                    "profile");
+        }
+        op_profile_          = std::make_unique<llama_opt_op_profile>(params.profile);
+        cp.cb_eval           = &llama_opt_op_profile::callback;
+        cp.cb_eval_user_data = op_profile_.get();
+    }
 
     llama_opt_log_take_errors();
     ctx_ = llama_init_from_model(model_->get(), cp);

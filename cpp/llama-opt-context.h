@@ -17,6 +17,7 @@
 
 #include "llama-kv-cache-dedup.h"
 #include "llama-opt-attn-capture.h"
+#include "llama-opt-op-profile.h"
 #include "llama-kv-cache-persist.h"
 #include "llama-opt-model.h"
 #include "llama-opt.h"
@@ -76,6 +77,7 @@ struct llama_opt_context_params {
     bool     flash_attn      = true;  // fixed per context: numerics depend on it
     bool     swa_full        = true;  // keep every token of sliding-window layers (prefix reuse needs them)
     bool     canonical       = true;  // canonical block schedule; false: llama.cpp's own, no reuse
+    llama_opt_profile_mode profile = llama_opt_profile_mode::none;  // a diagnostic (llama-opt-op-profile.h)
 };
 
 // The context owns the KV memory, the block pool and the compute. Sessions (llama-opt-session)
@@ -122,6 +124,7 @@ public:
     // The queries the model computes, observed for attention scores (llama-opt-attn-capture):
     // null unless a Tier-2 method that needs them is on (attn_prune_enabled).
     llama_opt_attn_capture * attn_capture() const { return attn_capture_.get(); }
+    llama_opt_op_profile *   op_profile() const { return op_profile_.get(); }  // null unless params.profile
 
     llama_opt_stats stats() const;
     void            reset_stats();
@@ -244,6 +247,7 @@ private:
     std::unique_ptr<llama_opt_block_pool> pool_;
     std::unique_ptr<llama_opt_persist_store> persist_;
     std::unique_ptr<llama_opt_attn_capture>  attn_capture_;
+    std::unique_ptr<llama_opt_op_profile>    op_profile_;
     llama_opt_persist_layout              persist_layout_;
     std::vector<slot>                     slots_;           // by sequence id
     uint64_t                              clock_ = 0;       // for LRU

@@ -367,7 +367,7 @@ class Context:
     """
     A llama context with sessions (see pyllamaopt.Context).
     """
-    def __init__(self, model: Model, settings: Settings, n_ctx: typing.SupportsInt | typing.SupportsIndex, n_batch: typing.SupportsInt | typing.SupportsIndex, n_seq_max: typing.SupportsInt | typing.SupportsIndex, n_threads: typing.SupportsInt | typing.SupportsIndex, n_threads_batch: typing.SupportsInt | typing.SupportsIndex, flash_attn: bool, swa_full: bool, canonical: bool) -> None:
+    def __init__(self, model: Model, settings: Settings, n_ctx: typing.SupportsInt | typing.SupportsIndex, n_batch: typing.SupportsInt | typing.SupportsIndex, n_seq_max: typing.SupportsInt | typing.SupportsIndex, n_threads: typing.SupportsInt | typing.SupportsIndex, n_threads_batch: typing.SupportsInt | typing.SupportsIndex, flash_attn: bool, swa_full: bool, canonical: bool, profile: str = 'none') -> None:
         ...
     def _set_test_hash_mask(self, mask: typing.SupportsInt | typing.SupportsIndex) -> None:
         """
@@ -383,7 +383,13 @@ class Context:
         """
     def close(self) -> None:
         ...
+    def op_profile(self) -> list:
+        """
+        The operation profile (profile='time' or 'facts'): one dict per group of graph nodes.
+        """
     def open_session(self) -> Session:
+        ...
+    def reset_op_profile(self) -> None:
         ...
     def reset_stats(self) -> None:
         ...

@@ -35,14 +35,19 @@ class Context:
     schedule    "canonical" (default): KV computed on the canonical block schedule, which makes
                 reuse bitwise exact (docs/exactness.md); "llama": llama.cpp's own schedule and
                 cell placement, with every reuse optimization off
+    profile     a diagnostic, off by default: "time" times every node of ggml's graph (each
+                computed alone), "facts" examines every node's output (duplicate, zero,
+                identity, one-hot rows); read with op_profile(). benchmarks/profile_ops.py
     """
 
     def __init__(self, model: Model | str | os.PathLike[str], *, n_ctx: int = 4096, n_batch: int = 512,
                  n_seq_max: int = 8, n_threads: int | None = None, n_threads_batch: int | None = None,
                  flash_attn: bool = True, swa_full: bool = True, config: OptConfig | None = None,
-                 schedule: str = "canonical") -> None:
+                 schedule: str = "canonical", profile: str | None = None) -> None:
         if schedule not in ("canonical", "llama"):
             raise InvalidArgumentError(f"schedule must be 'canonical' or 'llama', got {schedule!r}")
+        if profile not in (None, "time", "facts"):
+            raise InvalidArgumentError(f"profile must be None, 'time' or 'facts', got {profile!r}")
         self.model = model if isinstance(model, Model) else Model(model)
         self.config = config if config is not None else OptConfig()
         self._core = _core.Context(
@@ -52,7 +57,7 @@ class Context:
             _check_int("n_seq_max", n_seq_max, 1, 255),
             _check_int("n_threads", n_threads or 0, 0, 1024),
             _check_int("n_threads_batch", n_threads_batch or 0, 0, 1024),
-            bool(flash_attn), bool(swa_full), schedule == "canonical")
+            bool(flash_attn), bool(swa_full), schedule == "canonical", profile or "none")
 
     def session(self) -> Session:
         """Open a new, empty session (one sequence of this context)."""
@@ -92,6 +97,15 @@ class Context:
 
     def reset_stats(self) -> None:
         self._core.reset_stats()
+
+    def op_profile(self) -> list[dict[str, Any]]:
+        """The operation profile of a context made with ``profile``: one dict per group of graph
+        nodes (operation, node name without its layer, weight), with calls, output elements,
+        nanoseconds ("time") or row facts ("facts"); empty without a profile."""
+        return list(self._core.op_profile())
+
+    def reset_op_profile(self) -> None:
+        self._core.reset_op_profile()
 
     @property
     def closed(self) -> bool:
