@@ -6,7 +6,9 @@
 For each workload (a prefill of N tokens of the agent trace on the canonical schedule, in
 n_batch-token ubatches; decode steps after a prefill) the context is made with
 ``profile="time"``: llama.cpp's eval callback computes every node of the graph alone and times
-it (llama-opt-op-profile.h). The table groups nodes: matmuls by weight, attention, RoPE, norms,
+it (llama-opt-op-profile.h). With --threads 1 (the default) the table is CPU time of the thread
+that computes every node, which a loaded machine's preemptions do not inflate; with more
+threads, wall time. The table groups nodes: matmuls by weight, attention, RoPE, norms,
 softmax, adds, the output layer, ... A node computed alone costs one thread-pool round trip;
 the median time of the nodes that compute nothing (views, reshapes, permutes) estimates it and is
 subtracted from every node ("net"). Computing nodes alone also stops ggml fusing RMS_NORM + MUL,
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -126,19 +129,22 @@ def run_workload(ctx: Context, tokens: list[int], workload: str, n_decode: int) 
     return wall, profile
 
 
-def time_table(groups: list[dict[str, Any]], wall: float, title: str) -> None:
-    overhead = [g["ns"] / g["calls"] for g in groups if g["op"] in NO_COMPUTE and g["calls"]]
+def time_table(groups: list[dict[str, Any]], wall: float, title: str, clock: str) -> None:
+    """`clock`: "cpu_ns" (the calling thread's CPU time: with one compute thread, every node's own
+    work, whatever else the machine runs) or "ns" (wall clock)."""
+    overhead = [g[clock] / g["calls"] for g in groups if g["op"] in NO_COMPUTE and g["calls"]]
     per_node = statistics.median(overhead) if overhead else 0.0
     rows: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "raw": 0.0, "net": 0.0})
     for g in groups:
         row = rows[category(g)]
         row["calls"] += g["calls"]
-        row["raw"] += g["ns"]
-        row["net"] += 0.0 if g["op"] in NO_COMPUTE else max(0.0, g["ns"] - per_node * g["calls"])
+        row["raw"] += g[clock]
+        row["net"] += 0.0 if g["op"] in NO_COMPUTE else max(0.0, g[clock] - per_node * g["calls"])
     total_net = sum(r["net"] for r in rows.values())
-    total_raw = sum(r["raw"] for r in rows.values())
-    print(f"\n{title}: wall {wall * 1e3:.1f} ms, graph nodes {total_raw / 1e6:.1f} ms, "
-          f"one node alone costs ~{per_node / 1e3:.1f} us (median of the views); net compute {total_net / 1e6:.1f} ms")
+    total_wall = sum(g["ns"] for g in groups)
+    print(f"\n{title}: wall {wall * 1e3:.1f} ms, of which in graph nodes {total_wall / 1e6:.1f} ms; "
+          f"{'CPU time' if clock == 'cpu_ns' else 'wall time'} of the nodes {total_net / 1e6:.1f} ms net of "
+          f"~{per_node / 1e3:.1f} us per node computed alone (median of the views)")
     print(f"  {'operation':<34} {'nodes':>7} {'net ms':>9} {'share':>7}")
     for name, row in sorted(rows.items(), key=lambda kv: -kv[1]["net"]):
         if name == "views (no compute)":
@@ -195,8 +201,11 @@ PERF_GROUPS = [  # (row, substrings of a symbol), first match wins
 ]
 
 
-def perf_group(symbol: str, dso: str) -> str:
-    for row, needles in PERF_GROUPS:
+PERF_HZ = 4000
+
+
+def perf_group(symbol: str, dso: str, groups: list[tuple[str, tuple[str, ...]]] = PERF_GROUPS) -> str:
+    for row, needles in groups:
         if any(n in symbol for n in needles):
             return row
     if "python" in dso:
@@ -206,26 +215,79 @@ def perf_group(symbol: str, dso: str) -> str:
     return "other (libc, ...)"
 
 
-def perf_pass(args: argparse.Namespace, workload: str) -> None:
-    """Re-run this program for one workload under perf record; print CPU time by group."""
+def unstripped_package(root: Path) -> Path:
+    """A copy of the installed package whose extension keeps its symbols (pybind11 strips Release
+    builds, and perf then sees only exported functions): the build's own link command, without
+    its strip step, into build/profile/. Returns the directory to put on PYTHONPATH."""
+    import pyllamaopt
+
+    installed = Path(pyllamaopt.__file__).parent
+    build = next((root / "build").glob("cp*"), None)
+    if build is None:
+        raise SystemExit("--perf needs the build directory (pip install . from this checkout)")
+    core = next(build.glob("_core*.so")).name
+    link = subprocess.run(["ninja", "-C", str(build), "-t", "commands", core], capture_output=True, text=True,
+                          check=True).stdout.strip().splitlines()[-1]
+    link = link.split("&& cd ")[0].removeprefix(": &&").strip()  # the link step, not the strip after it
+    dest = root / "build" / "profile"
+    if (dest / "pyllamaopt").exists():
+        shutil.rmtree(dest / "pyllamaopt")
+    shutil.copytree(installed, dest / "pyllamaopt", ignore=shutil.ignore_patterns("_core*.so", "__pycache__"))
+    subprocess.run(link.replace(f"-o {core}", f"-o {dest / 'pyllamaopt' / core}"), shell=True, cwd=build, check=True)
+    return dest
+
+
+def perf_shares(cmd: list[str], package: Path, groups: list[tuple[str, tuple[str, ...]]] = PERF_GROUPS
+                ) -> tuple[dict[str, float], float]:
+    """Run `cmd` (a program that takes --perf-control and sends "enable"/"disable" through a
+    PerfControl around what it measures) under perf record, with `package` first on PYTHONPATH.
+    Returns the share of CPU time of each group of symbols, in percent, and the CPU seconds
+    sampled."""
     with tempfile.TemporaryDirectory() as tmp:
-        data = os.path.join(tmp, "perf.data")
-        cmd = [sys.executable, __file__, "--model", args.model, "--threads", str(args.threads), "--n-batch",
-               str(args.n_batch), "--decode", str(args.decode), "--only", workload, "--repeat", str(args.repeat)]
-        subprocess.run(["perf", "record", "-q", "-F", "2000", "-o", data, "--", *cmd], check=True,
-                       stdout=subprocess.DEVNULL)
+        data, ctl, ack = (os.path.join(tmp, n) for n in ("perf.data", "ctl", "ack"))
+        os.mkfifo(ctl)
+        os.mkfifo(ack)
+        env = dict(os.environ, PYTHONPATH=str(package))
+        subprocess.run(["perf", "record", "-q", "-F", str(PERF_HZ), "-D", "-1", f"--control=fifo:{ctl},{ack}",
+                        "-o", data, "--", *cmd, "--perf-control", f"{ctl},{ack}"],
+                       check=True, stdout=subprocess.DEVNULL, env=env)
         report = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children", "-F", "overhead,dso,sym",
                                  "--percent-limit", "0"], capture_output=True, text=True, check=True).stdout
     rows: dict[str, float] = defaultdict(float)
+    cpu_ns = 0  # cpu-clock's event count is in nanoseconds
     for line in report.splitlines():
+        if line.startswith("# Event count (approx.):"):
+            cpu_ns = int(line.split(":")[1])
         parts = line.split(None, 3)
         if not parts or not parts[0].endswith("%") or len(parts) < 4:
             continue
-        share = float(parts[0][:-1])
-        rows[perf_group(parts[3], parts[1])] += share
-    print(f"\n{workload}: CPU time by symbol (perf, without the callback; the whole process incl. loading)")
+        rows[perf_group(parts[3], parts[1], groups)] += float(parts[0][:-1])
+    return dict(rows), cpu_ns / 1e9
+
+
+def perf_pass(args: argparse.Namespace, workload: str, package: Path) -> None:
+    """This program for one workload, plain (no callback), under perf: CPU time by symbol group."""
+    cmd = [sys.executable, __file__, "--model", args.model, "--threads", str(args.threads), "--n-batch",
+           str(args.n_batch), "--decode", str(args.decode), "--only", workload, "--repeat", str(args.repeat),
+           "--prefill", args.prefill]
+    rows, seconds = perf_shares(cmd, package)
+    print(f"\n{workload}: CPU time by symbol (perf, without the callback, the workload only: {seconds:.2f} s sampled)")
     for name, share in sorted(rows.items(), key=lambda kv: -kv[1]):
         print(f"  {name:<34} {share:>6.2f}%")
+
+
+class PerfControl:
+    """perf record's control fifo: sampling on only around the workload."""
+
+    def __init__(self, spec: str | None) -> None:
+        self.ctl, self.ack = spec.split(",") if spec else (None, None)
+
+    def send(self, command: str) -> None:
+        if self.ctl:
+            with open(self.ctl, "w") as ctl:
+                ctl.write(command + "\n")
+            with open(self.ack) as ack:
+                ack.readline()
 
 
 def main() -> None:
@@ -237,8 +299,9 @@ def main() -> None:
     parser.add_argument("--decode", type=int, default=32, help="decode steps profiled (after a 512-token prefill)")
     parser.add_argument("--facts", action="store_true")
     parser.add_argument("--perf", action="store_true")
-    parser.add_argument("--repeat", type=int, default=1, help="runs of each workload (profiles are summed)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each workload (profiles are summed)")
     parser.add_argument("--only", help=argparse.SUPPRESS)  # one workload without a profile (for --perf)
+    parser.add_argument("--perf-control", help=argparse.SUPPRESS)
     args = parser.parse_args()
     model = Model(args.model)
     workloads = [(f"prefill {n}", n) for n in map(int, args.prefill.split(","))] + [("decode", 512)]
@@ -246,8 +309,13 @@ def main() -> None:
     if args.only:  # under perf: the plain engine, no callback
         n = dict(workloads)[args.only]
         ctx = make_context(model, args, None)
+        tokens = prompt_tokens(model, n)
+        run_workload(ctx, tokens, args.only.split()[0], args.decode)  # warm-up
+        control = PerfControl(args.perf_control)
+        control.send("enable")
         for _ in range(args.repeat):
-            run_workload(ctx, prompt_tokens(model, n), args.only.split()[0], args.decode)
+            run_workload(ctx, tokens, args.only.split()[0], args.decode)
+        control.send("disable")
         return
 
     print(f"model {args.model}, threads {args.threads}, n_batch {args.n_batch}, canonical schedule, "
@@ -261,7 +329,7 @@ def main() -> None:
             seconds, counted = run_workload(ctx, tokens, workload.split()[0], args.decode)
             wall, profile = wall + seconds, combine(profile, counted, +1)
         label = f"{workload} ({args.decode} steps after 512 tokens)" if workload == "decode" else workload
-        time_table(profile, wall, label)
+        time_table(profile, wall, label, "cpu_ns" if args.threads == 1 else "ns")
         ctx.close()
     if args.facts:
         for workload, n in workloads:
@@ -270,8 +338,9 @@ def main() -> None:
             facts_table(profile, workload + " (flash attention off)")
             ctx.close()
     if args.perf:
+        package = unstripped_package(Path(__file__).resolve().parent.parent)
         for workload, _ in workloads:
-            perf_pass(args, workload)
+            perf_pass(args, workload, package)
 
 
 if __name__ == "__main__":

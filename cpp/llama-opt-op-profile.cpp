@@ -4,12 +4,19 @@
 
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <string_view>
 #include <unordered_map>
 
 static int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+static int64_t thread_cpu_ns() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 std::string llama_opt_profile_group_name(const char * name) {
@@ -37,10 +44,12 @@ void llama_opt_op_profile::reset() {
 
 bool llama_opt_op_profile::observe(ggml_tensor * t, bool ask) {
     if (ask) {  // every node alone: its own time, its own output
-        start_ns_ = now_ns();
+        start_ns_     = now_ns();
+        start_cpu_ns_ = thread_cpu_ns();
         return true;
     }
     const int64_t elapsed = now_ns() - start_ns_;
+    const int64_t cpu     = thread_cpu_ns() - start_cpu_ns_;
     const bool    weighted = (t->op == GGML_OP_MUL_MAT || t->op == GGML_OP_GET_ROWS) && t->src[0];
     const std::string op     = ggml_op_desc(t);
     const std::string name   = llama_opt_profile_group_name(t->name);
@@ -55,6 +64,7 @@ bool llama_opt_op_profile::observe(ggml_tensor * t, bool ask) {
     s.elements += (uint64_t) ggml_nelements(t);
     if (mode_ == llama_opt_profile_mode::time) {
         s.ns += (uint64_t) elapsed;
+        s.cpu_ns += (uint64_t) cpu;
     } else if (mode_ == llama_opt_profile_mode::facts) {
         examine(t, s);
     }

@@ -5,7 +5,9 @@
 // optimization: a context made with a profile mode installs it as llama.cpp's eval callback
 // (cb_eval), so it sees every node of every graph that context computes.
 //
-// mode time: every node is computed as a graph of its own and timed (wall clock, all threads).
+// mode time: every node is computed as a graph of its own and timed: wall clock, and the CPU time
+//   of the thread that calls llama_decode (with one compute thread, ggml computes every node in
+//   it, so that time is the node's work without the preemptions of a loaded machine).
 //   That costs a thread-pool round trip per node (measured by the views, reshapes and permutes,
 //   which compute nothing) and disables ggml's CPU fusion of RMS_NORM + MUL, so norms are timed
 //   unfused: an upper bound of their share.
@@ -33,6 +35,7 @@ struct llama_opt_op_stats {
     uint64_t    calls    = 0;
     uint64_t    elements = 0;  // output elements, summed over calls
     uint64_t    ns       = 0;  // time mode: wall time, summed over calls
+    uint64_t    cpu_ns   = 0;  // time mode: CPU time of the calling thread, summed over calls
 
     // facts mode (F32 outputs only)
     uint64_t rows           = 0;  // output rows examined
@@ -61,7 +64,8 @@ private:
 
     llama_opt_profile_mode                    mode_;
     std::map<std::string, llama_opt_op_stats> stats_;
-    int64_t                                   start_ns_ = 0;
+    int64_t                                   start_ns_     = 0;
+    int64_t                                   start_cpu_ns_ = 0;
     // rows output before, by node name (with its layer): what a cache keyed by them could hit
     std::unordered_map<std::string, std::unordered_set<uint64_t>> seen_;
 };

@@ -576,7 +576,7 @@ def default_persist_dir() -> str:
     ...
 def features() -> list[dict[str, typing.Any]]:
     """
-    The optimizations: compiled into this build? implemented in this version?
+    The optimizations: compiled into this build? implemented in this version? if not, why it has no effect.
     """
 def fields() -> list[dict[str, typing.Any]]:
     """

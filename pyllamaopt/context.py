@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from . import _core
-from .config import OptConfig
+from .config import OptConfig, switches_without_effect
 from .errors import InvalidArgumentError
 from .model import Model
 from .persist import PersistStore
@@ -50,6 +51,8 @@ class Context:
             raise InvalidArgumentError(f"profile must be None, 'time' or 'facts', got {profile!r}")
         self.model = model if isinstance(model, Model) else Model(model)
         self.config = config if config is not None else OptConfig()
+        for feature in switches_without_effect(self.config):
+            warnings.warn(f"{feature.enabled_field}=1 {feature.no_effect}", stacklevel=2)
         self._core = _core.Context(
             self.model._core, self.config._settings,
             _check_int("n_ctx", n_ctx, 16, 2**24),

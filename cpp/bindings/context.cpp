@@ -59,6 +59,7 @@ void register_context(py::module_ & m) {
                          d["calls"] = s.calls;
                          d["elements"] = s.elements;
                          d["ns"] = s.ns;
+                         d["cpu_ns"] = s.cpu_ns;
                          d["rows"] = s.rows;
                          d["rows_dup"] = s.rows_dup;
                          d["rows_seen"] = s.rows_seen;
