@@ -92,7 +92,9 @@ def prompt_tokens(model: Model, n: int) -> list[int]:
 
 def make_context(model: Model, args: argparse.Namespace, profile: str | None, flash_attn: bool = True,
                  n_ctx: int = 8192) -> Context:
-    config = OptConfig({}, memo_enabled=False)  # decode steps one token each: memo batches are another shape
+    # no reuse between runs (every run computes its whole prompt) and decode steps of one token
+    # each (memo batches are another shape)
+    config = OptConfig({}, dedup_enabled=False, memo_enabled=False)
     return Context(model, n_ctx=n_ctx, n_batch=args.n_batch, n_threads=args.threads, flash_attn=flash_attn,
                    config=config, profile=profile)
 
