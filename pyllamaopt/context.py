@@ -94,6 +94,11 @@ class Context:
         return self._core.kv_cells_used
 
     @property
+    def pool_blocks(self) -> int:
+        """Blocks in the dedup pool, the index of reusable KV (0 without dedup)."""
+        return self._core.pool_blocks
+
+    @property
     def stats(self) -> Stats:
         """Counters summed over every session of this context."""
         return self._core.stats()

@@ -78,6 +78,10 @@ void register_context(py::module_ & m) {
                      profile->reset();
                  }
              })
+        .def_property_readonly("pool_blocks", [](llama_opt_context & self) {
+                 std::lock_guard<std::recursive_mutex> lock(self.mutex());
+                 return self.pool() ? self.pool()->size() : 0u;
+             }, "Blocks in the dedup pool (0 without dedup).")
         .def_property_readonly("closed", &llama_opt_context::closed)
         .def_property_readonly("n_ctx", &llama_opt_context::n_ctx)
         .def_property_readonly("n_sessions", &llama_opt_context::n_sessions)
