@@ -301,6 +301,7 @@ def main() -> None:
     parser.add_argument("--decode", type=int, default=32, help="decode steps profiled (after a 512-token prefill)")
     parser.add_argument("--facts", action="store_true")
     parser.add_argument("--perf", action="store_true")
+    parser.add_argument("--no-time", action="store_true", help="skip the time tables (with --facts or --perf)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each workload (profiles are summed)")
     parser.add_argument("--only", help=argparse.SUPPRESS)  # one workload without a profile (for --perf)
     parser.add_argument("--perf-control", help=argparse.SUPPRESS)
@@ -322,7 +323,7 @@ def main() -> None:
 
     print(f"model {args.model}, threads {args.threads}, n_batch {args.n_batch}, canonical schedule, "
           f"flash attention on, memo off")
-    for workload, n in workloads:
+    for workload, n in workloads if not args.no_time else []:
         tokens = prompt_tokens(model, n)
         ctx = make_context(model, args, "time")
         run_workload(ctx, tokens, workload.split()[0], args.decode)  # warm-up (page-in, allocations)

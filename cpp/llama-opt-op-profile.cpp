@@ -93,6 +93,9 @@ static bool all_equal(const ggml_tensor * t, float value) {
 }
 
 void llama_opt_op_profile::examine(const ggml_tensor * t, llama_opt_op_stats & s) {
+    if (ggml_nelements(t) == 0) {
+        return;  // e.g. the last layer's rows of a ubatch that needs no logits: nothing to be zero or identity
+    }
     if (t->op == GGML_OP_ADD && (all_equal(t->src[0], 0.0f) || all_equal(t->src[1], 0.0f))) {
         s.identity_calls += 1;
     }
