@@ -192,14 +192,16 @@ PERF_GROUPS = [  # (row, substrings of a symbol), first match wins
     ("grammar", ("grammar",)),
     ("memo drafting", ("llama_opt_memo",)),
     ("pyllamaopt engine (other)", ("llama_opt_",)),
-    ("matmul kernels", ("vec_dot", "gemv", "gemm", "mul_mat", "quantize_row", "tinyblas", "tinyBLAS")),
+    ("matmul kernels", ("vec_dot", "gemv", "gemm", "mul_mat", "quantize_row", "quantize_mat", "tinyblas",
+                        "tinyBLAS", "tiled_run_micro")),
     ("flash attention kernel", ("flash_attn",)),
     ("RoPE kernel", ("rope",)),
     ("norm kernels", ("rms_norm", "norm_f32")),
     ("softmax kernel", ("soft_max",)),
+    ("FFN activation kernel", ("forward_glu", "gelu")),
     ("other ggml ops", ("ggml_compute_forward", "ggml_vec_", "ggml_cpu", "ggml_fp16", "ggml_", "gelu")),
     ("thread pool wait", ("ggml_barrier", "sched_yield", "futex", "pthread")),
-    ("Python interpreter", ("_Py", "Py", "libpython")),
+    ("Python interpreter", ("_Py", "PyObject", "PyEval", "PyFrame")),
 ]
 
 
@@ -210,7 +212,7 @@ def perf_group(symbol: str, dso: str, groups: list[tuple[str, tuple[str, ...]]] 
     for row, needles in groups:
         if any(n in symbol for n in needles):
             return row
-    if "python" in dso:
+    if dso.startswith(("libpython", "python")):  # (not our extension, _core.cpython-*.so)
         return "Python interpreter"
     if "kernel" in dso or symbol.startswith("[k]"):
         return "kernel (syscalls, page faults)"
@@ -271,7 +273,7 @@ def perf_pass(args: argparse.Namespace, workload: str, package: Path) -> None:
     """This program for one workload, plain (no callback), under perf: CPU time by symbol group."""
     cmd = [sys.executable, __file__, "--model", args.model, "--threads", str(args.threads), "--n-batch",
            str(args.n_batch), "--decode", str(args.decode), "--only", workload, "--repeat", str(args.repeat),
-           "--prefill", args.prefill]
+           "--prefill", args.prefill, "--decode-after", str(args.decode_after)]
     rows, seconds = perf_shares(cmd, package)
     print(f"\n{workload}: CPU time by symbol (perf, without the callback, the workload only: {seconds:.2f} s sampled)")
     for name, share in sorted(rows.items(), key=lambda kv: -kv[1]):
@@ -298,7 +300,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--n-batch", type=int, default=512)
     parser.add_argument("--prefill", default="512,4096", help="prefill lengths profiled")
-    parser.add_argument("--decode", type=int, default=32, help="decode steps profiled (after a 512-token prefill)")
+    parser.add_argument("--decode", type=int, default=32, help="decode steps profiled")
+    parser.add_argument("--decode-after", type=int, default=512, help="prompt tokens before the decode steps")
     parser.add_argument("--facts", action="store_true")
     parser.add_argument("--perf", action="store_true")
     parser.add_argument("--no-time", action="store_true", help="skip the time tables (with --facts or --perf)")
@@ -307,7 +310,7 @@ def main() -> None:
     parser.add_argument("--perf-control", help=argparse.SUPPRESS)
     args = parser.parse_args()
     model = Model(args.model)
-    workloads = [(f"prefill {n}", n) for n in map(int, args.prefill.split(","))] + [("decode", 512)]
+    workloads = [(f"prefill {n}", n) for n in map(int, args.prefill.split(","))] + [("decode", args.decode_after)]
 
     if args.only:  # under perf: the plain engine, no callback
         n = dict(workloads)[args.only]
@@ -331,7 +334,7 @@ def main() -> None:
         for _ in range(args.repeat):
             seconds, counted = run_workload(ctx, tokens, workload.split()[0], args.decode)
             wall, profile = wall + seconds, combine(profile, counted, +1)
-        label = f"{workload} ({args.decode} steps after 512 tokens)" if workload == "decode" else workload
+        label = f"{workload} ({args.decode} steps after {n} tokens)" if workload == "decode" else workload
         time_table(profile, wall, label, "cpu_ns" if args.threads == 1 else "ns")
         ctx.close()
     if args.facts:
