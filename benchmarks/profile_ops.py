@@ -111,13 +111,17 @@ def combine(a: list[dict[str, Any]], b: list[dict[str, Any]], sign: int) -> list
     return [g for g in out.values() if g["calls"]]
 
 
-def run_workload(ctx: Context, tokens: list[int], workload: str, n_decode: int) -> tuple[float, list[dict[str, Any]]]:
+def run_workload(ctx: Context, tokens: list[int], workload: str, n_decode: int,
+                 control: PerfControl | None = None) -> tuple[float, list[dict[str, Any]]]:
     """Run one workload on a fresh session. Returns the wall time of its measured part (the
-    prefill; or the decode steps after the prompt) and what the profile counted in it."""
+    prefill; or the decode steps after the prompt) and what the profile counted in it; perf
+    (`control`) samples only that part."""
     session = ctx.session()
     if workload == "decode":
         session.append(tokens)
     before = ctx.op_profile()
+    if control:
+        control.send("enable")
     start = time.perf_counter()
     if workload == "decode":
         for _ in session.generate(n_decode):
@@ -126,6 +130,8 @@ def run_workload(ctx: Context, tokens: list[int], workload: str, n_decode: int) 
         session.append(tokens)
         session.logits()  # the last row's logits (computed with the prompt)
     wall = time.perf_counter() - start
+    if control:
+        control.send("disable")
     profile = combine(ctx.op_profile(), before, -1)
     session.close()
     return wall, profile
@@ -299,7 +305,7 @@ def main() -> None:
     parser.add_argument("--model", default="gemma3-270m")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--n-batch", type=int, default=512)
-    parser.add_argument("--prefill", default="512,4096", help="prefill lengths profiled")
+    parser.add_argument("--prefill", default="512,4096", help="prefill lengths profiled ('' for none)")
     parser.add_argument("--decode", type=int, default=32, help="decode steps profiled")
     parser.add_argument("--decode-after", type=int, default=512, help="prompt tokens before the decode steps")
     parser.add_argument("--facts", action="store_true")
@@ -310,18 +316,15 @@ def main() -> None:
     parser.add_argument("--perf-control", help=argparse.SUPPRESS)
     args = parser.parse_args()
     model = Model(args.model)
-    workloads = [(f"prefill {n}", n) for n in map(int, args.prefill.split(","))] + [("decode", args.decode_after)]
+    workloads = [(f"prefill {n}", int(n)) for n in args.prefill.split(",") if n] + [("decode", args.decode_after)]
 
     if args.only:  # under perf: the plain engine, no callback
         n = dict(workloads)[args.only]
         ctx = make_context(model, args, None)
         tokens = prompt_tokens(model, n)
         run_workload(ctx, tokens, args.only.split()[0], args.decode)  # warm-up
-        control = PerfControl(args.perf_control)
-        control.send("enable")
         for _ in range(args.repeat):
-            run_workload(ctx, tokens, args.only.split()[0], args.decode)
-        control.send("disable")
+            run_workload(ctx, tokens, args.only.split()[0], args.decode, PerfControl(args.perf_control))
         return
 
     print(f"model {args.model}, threads {args.threads}, n_batch {args.n_batch}, canonical schedule, "
