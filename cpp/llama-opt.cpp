@@ -21,8 +21,8 @@ extern char ** environ;
 // the commands; Gemma 3 270M, canonical schedule). Their switches stay accepted (the
 // specification's interface), off by default, and say so.
 #define LLAMA_OPT_NO_EFFECT_PRECOMPUTE \
-    "no effect: measured not to pay (RoPE 0.4 % of a 512-token prefill, its sin/cos already computed once per " \
-    "position by ggml; the KQ mask under 0.1 %; a norm's input repeats only at layer 0): docs/profiling.md"
+    "no effect: measured not to pay (RoPE's sin/cos 0.4 % of a prefill, which ggml computes once per position and " \
+    "node; KQ mask construction at most 0.09 %; a norm's input repeats only at layer 0): docs/profiling.md"
 #define LLAMA_OPT_NO_EFFECT_ACT_DEDUP \
     "no effect: measured not to pay (bit-identical rows exist only before the first attention, repeated tokens " \
     "at layer 0: under 1 % of a prefill): docs/profiling.md"
