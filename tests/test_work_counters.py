@@ -31,10 +31,11 @@ COUNTERS = ("tokens_prefilled", "tokens_decoded", "tokens_generated", "forward_p
 def counters(model: Model, prompts: dict[str, list[list[int]]], persist_dir: Path, on: bool) -> dict[str, int]:
     """The trace of test_tier1_combinations.run (agent turns, every other one under a grammar; a
     second agent; a fork; a restart that restores from disk), counted: the statistics summed over
-    both contexts, the KV cells in use at the end of each, the bytes stored on disk."""
+    both contexts, the KV cells in use and the dedup pool's blocks at the end of each, the bytes
+    stored on disk."""
     config = OptConfig(env={}, persist_dir=str(persist_dir), **dict.fromkeys(SWITCHES, on))
     total = dict.fromkeys(COUNTERS, 0)
-    cells = []
+    cells, pool = [], []
 
     def turn(session, prompt, constrained):
         session.sync(prompt)
@@ -44,6 +45,7 @@ def counters(model: Model, prompts: dict[str, list[list[int]]], persist_dir: Pat
         for name in COUNTERS:
             total[name] += getattr(ctx.stats, name)
         cells.append(ctx.kv_cells_used)
+        pool.append(ctx.pool_blocks)
 
     with Context(model, n_ctx=16384, n_batch=256, n_seq_max=4, n_threads=1, config=config) as ctx:
         agent = ctx.session()
@@ -57,6 +59,7 @@ def counters(model: Model, prompts: dict[str, list[list[int]]], persist_dir: Pat
         turn(ctx.session(), prompts["agent"][-1], True)
         add(ctx)
     total["kv_cells_used"] = sum(cells)
+    total["pool_blocks"] = sum(pool)
     total["persist_bytes"] = sum(f.stat().st_size for f in persist_dir.rglob("*") if f.is_file()) \
         if persist_dir.exists() else 0
     return total
