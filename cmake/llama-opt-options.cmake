@@ -2,20 +2,21 @@
 # the speculative Phase-5 ones OFF, except the Tier-2 methods that have a code path: compiled
 # in, off at runtime, as persistence is; a pip-installed package should not need a rebuild to
 # measure them). A switch that is OFF compiles the feature out: the API reports it as
-# unavailable and asking for it at runtime is an error.
+# unavailable and asking for it at runtime is an error. PRECOMPUTE, ACT_DEDUP, NOOP and ALGEBRAIC
+# gate no code: measured not to pay (docs/profiling.md); their runtime switches are off and say so.
 option(LLAMA_OPT_DEDUP       "context block deduplication"           ON)
 option(LLAMA_OPT_KV_DIFF     "structural KV cache diffing"           ON)
 option(LLAMA_OPT_SCHEMA_SKIP "schema-aware token skipping"           ON)
 option(LLAMA_OPT_KV_CANON    "KV cache canonicalization"             ON)
-option(LLAMA_OPT_PRECOMPUTE  "deterministic precomputation"          ON)
+option(LLAMA_OPT_PRECOMPUTE  "deterministic precomputation (no code: measured not to pay, docs/profiling.md)" ON)
 option(LLAMA_OPT_KV_PERSIST  "persistent cross-session KV cache"     ON)
 option(LLAMA_OPT_MEMO        "token-level output memoization"        ON)
 option(LLAMA_OPT_ATTN_PRUNE  "attention sink pruning (Tier 2)"       ON)
 option(LLAMA_OPT_SPARSE_ATTN "sparse tool attention (Tier 2)"        ON)
 option(LLAMA_OPT_SPEC_PREFILL "speculative prefill (Tier 2)"     ON)
-option(LLAMA_OPT_ACT_DEDUP   "activation deduplication (CSE)"        OFF)
-option(LLAMA_OPT_NOOP        "no-op detection and elision"           ON)
-option(LLAMA_OPT_ALGEBRAIC   "exact algebraic rewriting"             OFF)
+option(LLAMA_OPT_ACT_DEDUP   "activation deduplication (no code: measured not to pay)" OFF)
+option(LLAMA_OPT_NOOP        "no-op detection and elision (no code: measured not to pay)" ON)
+option(LLAMA_OPT_ALGEBRAIC   "exact algebraic rewriting (no code: nothing exact to rewrite)" OFF)
 option(LLAMA_OPT_H2O         "H2O heavy-hitter sparse attention (Tier 2)" ON)
 
 set(LLAMA_OPT_FEATURE_SWITCHES

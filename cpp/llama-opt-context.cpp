@@ -89,6 +89,15 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
         cp.cb_eval           = &llama_opt_h2o_capture::callback;
         cp.cb_eval_user_data = h2o_capture_.get();
     }
+    if (params.profile != llama_opt_profile_mode::none) {  // a diagnostic: every node computed alone
+        if (attn_capture_ || h2o_capture_) {
+            invalid("an operation profile cannot be taken with attn_prune_enabled, spec_prefill_enabled or "
+                    "h2o_enabled (each needs the eval callback)", "profile");
+        }
+        op_profile_          = std::make_unique<llama_opt_op_profile>(params.profile);
+        cp.cb_eval           = &llama_opt_op_profile::callback;
+        cp.cb_eval_user_data = op_profile_.get();
+    }
 
     llama_opt_log_take_errors();
     ctx_ = llama_init_from_model(model_->get(), cp);
@@ -138,10 +147,10 @@ void llama_opt_context::check_h2o_settings(uint32_t n_batch) const {
             "h2o_chunk_size (" + std::to_string(p.chunk_size) + ") must fit one llama_decode call of this context (" +
             std::to_string(n_batch) + " tokens): raise n_batch or lower LLAMA_OPT_H2O_CHUNK_SIZE", "h2o_chunk_size");
     }
-    if (cfg.attn_prune_enabled) {
+    if (attn_capture_) {
         throw llama_opt_error(llama_opt_errc::config,
-            "h2o_enabled and attn_prune_enabled cannot share a context yet (both observe the graph): turn one off",
-            "h2o_enabled");
+            std::string("h2o_enabled and ") + (cfg.attn_prune_enabled ? "attn_prune_enabled" : "spec_prefill_enabled") +
+            " cannot share a context yet (both observe the graph): turn one off", "h2o_enabled");
     }
     if (!params_.flash_attn) {
         throw llama_opt_error(llama_opt_errc::config,

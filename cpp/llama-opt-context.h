@@ -18,6 +18,7 @@
 #include "llama-kv-cache-dedup.h"
 #include "llama-opt-attn-capture.h"
 #include "llama-opt-h2o-capture.h"
+#include "llama-opt-op-profile.h"
 #include "llama-kv-cache-persist.h"
 #include "llama-opt-model.h"
 #include "llama-opt-spec-prefill.h"
@@ -86,6 +87,7 @@ struct llama_opt_context_params {
     bool     flash_attn      = true;  // fixed per context: numerics depend on it
     bool     swa_full        = true;  // keep every token of sliding-window layers (prefix reuse needs them)
     bool     canonical       = true;  // canonical block schedule; false: llama.cpp's own, no reuse
+    llama_opt_profile_mode profile = llama_opt_profile_mode::none;  // a diagnostic (llama-opt-op-profile.h)
 };
 
 // The context owns the KV memory, the block pool and the compute. Sessions (llama-opt-session)
@@ -134,6 +136,7 @@ public:
     llama_opt_attn_capture * attn_capture() const { return attn_capture_.get(); }
     // Speculative prefill's draft scorer (spec_prefill_draft_model), null if none.
     llama_opt_spec_draft *   spec_draft() const { return spec_draft_.get(); }
+    llama_opt_op_profile *   op_profile() const { return op_profile_.get(); }  // null unless params.profile
 
     llama_opt_stats stats() const;
     void            reset_stats();
@@ -279,6 +282,7 @@ private:
     std::unique_ptr<llama_opt_attn_capture>  attn_capture_;
     std::unique_ptr<llama_opt_h2o_capture>   h2o_capture_;
     std::unique_ptr<llama_opt_spec_draft>    spec_draft_;
+    std::unique_ptr<llama_opt_op_profile>    op_profile_;
     llama_opt_persist_layout              persist_layout_;
     std::vector<slot>                     slots_;           // by sequence id
     uint64_t                              clock_ = 0;       // for LRU

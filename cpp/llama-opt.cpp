@@ -17,23 +17,43 @@ extern char ** environ;
 // features
 //
 
+// Why the features measured not to pay have no code path (docs/profiling.md: the numbers and
+// the commands; Gemma 3 270M, canonical schedule). Their switches stay accepted (the
+// specification's interface), off by default, and say so.
+#define LLAMA_OPT_NO_EFFECT_PRECOMPUTE \
+    "no effect: measured not to pay (RoPE's sin/cos 0.4 % of a prefill, which ggml computes once per position and " \
+    "node; KQ mask construction at most 0.09 %; a norm's input repeats only at layer 0): docs/profiling.md"
+#define LLAMA_OPT_NO_EFFECT_ACT_DEDUP \
+    "no effect: measured not to pay (bit-identical rows exist only before the first attention, repeated tokens " \
+    "at layer 0: under 1 % of a prefill): docs/profiling.md"
+#define LLAMA_OPT_NO_EFFECT_NOOP \
+    "no effect: measured not to pay (no zero row or output, no identity operand; one-hot softmax only at the " \
+    "first position): docs/profiling.md"
+#define LLAMA_OPT_NO_EFFECT_ALGEBRAIC \
+    "no effect: nothing exact to rewrite (QKV already separate matmuls of one input; no two heads equal, even up to " \
+    "a permutation; every matrix full rank): docs/profiling.md"
+
 const std::vector<llama_opt_feature> & llama_opt_features() {
     // `implemented` turns true in the change that lands the feature's code path.
     static const std::vector<llama_opt_feature> features = {
-        { "dedup",       "LLAMA_OPT_DEDUP",       "dedup_enabled",       1, LLAMA_OPT_DEDUP != 0,       true  },
-        { "kv_diff",     "LLAMA_OPT_KV_DIFF",     "diff_enabled",        1, LLAMA_OPT_KV_DIFF != 0,     true  },
-        { "schema_skip", "LLAMA_OPT_SCHEMA_SKIP", "schema_skip_enabled", 1, LLAMA_OPT_SCHEMA_SKIP != 0, true  },
-        { "kv_canon",    "LLAMA_OPT_KV_CANON",    "canon_enabled",       1, LLAMA_OPT_KV_CANON != 0,    true  },
-        { "precompute",  "LLAMA_OPT_PRECOMPUTE",  "precompute_enabled",  1, LLAMA_OPT_PRECOMPUTE != 0,  false },
-        { "kv_persist",  "LLAMA_OPT_KV_PERSIST",  "persist_enabled",     1, LLAMA_OPT_KV_PERSIST != 0,  true  },
-        { "memo",        "LLAMA_OPT_MEMO",        "memo_enabled",        1, LLAMA_OPT_MEMO != 0,        true  },
-        { "attn_prune",  "LLAMA_OPT_ATTN_PRUNE",  "attn_prune_enabled",  2, LLAMA_OPT_ATTN_PRUNE != 0,  true  },
-        { "sparse_attn", "LLAMA_OPT_SPARSE_ATTN", "sparse_attn_enabled", 2, LLAMA_OPT_SPARSE_ATTN != 0, true  },
-        { "spec_prefill", "LLAMA_OPT_SPEC_PREFILL", "spec_prefill_enabled", 2, LLAMA_OPT_SPEC_PREFILL != 0, true },
-        { "act_dedup",   "LLAMA_OPT_ACT_DEDUP",   "act_dedup_enabled",   1, LLAMA_OPT_ACT_DEDUP != 0,   false },
-        { "noop",        "LLAMA_OPT_NOOP",        "noop_enabled",        1, LLAMA_OPT_NOOP != 0,        false },
-        { "algebraic",   "LLAMA_OPT_ALGEBRAIC",   "algebraic_enabled",   1, LLAMA_OPT_ALGEBRAIC != 0,   false },
-        { "h2o",         "LLAMA_OPT_H2O",         "h2o_enabled",         2, LLAMA_OPT_H2O != 0,         true  },
+        { "dedup",       "LLAMA_OPT_DEDUP",       "dedup_enabled",       1, LLAMA_OPT_DEDUP != 0,       true,  "" },
+        { "kv_diff",     "LLAMA_OPT_KV_DIFF",     "diff_enabled",        1, LLAMA_OPT_KV_DIFF != 0,     true,  "" },
+        { "schema_skip", "LLAMA_OPT_SCHEMA_SKIP", "schema_skip_enabled", 1, LLAMA_OPT_SCHEMA_SKIP != 0, true,  "" },
+        { "kv_canon",    "LLAMA_OPT_KV_CANON",    "canon_enabled",       1, LLAMA_OPT_KV_CANON != 0,    true,  "" },
+        { "precompute",  "LLAMA_OPT_PRECOMPUTE",  "precompute_enabled",  1, LLAMA_OPT_PRECOMPUTE != 0,  false,
+          LLAMA_OPT_NO_EFFECT_PRECOMPUTE },
+        { "kv_persist",  "LLAMA_OPT_KV_PERSIST",  "persist_enabled",     1, LLAMA_OPT_KV_PERSIST != 0,  true,  "" },
+        { "memo",        "LLAMA_OPT_MEMO",        "memo_enabled",        1, LLAMA_OPT_MEMO != 0,        true,  "" },
+        { "attn_prune",  "LLAMA_OPT_ATTN_PRUNE",  "attn_prune_enabled",  2, LLAMA_OPT_ATTN_PRUNE != 0,  true,  "" },
+        { "sparse_attn", "LLAMA_OPT_SPARSE_ATTN", "sparse_attn_enabled", 2, LLAMA_OPT_SPARSE_ATTN != 0, true,  "" },
+        { "spec_prefill", "LLAMA_OPT_SPEC_PREFILL", "spec_prefill_enabled", 2, LLAMA_OPT_SPEC_PREFILL != 0, true, "" },
+        { "act_dedup",   "LLAMA_OPT_ACT_DEDUP",   "act_dedup_enabled",   1, LLAMA_OPT_ACT_DEDUP != 0,   false,
+          LLAMA_OPT_NO_EFFECT_ACT_DEDUP },
+        { "noop",        "LLAMA_OPT_NOOP",        "noop_enabled",        1, LLAMA_OPT_NOOP != 0,        false,
+          LLAMA_OPT_NO_EFFECT_NOOP },
+        { "algebraic",   "LLAMA_OPT_ALGEBRAIC",   "algebraic_enabled",   1, LLAMA_OPT_ALGEBRAIC != 0,   false,
+          LLAMA_OPT_NO_EFFECT_ALGEBRAIC },
+        { "h2o",         "LLAMA_OPT_H2O",         "h2o_enabled",         2, LLAMA_OPT_H2O != 0,         true,  "" },
     };
     return features;
 }
@@ -57,11 +77,13 @@ llama_opt_config llama_opt_config_default() {
     c.diff_enabled        = LLAMA_OPT_KV_DIFF != 0;
     c.schema_skip_enabled = LLAMA_OPT_SCHEMA_SKIP != 0;
     c.canon_enabled       = LLAMA_OPT_KV_CANON != 0;
-    c.precompute_enabled  = LLAMA_OPT_PRECOMPUTE != 0;
     c.persist_enabled     = false;  // runtime default off, as the specification says
     c.memo_enabled        = LLAMA_OPT_MEMO != 0;
-    c.noop_enabled        = LLAMA_OPT_NOOP != 0;
-    // Tier 2 and speculative Phase-5 features stay off even when compiled in.
+    // Off although the specification says on: precomputation and no-op elision were measured not
+    // to pay and have no code path (llama_opt_features' no_effect); a default of "on" would claim
+    // work that is not done. Tier 2 and speculative Phase-5 features stay off even when compiled in.
+    c.precompute_enabled  = false;
+    c.noop_enabled        = false;
     return c;
 }
 
@@ -89,8 +111,8 @@ const std::vector<llama_opt_field> & llama_opt_fields() {
         OPT_BOOL(schema_jump_forward,        "LLAMA_OPT_SCHEMA_JUMP_FORWARD",                  "take strings the grammar forces whole (changes tokenization)"),
         OPT_BOOL(schema_full_mask,           "LLAMA_OPT_SCHEMA_FULL_MASK",                     "check every token every step, as llama.cpp does (baseline)"),
         OPT_BOOL(canon_enabled,              "LLAMA_OPT_CANON_ENABLED",                        "KV cache canonicalization"),
-        OPT_BOOL(precompute_enabled,         "LLAMA_OPT_PRECOMPUTE_ENABLED",                   "deterministic precomputation"),
-        OPT_UINT(precompute_rope_max,        "LLAMA_OPT_PRECOMPUTE_ROPE_MAX",  1, 1u << 30,   "max RoPE cache entries"),
+        OPT_BOOL(precompute_enabled,         "LLAMA_OPT_PRECOMPUTE_ENABLED",                   "deterministic precomputation (no effect: measured not to pay)"),
+        OPT_UINT(precompute_rope_max,        "LLAMA_OPT_PRECOMPUTE_ROPE_MAX",  1, 1u << 30,   "max RoPE cache entries (no effect: no RoPE cache)"),
         OPT_BOOL(persist_enabled,            "LLAMA_OPT_PERSIST_ENABLED",                      "persistent KV cache on disk"),
         OPT_TEXT(persist_dir,                "LLAMA_OPT_PERSIST_DIR",                          "directory of the persistent KV cache"),
         OPT_UINT(persist_max_mb,             "LLAMA_OPT_PERSIST_MAX_MB",       0, 1u << 30,   "size budget of that directory in MiB (0: none)"),
@@ -115,9 +137,9 @@ const std::vector<llama_opt_field> & llama_opt_fields() {
         OPT_UINT(spec_prefill_pool,          "LLAMA_OPT_SPEC_PREFILL_POOL",    1, 1024,       "average pooling kernel over neighbouring tokens' scores (1: none)"),
         OPT_UINT(spec_prefill_min_tokens,    "LLAMA_OPT_SPEC_PREFILL_MIN_TOKENS", 2, 1u << 30, "prompts shorter than this are computed whole"),
         OPT_TEXT(spec_prefill_draft_model,   "LLAMA_OPT_SPEC_PREFILL_DRAFT_MODEL",             "scorer: a GGUF model with the same vocabulary (\"\": the model's first layers)"),
-        OPT_BOOL(act_dedup_enabled,          "LLAMA_OPT_ACT_DEDUP_ENABLED",                    "activation deduplication (CSE)"),
-        OPT_BOOL(noop_enabled,               "LLAMA_OPT_NOOP_ENABLED",                         "no-op detection and elision"),
-        OPT_BOOL(algebraic_enabled,          "LLAMA_OPT_ALGEBRAIC_ENABLED",                    "exact algebraic rewriting"),
+        OPT_BOOL(act_dedup_enabled,          "LLAMA_OPT_ACT_DEDUP_ENABLED",                    "activation deduplication (no effect: measured not to pay)"),
+        OPT_BOOL(noop_enabled,               "LLAMA_OPT_NOOP_ENABLED",                         "no-op detection and elision (no effect: measured not to pay)"),
+        OPT_BOOL(algebraic_enabled,          "LLAMA_OPT_ALGEBRAIC_ENABLED",                    "exact algebraic rewriting (no effect: nothing exact to rewrite)"),
         OPT_BOOL(h2o_enabled,                "LLAMA_OPT_H2O_ENABLED",                          "H2O heavy-hitter attention (Tier 2)"),
         OPT_UINT(h2o_local_window,           "LLAMA_OPT_H2O_LOCAL_WINDOW",     1, 1u << 24,   "H2O recent-token window"),
         OPT_UINT(h2o_heavy_budget,           "LLAMA_OPT_H2O_HEAVY_BUDGET",     0, 1u << 24,   "H2O heavy-hitter budget"),
@@ -214,8 +236,9 @@ void llama_opt_settings::set(const std::string & name, const std::string & text,
             if (v && feature && !feature->compiled) {
                 throw llama_opt_error(llama_opt_errc::feature_unavailable,
                     describe(*f, text, src) + ": this build compiled the feature out (" +
-                    feature->cmake_switch + "=OFF); reinstall with CMAKE_ARGS=\"-D" +
-                    feature->cmake_switch + "=ON\" to use it", who);
+                    feature->cmake_switch + "=OFF)" + (feature->implemented ? "; reinstall with CMAKE_ARGS=\"-D" +
+                    std::string(feature->cmake_switch) + "=ON\" to use it" : std::string(", and it would have ") +
+                    feature->no_effect), who);
             }
             config.*(f->as_bool) = v;
             break;

@@ -49,6 +49,7 @@ struct llama_opt_feature {
     int          tier;           // 1 = exact, 2 = approximate
     bool         compiled;       // compiled into this build
     bool         implemented;    // has a working code path in this version
+    const char * no_effect;      // not implemented: why turning it on does nothing ("" if implemented)
 };
 
 const std::vector<llama_opt_feature> & llama_opt_features();

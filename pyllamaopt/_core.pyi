@@ -394,7 +394,7 @@ class Context:
     """
     A llama context with sessions (see pyllamaopt.Context).
     """
-    def __init__(self, model: Model, settings: Settings, n_ctx: typing.SupportsInt | typing.SupportsIndex, n_batch: typing.SupportsInt | typing.SupportsIndex, n_seq_max: typing.SupportsInt | typing.SupportsIndex, n_threads: typing.SupportsInt | typing.SupportsIndex, n_threads_batch: typing.SupportsInt | typing.SupportsIndex, flash_attn: bool, swa_full: bool, canonical: bool) -> None:
+    def __init__(self, model: Model, settings: Settings, n_ctx: typing.SupportsInt | typing.SupportsIndex, n_batch: typing.SupportsInt | typing.SupportsIndex, n_seq_max: typing.SupportsInt | typing.SupportsIndex, n_threads: typing.SupportsInt | typing.SupportsIndex, n_threads_batch: typing.SupportsInt | typing.SupportsIndex, flash_attn: bool, swa_full: bool, canonical: bool, profile: str = 'none') -> None:
         ...
     def _set_test_hash_mask(self, mask: typing.SupportsInt | typing.SupportsIndex) -> None:
         """
@@ -410,7 +410,13 @@ class Context:
         """
     def close(self) -> None:
         ...
+    def op_profile(self) -> list:
+        """
+        The operation profile (profile='time' or 'facts'): one dict per group of graph nodes.
+        """
     def open_session(self) -> Session:
+        ...
+    def reset_op_profile(self) -> None:
         ...
     def reset_stats(self) -> None:
         ...
@@ -428,6 +434,11 @@ class Context:
     @property
     def kv_cells_used(self) -> int:
         ...
+    @property
+    def pool_blocks(self) -> int:
+        """
+        Blocks in the dedup pool (0 without dedup).
+        """
     @property
     def min_chunk(self) -> int:
         ...
@@ -595,9 +606,13 @@ def build_info() -> _BuildInfo:
     """
 def default_persist_dir() -> str:
     ...
+def memo_draft_cost(history: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], start: typing.SupportsInt | typing.SupportsIndex, max_tokens: typing.SupportsInt | typing.SupportsIndex = 8) -> tuple:
+    """
+    Runs memo's draft search (llama_opt_memo_find) on history[:n] for every n from start to the end: (drafts found, nanoseconds), without any conversion in the timing.
+    """
 def features() -> list[dict[str, typing.Any]]:
     """
-    The optimizations: compiled into this build? implemented in this version?
+    The optimizations: compiled into this build? implemented in this version? if not, why it has no effect.
     """
 def fields() -> list[dict[str, typing.Any]]:
     """

@@ -55,6 +55,7 @@ class Feature:
     tier: int
     compiled: bool
     implemented: bool
+    no_effect: str  # not implemented: why turning it on does nothing, with the numbers ("" if implemented)
 
 
 def fields() -> list[Field]:
@@ -63,6 +64,12 @@ def fields() -> list[Field]:
 
 def features() -> list[Feature]:
     return [Feature(**f) for f in _core.features()]
+
+
+def switches_without_effect(config: OptConfig) -> list[Feature]:
+    """The features turned on in `config` that do nothing (measured not to pay, or not built)."""
+    values = config.as_dict()
+    return [f for f in features() if f.no_effect and values[f.enabled_field]]
 
 
 _FIELDS = {f.name: f for f in fields()}

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from . import _core
-from .config import OptConfig
+from .config import OptConfig, switches_without_effect
 from .errors import InvalidArgumentError
 from .model import Model
 from .persist import PersistStore
@@ -35,16 +36,23 @@ class Context:
     schedule    "canonical" (default): KV computed on the canonical block schedule, which makes
                 reuse bitwise exact (docs/exactness.md); "llama": llama.cpp's own schedule and
                 cell placement, with every reuse optimization off
+    profile     a diagnostic, off by default: "time" times every node of ggml's graph (each
+                computed alone), "facts" examines every node's output (duplicate, zero,
+                identity, one-hot rows); read with op_profile(). benchmarks/profile_ops.py
     """
 
     def __init__(self, model: Model | str | os.PathLike[str], *, n_ctx: int = 4096, n_batch: int = 512,
                  n_seq_max: int = 8, n_threads: int | None = None, n_threads_batch: int | None = None,
                  flash_attn: bool = True, swa_full: bool = True, config: OptConfig | None = None,
-                 schedule: str = "canonical") -> None:
+                 schedule: str = "canonical", profile: str | None = None) -> None:
         if schedule not in ("canonical", "llama"):
             raise InvalidArgumentError(f"schedule must be 'canonical' or 'llama', got {schedule!r}")
+        if profile not in (None, "time", "facts"):
+            raise InvalidArgumentError(f"profile must be None, 'time' or 'facts', got {profile!r}")
         self.model = model if isinstance(model, Model) else Model(model)
         self.config = config if config is not None else OptConfig()
+        for feature in switches_without_effect(self.config):
+            warnings.warn(f"{feature.enabled_field}=1 {feature.no_effect}", stacklevel=2)
         self._core = _core.Context(
             self.model._core, self.config._settings,
             _check_int("n_ctx", n_ctx, 16, 2**24),
@@ -52,7 +60,7 @@ class Context:
             _check_int("n_seq_max", n_seq_max, 1, 255),
             _check_int("n_threads", n_threads or 0, 0, 1024),
             _check_int("n_threads_batch", n_threads_batch or 0, 0, 1024),
-            bool(flash_attn), bool(swa_full), schedule == "canonical")
+            bool(flash_attn), bool(swa_full), schedule == "canonical", profile or "none")
 
     def session(self) -> Session:
         """Open a new, empty session (one sequence of this context)."""
@@ -86,12 +94,26 @@ class Context:
         return self._core.kv_cells_used
 
     @property
+    def pool_blocks(self) -> int:
+        """Blocks in the dedup pool, the index of reusable KV (0 without dedup)."""
+        return self._core.pool_blocks
+
+    @property
     def stats(self) -> Stats:
         """Counters summed over every session of this context."""
         return self._core.stats()
 
     def reset_stats(self) -> None:
         self._core.reset_stats()
+
+    def op_profile(self) -> list[dict[str, Any]]:
+        """The operation profile of a context made with ``profile``: one dict per group of graph
+        nodes (operation, node name without its layer, weight), with calls, output elements,
+        nanoseconds ("time") or row facts ("facts"); empty without a profile."""
+        return list(self._core.op_profile())
+
+    def reset_op_profile(self) -> None:
+        self._core.reset_op_profile()
 
     @property
     def closed(self) -> bool:

@@ -33,6 +33,8 @@ def test_config_shows_values_and_sources():
     line = next(l for l in result.stdout.splitlines() if l.startswith("block_size"))
     assert line.split()[:3] == ["block_size", "32", "environment"]
     assert "h2o" in result.stdout and "compiled" in result.stdout
+    without = next(l for l in result.stdout.splitlines() if l.strip().startswith("noop_enabled") and "no effect" in l)
+    assert "measured not to pay" in without
 
 
 def test_config_list_names_every_variable():

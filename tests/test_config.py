@@ -1,9 +1,12 @@
 """OptConfig: defaults, environment, arguments, sources, and every kind of bad value."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
-from pyllamaopt import ConfigError, FeatureUnavailableError, OptConfig, features, fields
+from pyllamaopt import ConfigError, Context, FeatureUnavailableError, OptConfig, features, fields
+from pyllamaopt.config import switches_without_effect
 
 SPEC_DEFAULTS = {  # the specification's table (runtime defaults)
     "block_size": 64, "dedup_pool_max": 16384, "diff_min_unchanged": 8, "precompute_rope_max": 131072,
@@ -31,9 +34,11 @@ def test_defaults_follow_the_specification():
     assert cfg.attn_prune_threshold == pytest.approx(0.001)
     assert cfg.sparse_relevance_threshold == pytest.approx(0.1)
     compiled = {f.enabled_field: f.compiled for f in features()}
-    for flag in ("dedup_enabled", "diff_enabled", "schema_skip_enabled", "canon_enabled", "precompute_enabled",
-                 "memo_enabled", "noop_enabled"):  # on by default when compiled in
+    for flag in ("dedup_enabled", "diff_enabled", "schema_skip_enabled", "canon_enabled",
+                 "memo_enabled"):  # on by default when compiled in
         assert getattr(cfg, flag) == compiled[flag]
+    # the specification's "on" for these two would claim work that is not done (docs/profiling.md)
+    assert cfg.precompute_enabled is False and cfg.noop_enabled is False
 
 
 def test_every_variable_of_the_specification_is_known():
@@ -112,3 +117,36 @@ def test_tier2_features_are_off_by_default():
     for f in features():
         if f.tier == 2:
             assert getattr(cfg, f.enabled_field) is False
+
+
+def test_a_switch_without_effect_says_so_and_is_never_on_by_default():
+    """precompute, act_dedup, noop, algebraic were measured not to pay (docs/profiling.md): their
+    switches are accepted (the specification's interface), off by default, and explain
+    themselves; every implemented feature has an effect."""
+    cfg = OptConfig(env={})
+    without = {f.name for f in features() if f.no_effect}
+    assert without == {"precompute", "act_dedup", "noop", "algebraic"}
+    for f in features():
+        assert bool(f.no_effect) == (not f.implemented), f.name
+        if f.no_effect:
+            assert f.no_effect.startswith("no effect:"), f.name
+            assert getattr(cfg, f.enabled_field) is False, f"{f.enabled_field} is on by default and does nothing"
+    assert switches_without_effect(cfg) == []
+    turned_on = OptConfig(env={"LLAMA_OPT_PRECOMPUTE_ENABLED": "1"}, noop_enabled=True)
+    assert [f.name for f in switches_without_effect(turned_on)] == ["precompute", "noop"]
+
+
+def test_a_context_warns_about_a_switch_without_effect(tiny_model):
+    with pytest.warns(UserWarning, match=r"precompute_enabled=1 no effect: measured not to pay.*profiling.md"):
+        Context(tiny_model, n_ctx=256, n_batch=64, config=OptConfig(env={}, precompute_enabled=True)).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Context(tiny_model, n_ctx=256, n_batch=64, config=OptConfig(env={})).close()
+
+
+def test_compiled_out_feature_without_effect_is_not_advertised_as_a_rebuild_away():
+    for f in features():
+        if not f.compiled and f.no_effect:
+            with pytest.raises(FeatureUnavailableError, match="it would have no effect") as e:
+                OptConfig(env={}, **{f.enabled_field: True})
+            assert "reinstall" not in str(e.value)

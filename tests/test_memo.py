@@ -104,3 +104,15 @@ def test_draft_length_is_validated():
     assert OptConfig(env={}, memo_draft_max=8).memo_draft_max == 8
     with pytest.raises(ConfigError, match="memo_draft_max"):
         OptConfig(env={}, memo_draft_max=9)  # drafts are at most as long as the 8-token match
+
+
+def test_memo_draft_cost_replays_the_draft_search():
+    """_core.memo_draft_cost (benchmarks/overhead.py): the search before each step, at every
+    history length from `start` on — a draft wherever the suffix occurred before."""
+    from pyllamaopt import _core
+
+    history = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4]
+    drafts, ns = _core.memo_draft_cost(history, 6)
+    # lengths 6..10 end in 6 | 1 | 1 2 | 1 2 3 | 1 2 3 4: a suffix of 2+ tokens seen before from length 8 on
+    assert drafts == 3 and ns > 0
+    assert _core.memo_draft_cost(list(range(20)), 0)[0] == 0  # nothing repeats

@@ -18,6 +18,7 @@ void register_context(py::module_ & m);
 void register_session(py::module_ & m);
 void register_persist(py::module_ & m);
 void register_spec_prefill(py::module_ & m);
+void register_memo(py::module_ & m);
 
 // Text from llama.cpp may end inside a UTF-8 sequence; never fail on it.
 inline py::str decode_utf8(const std::string & s) {

@@ -82,8 +82,9 @@ void register_config(py::module_ & m) {
             d["tier"]          = f.tier;
             d["compiled"]      = f.compiled;
             d["implemented"]   = f.implemented;
+            d["no_effect"]     = f.no_effect;
             out.append(d);
         }
         return out;
-    }, "The optimizations: compiled into this build? implemented in this version?");
+    }, "The optimizations: compiled into this build? implemented in this version? if not, why it has no effect.");
 }

@@ -9,7 +9,7 @@ void register_context(py::module_ & m) {
     py::class_<llama_opt_context, std::shared_ptr<llama_opt_context>>(m, "Context", "A llama context with sessions (see pyllamaopt.Context).")
         .def(py::init([](std::shared_ptr<llama_opt_model> model, const llama_opt_settings & settings, uint32_t n_ctx,
                          uint32_t n_batch, uint32_t n_seq_max, int32_t n_threads, int32_t n_threads_batch, bool flash_attn,
-                         bool swa_full, bool canonical) {
+                         bool swa_full, bool canonical, const std::string & profile) {
                  llama_opt_context_params p;
                  p.n_ctx = n_ctx;
                  p.n_batch = n_batch;
@@ -19,10 +19,19 @@ void register_context(py::module_ & m) {
                  p.flash_attn = flash_attn;
                  p.swa_full = swa_full;
                  p.canonical = canonical;
+                 if (profile == "time") {
+                     p.profile = llama_opt_profile_mode::time;
+                 } else if (profile == "facts") {
+                     p.profile = llama_opt_profile_mode::facts;
+                 } else if (profile != "none") {
+                     throw llama_opt_error(llama_opt_errc::invalid_argument,
+                                           "profile must be 'none', 'time' or 'facts', got '" + profile + "'", "profile");
+                 }
                  py::gil_scoped_release nogil;
                  return std::make_shared<llama_opt_context>(std::move(model), p, settings);
              }), py::arg("model"), py::arg("settings"), py::arg("n_ctx"), py::arg("n_batch"), py::arg("n_seq_max"),
-             py::arg("n_threads"), py::arg("n_threads_batch"), py::arg("flash_attn"), py::arg("swa_full"), py::arg("canonical"))
+             py::arg("n_threads"), py::arg("n_threads_batch"), py::arg("flash_attn"), py::arg("swa_full"), py::arg("canonical"),
+             py::arg("profile") = "none")
         .def("open_session", [](std::shared_ptr<llama_opt_context> self) { return llama_opt_session::open(std::move(self)); })
         .def("close", &llama_opt_context::close, py::call_guard<py::gil_scoped_release>())
         .def("stats", &llama_opt_context::stats)
@@ -38,6 +47,41 @@ void register_context(py::module_ & m) {
                  std::lock_guard<std::recursive_mutex> lock(self.mutex());
                  return self.kv_cell(seq, pos);
              }, py::arg("seq"), py::arg("pos"), "Test hook: the KV cell holding a position of a sequence, -1 if none.")
+        .def("op_profile", [](const llama_opt_context & self) {
+                 py::list out;
+                 if (const llama_opt_op_profile * profile = self.op_profile()) {
+                     std::lock_guard<std::recursive_mutex> lock(self.mutex());
+                     for (const auto & [key, s] : profile->stats()) {
+                         py::dict d;
+                         d["op"] = s.op;
+                         d["name"] = s.name;
+                         d["weight"] = s.weight;
+                         d["calls"] = s.calls;
+                         d["elements"] = s.elements;
+                         d["ns"] = s.ns;
+                         d["cpu_ns"] = s.cpu_ns;
+                         d["rows"] = s.rows;
+                         d["rows_dup"] = s.rows_dup;
+                         d["rows_seen"] = s.rows_seen;
+                         d["rows_zero"] = s.rows_zero;
+                         d["outputs_zero"] = s.outputs_zero;
+                         d["identity_calls"] = s.identity_calls;
+                         d["onehot_rows"] = s.onehot_rows;
+                         out.append(d);
+                     }
+                 }
+                 return out;
+             }, "The operation profile (profile='time' or 'facts'): one dict per group of graph nodes.")
+        .def("reset_op_profile", [](llama_opt_context & self) {
+                 std::lock_guard<std::recursive_mutex> lock(self.mutex());
+                 if (llama_opt_op_profile * profile = self.op_profile()) {
+                     profile->reset();
+                 }
+             })
+        .def_property_readonly("pool_blocks", [](llama_opt_context & self) {
+                 std::lock_guard<std::recursive_mutex> lock(self.mutex());
+                 return self.pool() ? self.pool()->size() : 0u;
+             }, "Blocks in the dedup pool (0 without dedup).")
         .def_property_readonly("closed", &llama_opt_context::closed)
         .def_property_readonly("n_ctx", &llama_opt_context::n_ctx)
         .def_property_readonly("n_sessions", &llama_opt_context::n_sessions)

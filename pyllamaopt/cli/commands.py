@@ -136,7 +136,11 @@ def config(args: argparse.Namespace) -> int:
     for feature in features():
         state = "on" if values[feature.enabled_field] else "off"
         print(f"{feature.name:<12} {feature.tier:<5} {'yes' if feature.compiled else 'no':<9} "
-              f"{'yes' if feature.implemented else 'not yet':<12} {feature.enabled_field}={state}")
+              f"{'yes' if feature.implemented else 'no':<12} {feature.enabled_field}={state}")
+    print("\nSwitches accepted (the specification's interface) that do nothing:")
+    for feature in features():
+        if feature.no_effect:
+            print(f"  {feature.enabled_field:<20} {feature.no_effect}")
     return 0
 
 

@@ -23,7 +23,10 @@ static void test_defaults() {
     CHECK(!c.attn_prune_enabled && !c.sparse_attn_enabled && !c.act_dedup_enabled && !c.algebraic_enabled);
     CHECK(!c.h2o_enabled && !c.stats_enabled);
     CHECK(c.dedup_enabled == (LLAMA_OPT_DEDUP != 0));
-    CHECK(c.noop_enabled == (LLAMA_OPT_NOOP != 0));
+    CHECK(!c.noop_enabled && !c.precompute_enabled);  // measured not to pay: no code, never on by default
+    for (const auto & f : llama_opt_features()) {
+        CHECK(f.implemented == (std::string(f.no_effect).empty()));
+    }
     // every field has a variable, and every feature a field
     for (const auto & f : llama_opt_fields()) {
         CHECK(std::string(f.env).rfind("LLAMA_OPT_", 0) == 0);
