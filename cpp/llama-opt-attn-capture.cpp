@@ -63,7 +63,7 @@ bool llama_opt_attn_capture::callback(ggml_tensor * t, bool ask, void * user_dat
 }
 
 void llama_opt_attn_capture::arm_scorer(uint32_t n_layers, llama_pos begin, size_t n_keys) {
-    scorer_.n_layers = std::min<uint32_t>(n_layers, (uint32_t) slot_of_layer_.size());
+    scorer_.n_layers = std::min<uint32_t>(n_layers, (uint32_t) full_.slot_of_layer.size());
     scorer_.begin    = begin;
     scorer_.n_keys   = n_keys;
     scorer_.q_pos    = -1;
