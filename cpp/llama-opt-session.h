@@ -86,6 +86,14 @@ public:
     // the rest is computed. On a bad token or an overflow the session is unchanged; if
     // computing fails, the history is cut back to the tokens whose KV exists.
     void sync(const std::vector<llama_token> & tokens);
+    // Tier 2: sync(), with the tool results among `tokens` marked ([begin, end), sorted, disjoint)
+    // as append(kind=tool) marks them. With sparse attention off (this session's settings) the
+    // marks are ignored: a plain sync. On, the tokens after the kept prefix are appended in
+    // pieces (cut back to the first new mark, a mark straddling the prefix appended whole), and
+    // the new tool results (with any not yet scored) are scored once, against the text after
+    // the last of them, before that text is computed (not against the text between two results).
+    // Bad marks: invalid_argument, the session unchanged.
+    void sync(const std::vector<llama_token> & tokens, const std::vector<std::pair<size_t, size_t>> & tool_spans);
 
     // A new session with the same history, sharing this one's KV blocks.
     std::shared_ptr<llama_opt_session> fork();
@@ -197,6 +205,9 @@ private:
     void forget_holes(size_t pos);                 // the history is cut at pos
     bool in_hole(size_t pos) const;
     void drop_irrelevant_tool_spans(const std::vector<llama_token> & query);  // sparse_attn
+    // append(tokens, kind); with score_tools false a text append leaves the tool results not yet
+    // scored for a later one (the text between two tool results of one sync)
+    void append_marked(const std::vector<llama_token> & tokens, llama_opt_span_kind kind, bool score_tools);
     void prune_turn(size_t turn_begin);            // attn_prune, after a turn's tokens are computed
     bool restore_block(size_t block);              // attn_prune: a cold block back into the KV
     std::vector<std::pair<size_t, size_t>> live_ranges() const;  // [0, n_evaluated_) less the holes
