@@ -119,7 +119,7 @@ struct llama_opt_sparse_params {
 // share of the span's distinct tokens, weighted by rarity in the tool result, that the query
 // contains), position recency within the tool result, and structural cues: spans holding a
 // token of `cue_tokens` (error lines, definitions: the tokenizer's ids of such words).
-// Weights: overlap 0.7, recency 0.15, cue 0.15.
+// Weights: overlap 0.8 (relative to the best span), recency 0.1, cue 0.1.
 class llama_opt_sparse_scorer {
 public:
     explicit llama_opt_sparse_scorer(const llama_opt_sparse_params & params, std::vector<llama_token> cue_tokens = {});

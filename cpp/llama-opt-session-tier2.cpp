@@ -199,13 +199,60 @@ void llama_opt_session::drop_irrelevant_tool_spans(const std::vector<llama_token
 void llama_opt_session::append(const std::vector<llama_token> & tokens, llama_opt_span_kind kind) {
     lock_t lock(ctx_->mutex());
     check_open();
+    append_marked(tokens, kind, /* score_tools */ true);
+}
+
+void llama_opt_session::sync(const std::vector<llama_token> & tokens, const std::vector<span_t> & tool_spans) {
+    lock_t lock(ctx_->mutex());
+    check_open();
+    size_t end = 0;
+    for (const span_t & s : tool_spans) {
+        if (s.first < end || s.first >= s.second || s.second > tokens.size()) {
+            throw llama_opt_error(llama_opt_errc::invalid_argument,
+                "tool spans must be non-empty [start, end) ranges of the tokens, sorted and disjoint; got [" +
+                std::to_string(s.first) + ", " + std::to_string(s.second) + ") after one ending at " +
+                std::to_string(end) + " (" + std::to_string(tokens.size()) + " tokens)");
+        }
+        end = s.second;
+    }
+    size_t common = 0;
+    while (common < tokens_.size() && common < tokens.size() && tokens_[common] == tokens[common]) {
+        ++common;
+    }
+    // the marks already in the history were scored (or left unmarked) when they were appended
+    const auto first = std::find_if(tool_spans.begin(), tool_spans.end(), [&](const span_t & s) { return s.second > common; });
+    if (!tier2().sparse_attn_enabled || first == tool_spans.end()) {
+        sync(tokens);
+        return;
+    }
+    ctx_->model().check_tokens(tokens.data(), tokens.size());  // before the history changes
+    check_fits(tokens.size());
+    auto piece = [&](size_t a, size_t b) {
+        return std::vector<llama_token>(tokens.begin() + (std::ptrdiff_t) a, tokens.begin() + (std::ptrdiff_t) b);
+    };
+    size_t pos = std::min(common, first->first);
+    sync(piece(0, pos));
+    for (auto s = first; s != tool_spans.end(); ++s) {
+        if (pos < s->first) {
+            append_marked(piece(pos, s->first), llama_opt_span_kind::text, /* score_tools */ false);
+        }
+        append_marked(piece(s->first, s->second), llama_opt_span_kind::tool, false);
+        pos = s->second;
+    }
+    if (pos < tokens.size()) {
+        append_marked(piece(pos, tokens.size()), llama_opt_span_kind::text, true);
+    }
+}
+
+void llama_opt_session::append_marked(const std::vector<llama_token> & tokens, llama_opt_span_kind kind,
+                                      bool score_tools) {
     ctx_->model().check_tokens(tokens.data(), tokens.size());  // before anything is dropped
     check_fits(tokens_.size() + tokens.size());
     const llama_opt_config & cfg = tier2();
     const size_t begin = tokens_.size();
     span_subtract(tool_spans_, begin, SIZE_MAX);  // the history was cut since they were marked
     system_end_ = std::min(system_end_, begin);
-    if (kind != llama_opt_span_kind::tool && !tokens.empty()) {
+    if (kind != llama_opt_span_kind::tool && !tokens.empty() && score_tools) {
         if (cfg.sparse_attn_enabled && !tool_spans_.empty()) {
             if (n_evaluated_ < tokens_.size()) {  // a fork's tail, a pending token: their KV first
                 prefill_or_cut_back(tokens_.size());

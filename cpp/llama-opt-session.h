@@ -86,6 +86,14 @@ public:
     // the rest is computed. On a bad token or an overflow the session is unchanged; if
     // computing fails, the history is cut back to the tokens whose KV exists.
     void sync(const std::vector<llama_token> & tokens);
+    // Tier 2: sync(), with the tool results among `tokens` marked ([begin, end), sorted, disjoint)
+    // as append(kind=tool) marks them. With sparse attention off (this session's settings) the
+    // marks are ignored: a plain sync. On, the tokens after the kept prefix are appended in
+    // pieces (cut back to the first new mark, a mark straddling the prefix appended whole), and
+    // the new tool results (with any not yet scored) are scored once, against the text after
+    // the last of them, before that text is computed (not against the text between two results).
+    // Bad marks: invalid_argument, the session unchanged.
+    void sync(const std::vector<llama_token> & tokens, const std::vector<std::pair<size_t, size_t>> & tool_spans);
 
     // A new session with the same history, sharing this one's KV blocks.
     std::shared_ptr<llama_opt_session> fork();
@@ -200,6 +208,9 @@ private:
     // H2O (docs/h2o.md): a prompt of more than h2o_chunk_size tokens into a session without KV
     bool uses_h2o(size_t end) const;
     void compute_h2o(size_t end);                  // tokens_[0, end) by H2O chunks, counted
+    // append(tokens, kind); with score_tools false a text append leaves the tool results not yet
+    // scored for a later one (the text between two tool results of one sync)
+    void append_marked(const std::vector<llama_token> & tokens, llama_opt_span_kind kind, bool score_tools);
     void prune_turn(size_t turn_begin);            // attn_prune, after a turn's tokens are computed
     // spec_prefill: computes only the tokens of [n_evaluated_, end) its scorer keeps (the rest are
     // holes); false, with nothing computed, when the prompt is computed whole (off, too short,

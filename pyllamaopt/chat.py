@@ -4,9 +4,12 @@ Raw tokens remain the contract; this module only produces them from messages.
 """
 from __future__ import annotations
 
+import bisect
 import datetime
 import functools
-from collections.abc import Sequence
+import itertools
+import re
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -141,6 +144,79 @@ class ChatTemplate:
         except Exception as exc:  # the template's own bug: 1/0, a bad filter argument, recursion, ...
             raise ChatTemplateError(f"chat template failed to render: {type(exc).__name__}: {exc}") from None
 
+    def render_marked(self, messages: Sequence[Message], marks: Mapping[int, Sequence[tuple[int, int]]], *,
+                      add_generation_prompt: bool = True, **extra: Any) -> tuple[str, list[tuple[int, int]]]:
+        """``render``, and where parts of the messages' contents are in its text: `marks` maps a
+        message's index to [start, end) character ranges of its content; returns the text (what
+        ``render`` returns) and those ranges in it, in text order. They are found by rendering
+        each marked content as a placeholder; a template that changes a content other than by
+        trimming it gets no ranges ([]), its text unchanged."""
+        text = self.render(messages, add_generation_prompt=add_generation_prompt, **extra)
+        marked = {i: list(r) for i, r in marks.items() if r and 0 <= i < len(messages)}
+        if not marked:
+            return text, []
+        holders = [{**m, "content": _PLACEHOLDER.format(i)} if i in marked else m for i, m in enumerate(messages)]
+        try:
+            skeleton = self.render(holders, add_generation_prompt=add_generation_prompt, **extra)
+        except ChatTemplateError:  # the template looks at the content
+            return text, []
+        spans = _locate(skeleton, text, messages, marked)
+        return text, spans if spans is not None else []
+
+
+_PLACEHOLDER = "\ue000pyllamaopt-mark-{}\ue001"
+_PLACEHOLDERS = re.compile("\ue000pyllamaopt-mark-(\\d+)\ue001")
+
+
+def _locate(skeleton: str, text: str, messages: Sequence[Message],
+            marks: Mapping[int, list[tuple[int, int]]]) -> list[tuple[int, int]] | None:
+    """Where the marked ranges are in `text`, walking the skeleton's literal pieces and the
+    contents in place of its placeholders (each as it is, or trimmed as jinja2's ``trim``
+    does); None if `text` is not the skeleton filled so."""
+    holders = [m for m in _PLACEHOLDERS.finditer(skeleton) if int(m.group(1)) in marks]
+    spans: list[tuple[int, int]] = []
+    at, last = 0, 0  # in text, in skeleton
+    for k, m in enumerate(holders):
+        literal = skeleton[last:m.start()]
+        if not text.startswith(literal, at):
+            return None
+        at += len(literal)
+        following = skeleton[m.end():holders[k + 1].start() if k + 1 < len(holders) else len(skeleton)]
+        content = messages[int(m.group(1))]["content"]
+        for lead, body in ((0, content), (len(content) - len(content.lstrip()), content.strip())):
+            if text.startswith(body, at) and text.startswith(following, at + len(body)):
+                break
+        else:
+            return None
+        for a, b in marks[int(m.group(1))]:
+            a, b = max(0, a - lead), min(len(body), b - lead)
+            if a < b:
+                spans.append((at + a, at + b))
+        at, last = at + len(body), m.end()
+    return sorted(spans) if text[at:] == skeleton[last:] else None
+
+
+def token_spans(model: Model, text: str, tokens: Sequence[int],
+                char_spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The tokens (`text` tokenized whole, special tokens as text) that lie wholly inside each
+    [start, end) character range of `text`, as [start, end) token positions; a range without a
+    whole token is left out. [] if the tokens' pieces do not spell the text (a tokenizer that
+    normalizes it); a space the tokenizer puts in front is allowed for."""
+    pieces = [model.token_bytes(t, special=True) for t in tokens]
+    spelled, data = b"".join(pieces), text.encode()
+    offset = len(spelled) - len(data)  # the tokenizer's leading space, if any
+    if offset < 0 or spelled[offset:] != data or spelled[:offset].strip():
+        return []
+    ends = [e - offset for e in itertools.accumulate(map(len, pieces))]
+    starts = [0 - offset] + ends[:-1]
+    out = []
+    for a, b in char_spans:
+        first = bisect.bisect_left(starts, len(text[:a].encode()))  # the first token starting in the range
+        end = bisect.bisect_right(ends, len(text[:b].encode()))  # past the last token ending in it
+        if first < end:
+            out.append((first, end))
+    return out
+
 
 class Chat:
     """A conversation on one session.
@@ -154,19 +230,24 @@ class Chat:
         self.template = template or ChatTemplate.for_model(session.context.model)
         self.messages: list[Message] = [{"role": "system", "content": system}] if system else []
 
-    def stream(self, content: str, **generate_kwargs: Any) -> Generation:
-        """Add a user message and stream the reply; the reply joins the messages when it ends."""
-        self.messages.append({"role": "user", "content": content})
-        prompt = self.template.render(self.messages, add_generation_prompt=True)
+    def stream(self, content: str, *, role: str = "user", **generate_kwargs: Any) -> Generation:
+        """Add a message (a user's; with ``role="tool"``, a tool result, if the template takes
+        that role) and stream the reply; the reply joins the messages when it ends. Tool
+        messages are marked for sparse attention over tool results (``sparse_attn_enabled``,
+        Tier 2, off by default: without it the marks change nothing)."""
+        self.messages.append({"role": role, "content": content})
+        tools = {i: [(0, len(m["content"]))] for i, m in enumerate(self.messages) if m["role"] == "tool"}
+        prompt, marked = self.template.render_marked(self.messages, tools, add_generation_prompt=True)
         model = self.session.context.model
-        self.session.sync(model.tokenize(prompt, add_bos=False, special=True))
+        tokens = model.tokenize(prompt, add_bos=False, special=True)
+        self.session.sync(tokens, tool_spans=token_spans(model, prompt, tokens, marked) if marked else ())
         return self.session.generate(
             **generate_kwargs,
             on_finish=lambda g: self.messages.append({"role": "assistant", "content": g.text}))
 
-    def send(self, content: str, **generate_kwargs: Any) -> str:
-        """Add a user message and return the whole reply."""
-        generation = self.stream(content, **generate_kwargs)
+    def send(self, content: str, *, role: str = "user", **generate_kwargs: Any) -> str:
+        """Add a message (see stream) and return the whole reply."""
+        generation = self.stream(content, role=role, **generate_kwargs)
         for _ in generation:
             pass
         return generation.text

@@ -274,12 +274,22 @@ class Session:
         ``scores`` (per key: softmax over keys, max over heads, mean over queries and layers)."""
         return self._core.attention_probe()
 
-    def sync(self, tokens: Sequence[int]) -> None:
+    def sync(self, tokens: Sequence[int], *, tool_spans: Sequence[tuple[int, int]] = ()) -> None:
         """Set the history to `tokens` (what chat clients re-send every turn): the KV of the
         common prefix with the current history is kept, the rest is computed. A bad token or
         a history longer than the context leaves the session unchanged; if the KV cache runs
-        out of room while computing, the history is cut back to the tokens whose KV exists."""
-        self._core.sync(check_token_ids(tokens))
+        out of room while computing, the history is cut back to the tokens whose KV exists.
+
+        ``tool_spans``: the tool results among `tokens` ([start, end) ranges, sorted, disjoint;
+        ``pyllamaopt.chat.token_spans`` finds them in a rendered chat). With ``sparse_attn_enabled``
+        (Tier 2, off by default) the new ones are marked as ``append(kind="tool")`` marks them
+        and scored once, against the text after the last of them; off, they are ignored."""
+        spans = list(tool_spans)
+        for span in spans:
+            if (not isinstance(span, (tuple, list)) or len(span) != 2
+                    or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in span)):
+                raise InvalidArgumentError(f"tool_spans must hold (start, end) pairs of positions, got {span!r}")
+        self._core.sync(check_token_ids(tokens), [(span[0], span[1]) for span in spans])
 
     def fork(self) -> Session:
         """A new session with the same history, sharing this one's KV (no recomputation of

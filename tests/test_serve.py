@@ -31,6 +31,7 @@ from pyllamaopt.serve.metrics import Metrics
 from pyllamaopt.serve.scheduler import STREAM_AHEAD, Scheduler
 from pyllamaopt.serve.service import (Busy, DoneEvent, GenerateParams, InvariantViolation, NotFound, Overloaded,
                                       Service, TokenEvent)
+from tinymodel import CHATML, WORDS, write_tiny_llama
 
 N_CTX = 1024
 
@@ -421,6 +422,43 @@ def test_approximate_reuse_is_a_server_option_and_answers_say_so(tiny_model_path
     exact, approximate = second_request(), second_request("--approximate-reuse")
     assert not exact["approximate"] and exact["computed_tokens"] == len(changed)
     assert approximate["approximate"] and approximate["computed_tokens"] < len(changed) // 2
+
+
+def test_sparse_tool_results_is_a_server_option_that_marks_tool_messages(tmp_path):
+    """Tier 2, off by default: with --sparse-tool-results the chat route marks the tool messages'
+    contents, their irrelevant spans leave attention (the metrics count the tokens) and the
+    answers say they are approximate; off, the same conversation is exact and the next request
+    reuses the previous one's KV exactly. The real openai client, tools, a ChatML template."""
+    model = write_tiny_llama(tmp_path / "tiny-chatml.gguf", chat_template=CHATML)
+    words = [w for w in WORDS if w not in ("capital", "france")]
+    result = " ".join(words[(7 * i) % len(words)] for i in range(400)) + " error: the capital of france is paris"
+    tools = [{"type": "function", "function": {"name": "read", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}}}}]
+    messages = [{"role": "user", "content": "what is the capital of france"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "read", "arguments": '{"path":"notes"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": result}]
+
+    def conversation(*args: str) -> tuple[dict, dict, float]:
+        # the tiny vocabulary spells many words letter by letter, so every span shares tokens with
+        # any query: a budget (half of each result) makes the drop independent of that
+        s = start_server(model, tmp_path, "--n-ctx", "4096", *args, env={"LLAMA_OPT_SPARSE_ATTN_BUDGET": "0.5"})
+        try:
+            client = s.client()
+            first = client.chat.completions.create(model="m", messages=messages, tools=tools, max_tokens=3)
+            later = messages + [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "and of italy"}]
+            second = client.chat.completions.create(model="m", messages=later, tools=tools, max_tokens=3)
+            dropped = s.metrics()["pyllamaopt_sparse_tokens_dropped_total"]
+            return first.model_extra["pyllamaopt"], second.model_extra["pyllamaopt"], dropped
+        finally:
+            stop_server(s)
+
+    (off, off_next, off_dropped), (on, on_next, on_dropped) = conversation(), conversation("--sparse-tool-results")
+    assert on["prompt_tokens"] == off["prompt_tokens"]  # the same prompt tokens
+    assert not off["approximate"] and not off_next["approximate"] and off_dropped == 0
+    assert off_next["cached_tokens"] >= off["prompt_tokens"] - 64  # exact reuse across requests
+    assert on["approximate"] and on_next["approximate"] and 0 < on_dropped < on["prompt_tokens"] / 2
+    assert on_next["cached_tokens"] >= on["prompt_tokens"] - 64  # the session with holes continues
 
 
 def test_refused_tier2_plans_are_counted_in_the_metrics(tiny_model):

@@ -30,9 +30,8 @@ from pyllamaopt.serve.tools import (
     prompt,
     reply_grammar,
 )
+from tinymodel import CHATML
 
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-          "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 TEMPLATES = {"gemma3": ChatTemplate(BUILTIN_TEMPLATES["gemma3"], bos_token="<bos>"), "chatml": ChatTemplate(CHATML)}
 
 WEATHER = Tool("get_weather", "Current weather in a city", {

@@ -19,6 +19,11 @@ WORDS = ("the be to of and a in that have it for not on with he as you do at thi
          "capital france paris code file error return value list").split()
 
 
+# ChatML (SmolLM2's turns), for tests of the chat layer and the server's chat routes
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
 def _vocab(characters: bool = True) -> tuple[list[str], list[float], list[int]]:
     tokens = ["<unk>", "<s>", "</s>"]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
@@ -38,9 +43,11 @@ def _vocab(characters: bool = True) -> tuple[list[str], list[float], list[int]]:
 
 
 def write_tiny_llama(path: Path, *, seed: int = 0, n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
-                     n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 4096, characters: bool = True) -> Path:
+                     n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 4096, characters: bool = True,
+                     chat_template: str | None = None) -> Path:
     """Write a tiny llama model to `path` and return it. characters=False: a vocabulary of
-    whole words only (no byte fallback), where a grammar can leave a single token."""
+    whole words only (no byte fallback), where a grammar can leave a single token.
+    chat_template: a jinja2 template in its metadata (default: none)."""
     rng = np.random.default_rng(seed)
     tokens, scores, types = _vocab(characters)
     n_vocab, head_dim = len(tokens), n_embd // n_head
@@ -66,6 +73,8 @@ def write_tiny_llama(path: Path, *, seed: int = 0, n_embd: int = 64, n_layer: in
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
 
     def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)

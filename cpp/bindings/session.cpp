@@ -62,7 +62,10 @@ void register_session(py::module_ & m) {
                  return d;
              },
              "The last append's queries, the keys and their attention scores (needs attn_prune_enabled).")
-        .def("sync", &llama_opt_session::sync, py::arg("tokens"), py::call_guard<py::gil_scoped_release>())
+        .def("sync", py::overload_cast<const std::vector<llama_token> &, const std::vector<std::pair<size_t, size_t>> &>(
+                 &llama_opt_session::sync),
+             py::arg("tokens"), py::arg("tool_spans") = std::vector<std::pair<size_t, size_t>>(),
+             py::call_guard<py::gil_scoped_release>())
         .def("fork", &llama_opt_session::fork, py::call_guard<py::gil_scoped_release>())
         .def("save", &llama_opt_session::save, py::call_guard<py::gil_scoped_release>())
         .def("set_grammar", &llama_opt_session::set_grammar, py::arg("gbnf"))

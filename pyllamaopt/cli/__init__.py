@@ -132,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Tier 2, off by default: after a change near a prompt's start, reuse the unchanged text "
                         "after it at its new position (approximate: answers say so; same as "
                         "LLAMA_OPT_DIFF_REUSE_SHIFTED=1)")
+    p.add_argument("--sparse-tool-results", action="store_true",
+                   help="Tier 2, off by default: the chat routes mark tool results, whose spans irrelevant to "
+                        "what follows them leave attention (approximate: answers say so; same as "
+                        "LLAMA_OPT_SPARSE_ATTN_ENABLED=1, tuned by LLAMA_OPT_SPARSE_ATTN_*)")
     p.set_defaults(func=commands.serve)
 
     p = sub.add_parser("info", help="build and model information")

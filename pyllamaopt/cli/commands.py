@@ -194,5 +194,6 @@ def serve(args: argparse.Namespace) -> int:
     run_server(ServeSettings(model=args.model, host=args.host, port=args.port, grpc_port=args.grpc_port,
                              n_ctx=args.n_ctx, threads=args.threads, api_key=args.api_key, tls_cert=args.tls_cert,
                              tls_key=args.tls_key, max_sessions=args.max_sessions, session_ttl=args.session_ttl,
-                             approximate_reuse=args.approximate_reuse, verbose=args.verbose))
+                             approximate_reuse=args.approximate_reuse, sparse_tool_results=args.sparse_tool_results,
+                             verbose=args.verbose))
     return 0

@@ -24,6 +24,7 @@ from .tools import (
     ToolResult,
     Turn,
     arguments_text,
+    prompt_tokens,
     text_of,
 )
 from .tools import prompt as tool_prompt
@@ -144,9 +145,10 @@ async def messages(body: MessagesRequest, request: Request) -> Any:
     turns += [_turn(m, f"messages[{i}]") for i, m in enumerate(body.messages)]
     params = body.params(service.context.n_ctx)
     tools, choice = _tools(body)
-    prompt = tool_prompt(request.app.state.chat_template, turns, tools, choice, params)
-    tokens = service.model.tokenize(prompt.text, add_bos=False, special=True)
-    events = await started(service.complete(tokens, params))
+    prompt = tool_prompt(request.app.state.chat_template, turns, tools, choice, params,
+                         mark_tool_results=service.sparse_tool_results)
+    tokens, tool_results = prompt_tokens(service.model, prompt)
+    events = await started(service.complete(tokens, params, tool_spans=tool_results))
     message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
                "model": request.app.state.model_name}
     reply = ReplyParser(prompt.generic, "toolu_")

@@ -51,6 +51,7 @@ class ServeSettings:
     session_ttl: float = 30 * 60.0   # seconds an idle protocol session is kept
     max_body_bytes: int = 16 << 20
     approximate_reuse: bool = False  # Tier 2: diff_reuse_shifted (service.py says how requests use it)
+    sparse_tool_results: bool = False  # Tier 2: sparse_attn_enabled, the chat routes mark tool results
     verbose: bool = False
 
     def check(self) -> None:
@@ -93,6 +94,8 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
     config = config if config is not None else OptConfig()
     if settings.approximate_reuse:
         config.set("diff_reuse_shifted", True)
+    if settings.sparse_tool_results:
+        config.set("sparse_attn_enabled", True)
     context = Context(model, n_ctx=settings.n_ctx, n_threads=settings.threads,
                       n_seq_max=settings.max_sessions + _REQUEST_SEQUENCES, config=config)
     scheduler = Scheduler(prefetch=Session.prefetch_steps)  # decode steps of concurrent generations batched

@@ -47,6 +47,9 @@ class Metrics:
                                       registry=r)
         self.tokens_forced = Counter("pyllamaopt_tokens_grammar_forced", "Generated tokens the grammar forced",
                                      registry=r)
+        self.sparse_tokens_dropped = Counter(
+            "pyllamaopt_sparse_tokens_dropped", "Tool result tokens whose KV left attention (Tier 2, "
+            "--sparse-tool-results)", registry=r)
         self.shift_fallbacks = Counter(
             "pyllamaopt_shift_fallbacks", "Tier-2 post-edit reuse plans refused before computing (exact mode's work "
             "instead), by reason (docs/exactness.md)", ["reason"], registry=r)
@@ -68,6 +71,7 @@ class Metrics:
         self.tokens_generated.inc(usage.completion_tokens)
         self.tokens_drafted.inc(usage.drafted)
         self.tokens_forced.inc(usage.forced)
+        self.sparse_tokens_dropped.inc(usage.sparse_dropped)
 
     def count_shift_fallbacks(self, spent: Stats) -> None:
         for reason in SHIFT_FALLBACK_REASONS:

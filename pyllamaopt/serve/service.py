@@ -13,7 +13,10 @@ Two ways in:
   sessions stay open afterwards (IDLE_REQUEST_SESSIONS), the least recently used closes (its
   blocks stay cached). With the Tier-2 shifted reuse on (``--approximate-reuse``), a prompt that
   shares no block with any of them still resumes the most recent one, whose unchanged spans after
-  the change are then reused at their new positions (approximately; the answer says so).
+  the change are then reused at their new positions (approximately; the answer says so). With
+  sparse attention over tool results on (``--sparse-tool-results``), the chat routes mark the
+  tool results in the prompt (``tool_spans``) and their irrelevant spans leave attention before
+  what follows them is computed (approximately; the answer says so when something was dropped).
 - the session protocol (specification 003 §2.2): server-issued ids, raw tokens appended, one
   generation at a time per session, idle sessions closed after a TTL or when over capacity
   (least recently used first), and "not found" afterwards, never a silent reset.
@@ -29,7 +32,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,6 +163,7 @@ class Usage:
     drafted: int           # generated tokens confirmed from memo drafts (no pass of their own)
     forced: int            # generated tokens the grammar forced (no logits)
     approximate: bool      # Tier 2 reuse made this answer approximate
+    sparse_dropped: int = 0  # Tier 2: tool result tokens whose KV left attention (in the metrics only)
 
     @property
     def cached_tokens(self) -> int:
@@ -213,15 +217,22 @@ class Service:
         self._idle: list[Session] = []  # request sessions kept after their answer, most recent last
         self._schemas: collections.OrderedDict[tuple[str, bool], SchemaGrammar] = collections.OrderedDict()
 
+    @property
+    def sparse_tool_results(self) -> bool:
+        """Tier 2 (``--sparse-tool-results``): the chat routes mark tool results for sparse attention."""
+        return bool(self.context.config.sparse_attn_enabled)
+
     # stateless prompts
 
-    def complete(self, tokens: list[int], params: GenerateParams) -> AsyncGenerator[Event, None]:
-        """Generates after `tokens` (see the module's docstring)."""
+    def complete(self, tokens: list[int], params: GenerateParams, *,
+                 tool_spans: Sequence[tuple[int, int]] = ()) -> AsyncGenerator[Event, None]:
+        """Generates after `tokens` (see the module's docstring); `tool_spans`: the tool results
+        among them, for sparse attention (``Session.sync``)."""
         def answer(session: Session) -> Iterator[Any]:
             before = session.stats
             try:
                 yield PENDING  # see _started
-                yield from self._prefill(session, tokens, sync=True)
+                yield from self._prefill(session, tokens, sync=True, tool_spans=tool_spans)
             except GeneratorExit:  # the client left: what was computed stays usable
                 self._keep_idle(session)
                 raise
@@ -401,16 +412,19 @@ class Service:
         _, sid = min(idle)
         self._drop(sid, self._sessions[sid], outcome="evicted", evicted_reason="lru")
 
-    def _prefill(self, session: Session, tokens: list[int], *, sync: bool) -> Iterator[Any]:
+    def _prefill(self, session: Session, tokens: list[int], *, sync: bool,
+                 tool_spans: Sequence[tuple[int, int]] = ()) -> Iterator[Any]:
         """Brings the session's history to `tokens` (sync) or extends it by them (append), timed and
         counted. While other work waits, the new tokens are computed in pieces (PREFILL_PIECE),
         PENDING yielded between them. An append is all or nothing: failed or cancelled, the session
         has its old history; a failed or cancelled sync leaves a prefix of `tokens` (as its info
-        says). The Tier-2 shifted reuse plans on the whole prompt: with it on, a sync is one piece."""
+        says). The Tier-2 methods see the whole prompt: with the shifted reuse on, or tool results
+        marked for sparse attention after the kept prefix, a sync is one piece."""
         old, before = session.tokens, session.stats
         target = tokens if sync else old + tokens
         done = len(os.path.commonprefix([old, target]))
-        whole = sync and bool(self.context.config.diff_reuse_shifted)
+        marked = [span for span in tool_spans if span[1] > done]
+        whole = sync and (bool(self.context.config.diff_reuse_shifted) or bool(marked))
         spent, first = 0.0, True
         try:
             while True:
@@ -418,7 +432,7 @@ class Service:
                 started = time.perf_counter()
                 try:
                     if sync and first:  # drops what differs
-                        _typed_errors(lambda: session.sync(target[:end]))
+                        _typed_errors(lambda: session.sync(target[:end], tool_spans=tool_spans if marked else ()))
                     else:
                         _typed_errors(lambda: session.append(target[done:end]))
                 except ContextFull:
@@ -520,7 +534,8 @@ class Service:
             usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=len(generation.tokens),
                           computed=stats.tokens_prefilled,
                           restored=stats.persist_tokens_restored, drafted=stats.memo_tokens_skipped,
-                          forced=stats.schema_tokens_inferred, approximate=session.approx_from is not None)
+                          forced=stats.schema_tokens_inferred, approximate=session.approx_from is not None,
+                          sparse_dropped=stats.sparse_tokens_dropped)
             self.metrics.count_usage(usage)
             check = None if schema is None else SchemaCheck(generation.schema_valid, generation.schema_error)
             yield DoneEvent(generation.finish_reason or "stop", usage, generation.stop_string, check)

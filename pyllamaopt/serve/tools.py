@@ -27,9 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..chat import ChatTemplate, Message
+from ..chat import ChatTemplate, Message, token_spans
 from ..errors import ChatTemplateError, GrammarError
 from ..grammar import json_schema_to_gbnf
+from ..model import Model
 from .service import BadRequest, GenerateParams
 
 INSTRUCTION = (
@@ -84,6 +85,8 @@ class Turn:
 class Prompt:
     text: str
     generic: bool  # the reply is in the generic format (parse it with ReplyParser)
+    # with mark_tool_results: the [start, end) characters of each tool result's content in `text`
+    tool_results: list[tuple[int, int]] = field(default_factory=list)
 
 
 def compact(value: Any) -> str:
@@ -141,9 +144,10 @@ def new_call_id(prefix: str) -> str:
 # the prompt
 
 def prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool], choice: ToolChoice,
-           params: GenerateParams) -> Prompt:
-    """The rendered prompt; with tools, `params` gets the reply's grammar. Every error is a
-    BadRequest."""
+           params: GenerateParams, *, mark_tool_results: bool = False) -> Prompt:
+    """The rendered prompt; with tools, `params` gets the reply's grammar; with
+    `mark_tool_results`, where the tool results' contents are in it (for sparse attention over
+    tool results). Every error is a BadRequest."""
     _check_tools(tools)
     generic = bool(tools)
     if generic:
@@ -154,18 +158,28 @@ def prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool],
     else:
         _check_choice_without_tools(choice)
     native = generic and template.takes_tools
-    messages = _messages(turns, generic)
+    messages, results = _messages(turns, generic)
     if generic:
         system = INSTRUCTION if native else system_text(tools)
         if messages and messages[0]["role"] == "system":
             messages[0] = {"role": "system", "content": messages[0]["content"] + "\n\n" + system}
         else:
             messages.insert(0, {"role": "system", "content": system})
+            results.insert(0, [])
     extra: dict[str, Any] = {"tools": [{"type": "function", "function": _definition(t)} for t in tools]} if native else {}
     try:
-        return Prompt(template.render(messages, **extra), generic)
+        if not mark_tool_results:
+            return Prompt(template.render(messages, **extra), generic)
+        text, marked = template.render_marked(messages, dict(enumerate(results)), **extra)
+        return Prompt(text, generic, marked)
     except ChatTemplateError as exc:
         raise BadRequest(str(exc)) from None
+
+
+def prompt_tokens(model: Model, prompt: Prompt) -> tuple[list[int], list[tuple[int, int]]]:
+    """The prompt's tokens, and the token ranges of its tool results' contents (if marked)."""
+    tokens = model.tokenize(prompt.text, add_bos=False, special=True)
+    return tokens, token_spans(model, prompt.text, tokens, prompt.tool_results) if prompt.tool_results else []
 
 
 def system_text(tools: Sequence[Tool]) -> str:
@@ -202,9 +216,10 @@ def _check_choice_without_tools(choice: ToolChoice) -> None:
         raise BadRequest("tool_choice requires a tool call, but the request has no tools")
 
 
-def _messages(turns: Sequence[Turn], generic: bool) -> list[Message]:
+def _messages(turns: Sequence[Turn], generic: bool) -> tuple[list[Message], list[list[tuple[int, int]]]]:
     """The turns as the template's messages: calls, results and (with tools) text answers in the
-    generic format; results merged with the user message that follows them."""
+    generic format; results merged with the user message that follows them. And for each
+    message, the [start, end) characters of its tool results' contents in its content."""
     names: dict[str, str] = {}  # call id -> function name, of every call so far
     merged: list[Turn] = []
     for i, turn in enumerate(turns):
@@ -220,23 +235,28 @@ def _messages(turns: Sequence[Turn], generic: bool) -> list[Message]:
             last.text = turn.text
         else:
             merged.append(Turn(turn.role, turn.text, list(turn.calls), list(turn.results)))
-    return [{"role": t.role, "content": _content(t, names, generic)} for t in merged]
+    contents = [_content(t, names, generic) for t in merged]
+    return [{"role": t.role, "content": c} for t, (c, _) in zip(merged, contents)], [r for _, r in contents]
 
 
-def _content(turn: Turn, names: dict[str, str], generic: bool) -> str:
+def _content(turn: Turn, names: dict[str, str], generic: bool) -> tuple[str, list[tuple[int, int]]]:
+    """A message's content, and where its tool results' contents are in it (inside their JSON
+    strings' quotes)."""
     if turn.calls:
         calls = ",".join(f'{{"name":{compact(c.name)},"arguments":{c.arguments}}}' for c in turn.calls)
-        return (turn.text + "\n" if turn.text else "") + f'{{"tool_calls":[{calls}]}}'
+        return (turn.text + "\n" if turn.text else "") + f'{{"tool_calls":[{calls}]}}', []
     if turn.results:
-        results = ",".join(compact(_result(r, names[r.call_id])) for r in turn.results)
-        return f'{{"tool_results":[{results}]}}' + ("\n\n" + turn.text if turn.text else "")
+        text, spans = '{"tool_results":[', []
+        for k, r in enumerate(turn.results):
+            name = names[r.call_id]
+            head = ("," if k else "") + f'{{"name":{compact(name)},"content":'
+            content = compact(r.content)
+            spans.append((len(text) + len(head) + 1, len(text) + len(head) + len(content) - 1))
+            text += head + content + (',"is_error":true' if r.is_error else "") + "}"
+        return text + "]}" + ("\n\n" + turn.text if turn.text else ""), spans
     if generic and turn.role == "assistant":
-        return compact({"response": turn.text})
-    return turn.text
-
-
-def _result(result: ToolResult, name: str) -> dict[str, Any]:
-    return {"name": name, "content": result.content, **({"is_error": True} if result.is_error else {})}
+        return compact({"response": turn.text}), []
+    return turn.text, []
 
 
 # the reply's grammar

@@ -270,3 +270,33 @@ def test_the_clients_raise_their_bad_request_errors(served):
         client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}],
                                tools=[{"name": "grep", "input_schema": {
                                    "type": "object", "properties": {"p": {"type": "string", "pattern": "(?=a)a+"}}}}])
+
+
+def test_sparse_tool_results_marks_exactly_the_results_on_the_real_tokenizers(smollm2_path, gemma_path, tmp_path):
+    """--sparse-tool-results (Tier 2): the marks are exactly the tokens of each result's content
+    as the prompt spells it (JSON-escaped) on both tokenizers, and through the server a long result
+    loses spans (the budget: half of it) and the answer says it is approximate."""
+    from pyllamaopt import ChatTemplate, Model
+    from pyllamaopt.serve.service import GenerateParams
+    from pyllamaopt.serve.tools import Tool, ToolCall, ToolChoice, ToolResult, Turn, prompt, prompt_tokens
+
+    log = "".join(f"step {i}: loss {1 / (i + 1):.4f} \"ok\"\n" for i in range(60)) + "Traceback: ValueError ünï"
+    for path in (smollm2_path, gemma_path):
+        model = Model(path)
+        turns = [Turn("user", "Why did it fail?"), Turn("assistant", calls=[ToolCall("call_1", "read", '{"path":"log"}')]),
+                 Turn("user", "and?", results=[ToolResult("call_1", log)])]
+        marked = prompt(ChatTemplate.for_model(model), turns, [Tool("read", None, {"type": "object"})], ToolChoice(),
+                        GenerateParams(), mark_tool_results=True)
+        tokens, [(a, b)] = prompt_tokens(model, marked)
+        spelled = b"".join(model.token_bytes(t, special=True) for t in tokens[a:b]).decode()
+        assert spelled == json.dumps(log, ensure_ascii=False)[1:-1]
+    s = start_server(smollm2_path, tmp_path, "--sparse-tool-results", "--n-ctx", "4096", env={"LLAMA_OPT_SPARSE_ATTN_BUDGET": "0.5"})
+    try:
+        messages = ASK + [{"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                          "function": {"name": "get_weather", "arguments": '{"city":"Paris","unit":"celsius"}'}}]},
+                          {"role": "tool", "tool_call_id": "call_1", "content": log}]
+        answer = s.client().chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=8)
+        assert answer.model_extra["pyllamaopt"]["approximate"]
+        assert s.metrics()["pyllamaopt_sparse_tokens_dropped_total"] > 0
+    finally:
+        stop_server(s)
