@@ -1,6 +1,6 @@
 """Batch invariance of ggml's CPU kernels (tools/upstream/test-row-invariance.cpp, in the style of
 llama.cpp's test-backend-ops): with patches/0006's row-invariant batch on, every row of a
-matrix product (the default model's weight types Q8_0, Q5_0, Q4_K, Q6_K, and F32, F16; batches
+matrix product (the default model's weight types Q8_0, Q5_0, Q4_K, Q6_K, and F32, F16, Q4_0; batches
 of 2..64, 128 and 512 rows) and of flash attention (query rows against the one-row decode path,
 KV lengths across 64-cell tiles) is bitwise equal to the same row computed alone. With upstream's
 kernel choice the same program finds the rows that differ: the test can fail."""
@@ -38,12 +38,14 @@ def differing(output: str) -> dict[str, set[int]]:
     return found
 
 
-def test_every_row_equals_the_row_alone(program):
-    result = run(program)
+@pytest.mark.parametrize("kernels", [[], ["--one-row-kernels"]], ids=["multi-row", "one-row"])
+def test_every_row_equals_the_row_alone(program, kernels):
+    """patches/0009's multi-row kernels (default) and 0006's one-row kernels row by row."""
+    result = run(program, *kernels)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "PASS: 0 of 1548" in result.stdout
+    assert "PASS: 0 of 1678" in result.stdout
     for case in ("mul_mat q8_0", "mul_mat q5_0", "mul_mat q4_K", "mul_mat q6_K", "mul_mat f32", "mul_mat f16",
-                 "flash_attn_ext"):
+                 "mul_mat q4_0", "flash_attn_ext"):
         assert re.search(rf"^ok   {case} ", result.stdout, re.M), case
 
 

@@ -4,9 +4,10 @@
 // path. Built against the patched tree by tools/build_upstream.py, driven by
 // tests/test_row_invariance.py.
 //
-//   test-row-invariance [--upstream] [--quick]
+//   test-row-invariance [--upstream] [--quick] [--one-row-kernels]
 //
-// Default: ggml_cpu_set_row_invariant_batch(512) (patches/0006), the flash-attention KV tile of
+// Default: ggml_cpu_set_row_invariant_batch(512) (patches/0006) with the multi-row kernels of
+// patches/0009 (--one-row-kernels: without them, row by row), the flash-attention KV tile of
 // patches/0003; exit 0 iff every row of every case equals its one-row result. --upstream: the
 // row-invariant batch at 0 (upstream's kernel choice by batch size), to show that the test
 // fails where upstream's kernels change the bits. Each differing (case, batch) is printed as
@@ -29,8 +30,9 @@ namespace {
 constexpr int kFaKvTile = 64;  // pyllamaopt's LLAMA_OPT_FA_KV_TILE
 
 struct options {
-    bool upstream = false;
-    bool quick    = false;
+    bool upstream        = false;
+    bool quick           = false;
+    bool one_row_kernels = false;
 };
 
 std::vector<float> random_floats(size_t n, std::mt19937 & rng, float scale) {
@@ -228,8 +230,10 @@ int main(int argc, char ** argv) {
             opt.upstream = true;
         } else if (strcmp(argv[i], "--quick") == 0) {
             opt.quick = true;
+        } else if (strcmp(argv[i], "--one-row-kernels") == 0) {
+            opt.one_row_kernels = true;
         } else {
-            fprintf(stderr, "usage: %s [--upstream] [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--upstream] [--quick] [--one-row-kernels]\n", argv[0]);
             return 2;
         }
     }
@@ -242,6 +246,7 @@ int main(int argc, char ** argv) {
     const std::vector<int64_t> sizes    = batch_sizes(opt);
     const int64_t              max_rows = sizes.back();
     ggml_cpu_set_row_invariant_batch(opt.upstream ? 0 : (int) max_rows);
+    ggml_cpu_set_row_invariant_kernels(opt.one_row_kernels ? 0 : 1);
 
     cpu_backend  cpu;
     std::mt19937 rng(1234);
@@ -257,6 +262,7 @@ int main(int argc, char ** argv) {
         { GGML_TYPE_Q8_0, 640, 1024 }, { GGML_TYPE_Q8_0, 2048, 640 }, { GGML_TYPE_Q5_0, 640, 2048 },
         { GGML_TYPE_Q5_0, 2048, 640 }, { GGML_TYPE_Q4_K, 1024, 640 }, { GGML_TYPE_Q4_K, 2048, 640 },
         { GGML_TYPE_Q6_K, 2048, 640 }, { GGML_TYPE_F32, 640, 256 },   { GGML_TYPE_F16, 640, 256 },
+        { GGML_TYPE_Q4_0, 640, 1024 },  // not repacked here: tinyBLAS's Q4_0 kernel
     };
     const std::vector<float> x = random_floats(max_rows * 2048, rng, 1.0f);
     for (const shape & s : shapes) {
@@ -308,6 +314,7 @@ int main(int argc, char ** argv) {
     }
 
     printf("%s: %d of %d (case, batch, threads) checks with differing rows (%s kernels)\n",
-           failures ? "FAIL" : "PASS", failures, checks, opt.upstream ? "upstream" : "row-invariant");
+           failures ? "FAIL" : "PASS", failures, checks,
+           opt.upstream ? "upstream" : opt.one_row_kernels ? "one-row" : "row-invariant multi-row");
     return failures ? 1 : 0;
 }
