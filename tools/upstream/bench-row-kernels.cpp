@@ -246,32 +246,15 @@ int bench_decode(const char * model_path, int n_threads, int n_context, int reps
     gemma g(model_path, n_threads, n_context + 64);
     set_mode(kModes[0]);
     g.decode(0, n_context, false);  // the context, in upstream's prefill
-    llama_context * ctx = g.ctx;
-    std::vector<int> & tokens = g.tokens;
     char title[160];
     snprintf(title, sizeof title, "llama_decode of Gemma 3 270M, every row's logits, after %d tokens, %d threads",
              n_context, n_threads);
     print_header(title);
-    llama_memory_t mem = llama_get_memory(ctx);
     for (int rows : kRows) {
-        llama_batch batch = llama_batch_init(rows, 0, 1);
-        for (int j = 0; j < rows; ++j) {
-            batch.token[j]     = tokens[n_context + j];
-            batch.pos[j]       = n_context + j;
-            batch.n_seq_id[j]  = 1;
-            batch.seq_id[j][0] = 0;
-            batch.logits[j]    = true;
-        }
-        batch.n_tokens = rows;
         print_row(rows, time_modes(reps, [&] {
-            if (llama_decode(ctx, batch) != 0) {
-                fprintf(stderr, "decode failed\n");
-                exit(1);
-            }
-            llama_synchronize(ctx);
-            llama_memory_seq_rm(mem, 0, n_context, -1);
+            g.decode(n_context, rows, true);
+            llama_memory_seq_rm(llama_get_memory(g.ctx), 0, n_context, -1);
         }));
-        llama_batch_free(batch);
     }
     return 0;
 }
