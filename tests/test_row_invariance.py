@@ -1,0 +1,65 @@
+"""Batch invariance of ggml's CPU kernels (tools/upstream/test-row-invariance.cpp, in the style of
+llama.cpp's test-backend-ops): with patches/0006's row-invariant batch on, every row of a
+matrix product (the default model's weight types Q8_0, Q5_0, Q4_K, Q6_K, and F32, F16, Q4_0; batches
+of 2..64, 128 and 512 rows) and of flash attention (query rows against the one-row decode path,
+KV lengths across 64-cell tiles) is bitwise equal to the same row computed alone. With upstream's
+kernel choice the same program finds the rows that differ: the test can fail."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def program() -> Path:
+    sys.path.insert(0, str(ROOT / "tools"))
+    import build_upstream
+
+    return build_upstream.build(("test-row-invariance",)) / "test-row-invariance"
+
+
+def run(program: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(program), *args], capture_output=True, text=True, timeout=1200)
+
+
+def differing(output: str) -> dict[str, set[int]]:
+    """{case name: batch sizes with differing rows}, from the program's DIFF lines."""
+    found: dict[str, set[int]] = {}
+    for case, rows in re.findall(r"^DIFF (.+?) threads=\d+ rows=(\d+)", output, re.M):
+        found.setdefault(case, set()).add(int(rows))
+    return found
+
+
+@pytest.mark.parametrize("kernels", [[], ["--one-row-kernels"]], ids=["multi-row", "one-row"])
+def test_every_row_equals_the_row_alone(program, kernels):
+    """patches/0009's multi-row kernels (default) and 0006's one-row kernels row by row."""
+    result = run(program, *kernels)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "PASS: 0 of 1678" in result.stdout
+    for case in ("mul_mat q8_0", "mul_mat q5_0", "mul_mat q4_K", "mul_mat q6_K", "mul_mat f32", "mul_mat f16",
+                 "mul_mat q4_0", "flash_attn_ext"):
+        assert re.search(rf"^ok   {case} ", result.stdout, re.M), case
+
+
+def test_upstream_kernels_change_rows(program):
+    """The check fails where upstream switches kernels by batch size: tinyBLAS for F32/F16 from 2
+    rows, the repacked Q4_K gemm from 4, the tiled Q6_K kernel from 8, multi-query flash
+    attention from 2. (Q8_0 and Q5_0 go through tinyBLAS too, whose per-output order is the
+    one-row kernel's: no row differs.)"""
+    result = run(program, "--upstream", "--quick")
+    assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-2000:]
+    found = differing(result.stdout)
+    assert min(found["mul_mat f32 k=640 n=256"]) == 2
+    assert min(found["mul_mat f16 k=640 n=256"]) == 2
+    assert min(found["mul_mat q4_K k=1024 n=640"]) == 4
+    assert min(found["mul_mat q6_K k=2048 n=640"]) == 8
+    assert min(found["flash_attn_ext d=256 heads=4/1 n_kv=300"]) == 2
+    assert not any(name.startswith(("mul_mat q8_0", "mul_mat q5_0")) for name in found)

@@ -1,0 +1,320 @@
+// Batch invariance of ggml's CPU kernels, in the style of llama.cpp's test-backend-ops: every
+// output row of a batch must be bitwise equal to the same row computed alone (a batch of one),
+// for the weight types of the default model and for flash attention against the one-row decode
+// path. Built against the patched tree by tools/build_upstream.py, driven by
+// tests/test_row_invariance.py.
+//
+//   test-row-invariance [--upstream] [--quick] [--one-row-kernels]
+//
+// Default: ggml_cpu_set_row_invariant_batch(512) (patches/0006) with the multi-row kernels of
+// patches/0009 (--one-row-kernels: without them, row by row), the flash-attention KV tile of
+// patches/0003; exit 0 iff every row of every case equals its one-row result. --upstream: the
+// row-invariant batch at 0 (upstream's kernel choice by batch size), to show that the test
+// fails where upstream's kernels change the bits. Each differing (case, batch) is printed as
+// "DIFF <case> rows=<n> differing=<k> max_abs=<x>".
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+#include "ggml.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kFaKvTile = 64;  // pyllamaopt's LLAMA_OPT_FA_KV_TILE
+
+struct options {
+    bool upstream        = false;
+    bool quick           = false;
+    bool one_row_kernels = false;
+};
+
+std::vector<float> random_floats(size_t n, std::mt19937 & rng, float scale) {
+    std::normal_distribution<float> dist(0.0f, scale);
+    std::vector<float> v(n);
+    for (float & x : v) {
+        x = dist(rng);
+    }
+    return v;
+}
+
+// The CPU backend and, for types that llama.cpp stores repacked (Q4_K on AVX2), the repack buffer type.
+struct cpu_backend {
+    ggml_backend_t             backend = nullptr;
+    ggml_backend_buffer_type_t repack  = nullptr;
+
+    cpu_backend() {
+        backend = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
+        ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+        auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
+        for (ggml_backend_buffer_type_t * b = get_extra ? get_extra(dev) : nullptr; b && *b; ++b) {
+            if (strcmp(ggml_backend_buft_name(*b), "CPU_REPACK") == 0) {
+                repack = *b;
+            }
+        }
+    }
+    ~cpu_backend() { ggml_backend_free(backend); }
+
+    // the buffer type llama.cpp gives such a weight here: the repacked layout for Q4_K (AVX2, rows % 8 == 0)
+    ggml_backend_buffer_type_t weight_buft(const ggml_tensor * w) const {
+        if (repack && w->type == GGML_TYPE_Q4_K && w->ne[1] % 8 == 0) {
+            return repack;
+        }
+        return ggml_backend_get_default_buffer_type(backend);
+    }
+};
+
+struct compare_result {
+    int differing = 0;
+    float max_abs = 0.0f;
+};
+
+compare_result compare_rows(const float * batch, const float * alone, int64_t row_len, int64_t n_rows) {
+    compare_result r;
+    for (int64_t i = 0; i < n_rows; ++i) {
+        const float * a = batch + i * row_len;
+        const float * b = alone + i * row_len;
+        if (memcmp(a, b, row_len * sizeof(float)) != 0) {
+            ++r.differing;
+            for (int64_t j = 0; j < row_len; ++j) {
+                r.max_abs = std::fmax(r.max_abs, std::fabs(a[j] - b[j]));
+            }
+        }
+    }
+    return r;
+}
+
+// out = W x for the first n_rows rows of `x` (K floats each), in one graph of n_rows rows.
+struct mul_mat_case {
+    ggml_type             type;
+    int64_t               k, n;
+    ggml_context *        wctx = nullptr;
+    ggml_backend_buffer_t wbuf = nullptr;
+    ggml_tensor *         w    = nullptr;
+
+    mul_mat_case(cpu_backend & cpu, ggml_type type, int64_t k, int64_t n, std::mt19937 & rng) : type(type), k(k), n(n) {
+        ggml_init_params ip = { ggml_tensor_overhead() * 2, nullptr, true };
+        wctx = ggml_init(ip);
+        w    = ggml_new_tensor_2d(wctx, type, k, n);
+        wbuf = ggml_backend_alloc_ctx_tensors_from_buft(wctx, cpu.weight_buft(w));
+        const std::vector<float> values = random_floats(k * n, rng, 0.05f);
+        std::vector<uint8_t>     data(ggml_nbytes(w));
+        if (type == GGML_TYPE_F32) {
+            memcpy(data.data(), values.data(), data.size());
+        } else if (type == GGML_TYPE_F16) {
+            ggml_fp32_to_fp16_row(values.data(), (ggml_fp16_t *) data.data(), k * n);
+        } else {
+            ggml_quantize_chunk(type, values.data(), data.data(), 0, n, k, nullptr);
+        }
+        ggml_backend_tensor_set(w, data.data(), 0, data.size());
+    }
+    ~mul_mat_case() {
+        ggml_backend_buffer_free(wbuf);
+        ggml_free(wctx);
+    }
+
+    std::string name() const {
+        return std::string("mul_mat ") + ggml_type_name(type) + " k=" + std::to_string(k) + " n=" + std::to_string(n);
+    }
+    int64_t row_len() const { return n; }
+
+    std::vector<float> run(cpu_backend & cpu, const float * x, int64_t n_rows) const {
+        ggml_init_params ip  = { ggml_tensor_overhead() * 8 + ggml_graph_overhead(), nullptr, true };
+        ggml_context *   ctx = ggml_init(ip);
+        ggml_tensor *    in  = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, k, n_rows);
+        ggml_tensor *    out = ggml_mul_mat(ctx, w, in);
+        ggml_cgraph *    gf  = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, out);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, cpu.backend);
+        ggml_backend_tensor_set(in, x, 0, ggml_nbytes(in));
+        ggml_backend_graph_compute(cpu.backend, gf);
+        std::vector<float> result(n * n_rows);
+        ggml_backend_tensor_get(out, result.data(), 0, ggml_nbytes(out));
+        ggml_backend_buffer_free(buf);
+        ggml_free(ctx);
+        return result;
+    }
+};
+
+// Flash attention as Gemma 3 270M runs it (head size 256, 4 query heads, 1 KV head, F16 KV cache,
+// causal mask): query rows at consecutive positions ending at the last KV cell.
+struct flash_attn_case {
+    static constexpr int64_t d = 256, n_head = 4, n_head_kv = 1;
+    int64_t            n_kv;
+    std::vector<float> k, v;  // [n_kv][d]
+
+    flash_attn_case(int64_t n_kv, std::mt19937 & rng) : n_kv(n_kv) {
+        k = random_floats(n_kv * d, rng, 1.0f);
+        v = random_floats(n_kv * d, rng, 1.0f);
+    }
+
+    std::string name() const { return "flash_attn_ext d=256 heads=4/1 n_kv=" + std::to_string(n_kv); }
+    int64_t row_len() const { return d * n_head; }
+
+    // rows `first .. first+n_rows` of a batch whose last row sits at position n_kv - 1 (x holds
+    // the queries of all `total` rows, [total][n_head][d])
+    std::vector<float> run(cpu_backend & cpu, const float * q_all, int64_t total, int64_t first, int64_t n_rows) const {
+        ggml_init_params ip  = { ggml_tensor_overhead() * 16 + ggml_graph_overhead(), nullptr, true };
+        ggml_context *   ctx = ggml_init(ip);
+        ggml_tensor *    q   = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, d, n_head, n_rows);
+        ggml_tensor *    kt  = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, d, n_kv, n_head_kv);
+        ggml_tensor *    vt  = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, d, n_kv, n_head_kv);
+        ggml_tensor *    m   = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, n_rows);
+        ggml_tensor *    qp  = ggml_permute(ctx, q, 0, 2, 1, 3);  // [d, rows, heads] as llama.cpp builds it
+        ggml_tensor *    out = ggml_flash_attn_ext(ctx, qp, kt, vt, m, 1.0f / 16.0f, 0.0f, 0.0f);
+        ggml_flash_attn_ext_set_prec(out, GGML_PREC_F32);
+        ggml_cgraph * gf = ggml_new_graph(ctx);
+        ggml_build_forward_expand(gf, out);
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, cpu.backend);
+
+        ggml_backend_tensor_set(q, q_all + first * n_head * d, 0, ggml_nbytes(q));
+        std::vector<ggml_fp16_t> h(n_kv * d);
+        ggml_fp32_to_fp16_row(k.data(), h.data(), h.size());
+        ggml_backend_tensor_set(kt, h.data(), 0, ggml_nbytes(kt));
+        ggml_fp32_to_fp16_row(v.data(), h.data(), h.size());
+        ggml_backend_tensor_set(vt, h.data(), 0, ggml_nbytes(vt));
+        std::vector<float> mask(n_kv * n_rows);
+        for (int64_t r = 0; r < n_rows; ++r) {
+            const int64_t pos = n_kv - total + first + r;  // the row's own cell; later cells are masked
+            for (int64_t j = 0; j < n_kv; ++j) {
+                mask[r * n_kv + j] = j <= pos ? 0.0f : -INFINITY;
+            }
+        }
+        std::vector<ggml_fp16_t> mh(mask.size());
+        ggml_fp32_to_fp16_row(mask.data(), mh.data(), mh.size());
+        ggml_backend_tensor_set(m, mh.data(), 0, ggml_nbytes(m));
+
+        ggml_backend_graph_compute(cpu.backend, gf);
+        std::vector<float> result(row_len() * n_rows);
+        ggml_backend_tensor_get(out, result.data(), 0, ggml_nbytes(out));
+        ggml_backend_buffer_free(buf);
+        ggml_free(ctx);
+        return result;
+    }
+};
+
+int report(const std::string & name, int64_t n_rows, int n_threads, const compare_result & r) {
+    if (r.differing == 0) {
+        return 0;
+    }
+    printf("DIFF %s threads=%d rows=%lld differing=%d max_abs=%g\n", name.c_str(), n_threads, (long long) n_rows,
+           r.differing, r.max_abs);
+    return 1;
+}
+
+std::vector<int64_t> batch_sizes(const options & opt) {
+    std::vector<int64_t> sizes;
+    for (int64_t b = 2; b <= (opt.quick ? 17 : 64); ++b) {
+        sizes.push_back(b);
+    }
+    sizes.push_back(128);
+    if (!opt.quick) {
+        sizes.push_back(512);
+    }
+    return sizes;
+}
+
+}  // namespace
+
+int main(int argc, char ** argv) {
+    options opt;
+    for (int i = 1; i < argc; ++i) {
+        if (strcmp(argv[i], "--upstream") == 0) {
+            opt.upstream = true;
+        } else if (strcmp(argv[i], "--quick") == 0) {
+            opt.quick = true;
+        } else if (strcmp(argv[i], "--one-row-kernels") == 0) {
+            opt.one_row_kernels = true;
+        } else {
+            fprintf(stderr, "usage: %s [--upstream] [--quick] [--one-row-kernels]\n", argv[0]);
+            return 2;
+        }
+    }
+    ggml_log_set([](ggml_log_level level, const char * text, void *) {
+        if (level >= GGML_LOG_LEVEL_WARN) {
+            fputs(text, stderr);
+        }
+    }, nullptr);
+    ggml_cpu_set_flash_attn_kv_tile(kFaKvTile);
+    const std::vector<int64_t> sizes    = batch_sizes(opt);
+    const int64_t              max_rows = sizes.back();
+    ggml_cpu_set_row_invariant_batch(opt.upstream ? 0 : (int) max_rows);
+    ggml_cpu_set_row_invariant_kernels(opt.one_row_kernels ? 0 : 1);
+
+    cpu_backend  cpu;
+    std::mt19937 rng(1234);
+    int          failures = 0, checks = 0;
+
+    struct shape {
+        ggml_type type;
+        int64_t   k, n;
+    };
+    // Gemma 3 270M's matrices: attn_q / ffn_gate (640 -> 1024 / 2048), ffn_down (2048 -> 640),
+    // attn_output (1024 -> 640); K-quants need K % 256 == 0
+    const std::vector<shape> shapes = {
+        { GGML_TYPE_Q8_0, 640, 1024 }, { GGML_TYPE_Q8_0, 2048, 640 }, { GGML_TYPE_Q5_0, 640, 2048 },
+        { GGML_TYPE_Q5_0, 2048, 640 }, { GGML_TYPE_Q4_K, 1024, 640 }, { GGML_TYPE_Q4_K, 2048, 640 },
+        { GGML_TYPE_Q6_K, 2048, 640 }, { GGML_TYPE_F32, 640, 256 },   { GGML_TYPE_F16, 640, 256 },
+        { GGML_TYPE_Q4_0, 640, 1024 },  // not repacked here: tinyBLAS's Q4_0 kernel
+    };
+    const std::vector<float> x = random_floats(max_rows * 2048, rng, 1.0f);
+    for (const shape & s : shapes) {
+        mul_mat_case       mm(cpu, s.type, s.k, s.n, rng);
+        std::vector<float> alone(max_rows * s.n);
+        ggml_backend_cpu_set_n_threads(cpu.backend, 1);
+        for (int64_t r = 0; r < max_rows; ++r) {
+            const std::vector<float> one = mm.run(cpu, x.data() + r * s.k, 1);
+            memcpy(alone.data() + r * s.n, one.data(), s.n * sizeof(float));
+        }
+        int case_failures = 0;
+        for (int n_threads : { 2, 3 }) {
+            ggml_backend_cpu_set_n_threads(cpu.backend, n_threads);
+            for (int64_t rows : sizes) {
+                const std::vector<float> batch = mm.run(cpu, x.data(), rows);
+                case_failures += report(mm.name(), rows, n_threads, compare_rows(batch.data(), alone.data(), s.n, rows));
+                ++checks;
+            }
+        }
+        printf("%s %s\n", case_failures ? "FAIL" : "ok  ", mm.name().c_str());
+        failures += case_failures;
+    }
+
+    // KV lengths of 1..12 tiles, not multiples of the tile, so the rows' last cells cross tiles
+    for (int64_t n_kv : { 100, 300, 700 }) {
+        flash_attn_case          fa(n_kv, rng);
+        const int64_t            total = std::min<int64_t>(opt.quick ? 17 : 64, n_kv);
+        const std::vector<float> q     = random_floats(total * fa.row_len(), rng, 1.0f);
+        std::vector<float>       alone(total * fa.row_len());
+        ggml_backend_cpu_set_n_threads(cpu.backend, 1);
+        for (int64_t r = 0; r < total; ++r) {
+            const std::vector<float> one = fa.run(cpu, q.data(), total, r, 1);
+            memcpy(alone.data() + r * fa.row_len(), one.data(), fa.row_len() * sizeof(float));
+        }
+        int case_failures = 0;
+        for (int n_threads : { 2, 3 }) {
+            ggml_backend_cpu_set_n_threads(cpu.backend, n_threads);
+            // a batch of the last `rows` rows (a memo check ends at the newest cell)
+            for (int64_t rows = 2; rows <= total; ++rows) {
+                const int64_t            first = total - rows;
+                const std::vector<float> batch = fa.run(cpu, q.data(), total, first, rows);
+                case_failures += report(fa.name(), rows, n_threads,
+                                        compare_rows(batch.data(), alone.data() + first * fa.row_len(), fa.row_len(), rows));
+                ++checks;
+            }
+        }
+        printf("%s %s\n", case_failures ? "FAIL" : "ok  ", fa.name().c_str());
+        failures += case_failures;
+    }
+
+    printf("%s: %d of %d (case, batch, threads) checks with differing rows (%s kernels)\n",
+           failures ? "FAIL" : "PASS", failures, checks,
+           opt.upstream ? "upstream" : opt.one_row_kernels ? "one-row" : "row-invariant multi-row");
+    return failures ? 1 : 0;
+}
