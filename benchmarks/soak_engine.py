@@ -21,14 +21,15 @@ Reported at every checkpoint: resident memory (VmRSS), open file descriptors, th
 the sessions phase the disk tier's size. Pass criteria: after warm-up (the first checkpoints,
 --warmup of them), RSS stays within 5 % of its warm-up value; file descriptors and threads do
 not grow; every answer equals the fresh context's; the disk tier stays within its budget.
-Exit status 1 if any fails. Interrupted (Ctrl-C, SIGINT), a phase reports what it reached as
-INCOMPLETE, never as a pass, and the next phase runs.
+Exit status 1 if any fails. Interrupted (SIGINT or SIGTERM: a run in the background ignores
+SIGINT), a phase reports what it reached as INCOMPLETE, never as a pass, and the next phase runs.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -76,11 +77,18 @@ class Soak:
 
     @contextmanager
     def interruptible(self) -> Iterator[None]:
-        """A SIGINT ends the phase early; verdict() then says how far it got."""
+        """SIGINT or SIGTERM ends the phase early; verdict() then says how far it got."""
+        def interrupt(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt
+
+        previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
         except KeyboardInterrupt:
             print(f"  {self.name}: interrupted", flush=True)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
     def verdict(self) -> bool:
         if not self.checkpoints:
