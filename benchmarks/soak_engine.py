@@ -21,16 +21,20 @@ Reported at every checkpoint: resident memory (VmRSS), open file descriptors, th
 the sessions phase the disk tier's size. Pass criteria: after warm-up (the first checkpoints,
 --warmup of them), RSS stays within 5 % of its warm-up value; file descriptors and threads do
 not grow; every answer equals the fresh context's; the disk tier stays within its budget.
-Exit status 1 if any fails.
+Exit status 1 if any fails. Interrupted (SIGINT or SIGTERM: a run in the background ignores
+SIGINT), a phase reports what it reached as INCOMPLETE, never as a pass, and the next phase runs.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +62,7 @@ class Checkpoint:
 class Soak:
     name: str
     warmup: int
+    planned: int
     checkpoints: list[Checkpoint] = field(default_factory=list)
     wrong: list[str] = field(default_factory=list)
     start: float = field(default_factory=time.perf_counter)
@@ -68,21 +73,40 @@ class Soak:
                        extra)
         self.checkpoints.append(c)
         print(f"  {c.done:>6}  {c.seconds:>7.0f} s  RSS {c.rss:>7.1f} MiB  fds {c.fds:>3}  threads {c.threads:>2}  "
-              f"{c.extra}", flush=True)
+              f"wrong answers {len(self.wrong)}  {c.extra}", flush=True)
+
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """SIGINT or SIGTERM ends the phase early; verdict() then says how far it got."""
+        def interrupt(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt
+
+        previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        except KeyboardInterrupt:
+            print(f"  {self.name}: interrupted", flush=True)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
     def verdict(self) -> bool:
+        if not self.checkpoints:
+            print(f"  {self.name}: no checkpoint reached  INCOMPLETE")
+            return False
         base = self.checkpoints[min(self.warmup, len(self.checkpoints)) - 1]
         after = self.checkpoints[self.warmup:]
         peak = max((c.rss for c in after), default=base.rss)
         growth = (peak - base.rss) / base.rss
         fds = max((c.fds for c in after), default=base.fds) - base.fds
         threads_ = max((c.threads for c in after), default=base.threads) - base.threads
-        ok = growth <= 0.05 and fds <= 0 and threads_ <= 0 and not self.wrong
         last = self.checkpoints[-1]
-        print(f"  {self.name}: {last.done} done in {last.seconds:.0f} s; after warm-up ({base.done}): RSS "
+        complete = last.done == self.planned
+        ok = complete and growth <= 0.05 and fds <= 0 and threads_ <= 0 and not self.wrong
+        print(f"  {self.name}: {last.done} of {self.planned} done in {last.seconds:.0f} s; after warm-up ({base.done}): RSS "
               f"{base.rss:.1f} -> peak {peak:.1f} MiB ({growth:+.1%}), final {last.rss:.1f}; fds {fds:+d}; "
               f"threads {threads_:+d}; answers different from a fresh context's: {len(self.wrong)}  "
-              f"{'PASS' if ok else 'FAIL'}")
+              f"{'PASS' if ok else 'FAIL' if complete or self.wrong else 'INCOMPLETE'}")
         for w in self.wrong[:10]:
             print(f"    {w}")
         return ok
@@ -111,9 +135,9 @@ def soak_turns(args: argparse.Namespace) -> bool:
     reference = {key: fresh_answer(model, prompt, args.gen, **context) for key, prompt in prompts.items()}
     print(f"  fresh-context answers of the {len(prompts)} distinct prompts: {time.perf_counter() - start:.0f} s", flush=True)
 
-    soak = Soak("turns", args.warmup)
+    soak = Soak("turns", args.warmup, args.turns)
     every = max(1, args.turns // 20)
-    with Context(model, config=OptConfig(env={}), **context) as ctx:
+    with soak.interruptible(), Context(model, config=OptConfig(env={}), **context) as ctx:
         session = ctx.session()
         for n in range(args.turns):
             key = (shapes[n // args.cycle % len(shapes)], n % args.cycle)
@@ -121,7 +145,7 @@ def soak_turns(args: argparse.Namespace) -> bool:
             answer = [t.id for t in session.generate(args.gen)]
             if answer != reference[key]:
                 soak.wrong.append(f"turn {n} {key}: {answer} != {reference[key]}")
-            if (n + 1) % every == 0:
+            if (n + 1) % every == 0 or n + 1 == soak.planned:
                 st = ctx.stats
                 soak.checkpoint(n + 1, f"prefilled {st.tokens_prefilled}, kept by the diff {st.diff_tokens_unchanged}")
     return soak.verdict()
@@ -145,11 +169,11 @@ def soak_sessions(args: argparse.Namespace) -> bool:
           f"{budget_mib} MiB", flush=True)
     reference = [fresh_answer(model, p, 4, **context) for p in prompts]
     store = PersistStore(work / "kv")
-    soak = Soak("sessions", args.warmup)
+    soak = Soak("sessions", args.warmup, args.sessions)
     every = max(1, args.sessions // 20)
     largest = 0
     rng = random.Random(0)
-    with Context(model, config=config, **context) as ctx:
+    with soak.interruptible(), Context(model, config=config, **context) as ctx:
         for n in range(args.sessions):
             i = min(int(rng.expovariate(1 / 15)), args.distinct - 1)  # some prompts often, most rarely
             s = ctx.session()
@@ -158,7 +182,7 @@ def soak_sessions(args: argparse.Namespace) -> bool:
             s.close()
             if answer != reference[i]:
                 soak.wrong.append(f"session {n} (prompt {i}): {answer} != {reference[i]}")
-            if (n + 1) % every == 0:
+            if (n + 1) % every == 0 or n + 1 == soak.planned:
                 size = store.size
                 largest = max(largest, size)
                 st = ctx.stats
