@@ -435,11 +435,7 @@ void llama_opt_context::compute_span(int32_t seq, const llama_token * tokens, si
             for (size_t p = pos; p < stop; ++p) {
                 b.set((int32_t) (p - pos), seq, p, tokens[p], logits && p + 1 == end);
             }
-            if (decode_evicting(seq, b.batch, true, evict_sessions, work) != 0) {
-                throw kv_full();
-            }
-            work.tokens += stop - pos;
-            work.passes += 1;
+            decode_chunk(seq, b.batch, evict_sessions, work);
             pos = stop;
         }
     } catch (...) {
@@ -492,13 +488,8 @@ void llama_opt_context::compute_span_h2o(int32_t seq, const llama_token * tokens
                 b.set((int32_t) (q - pos), seq, q, tokens[q], logits && q + 1 == end);
             }
             h2o_capture_->arm();
-            const int32_t rc = decode_evicting(seq, b.batch, true, /* evict_sessions */ false, work);
+            decode_chunk(seq, b.batch, /* evict_sessions */ false, work);
             h2o_capture_->disarm();
-            if (rc != 0) {
-                throw kv_full();
-            }
-            work.tokens += n;
-            work.passes += 1;
             h2o_work.chunks += 1;
 
             t0 = clock::now();
@@ -526,6 +517,14 @@ void llama_opt_context::compute_span_h2o(int32_t seq, const llama_token * tokens
         const float * out = llama_get_logits_ith(ctx_, -1);
         logits->assign(out, out + model_->n_vocab());
     }
+}
+
+void llama_opt_context::decode_chunk(int32_t seq, const llama_batch & batch, bool evict_sessions, llama_opt_work & work) {
+    if (decode_evicting(seq, batch, true, evict_sessions, work) != 0) {
+        throw kv_full();
+    }
+    work.tokens += (uint64_t) batch.n_tokens;
+    work.passes += 1;
 }
 
 int32_t llama_opt_context::decode_evicting(int32_t seq, const llama_batch & batch, bool evict, bool evict_sessions,
@@ -567,11 +566,7 @@ void llama_opt_context::compute_positions(int32_t seq, const llama_token * token
             for (size_t j = i; j < stop; ++j) {
                 b.set((int32_t) (j - i), seq, positions[j], tokens[positions[j]], j + 1 == positions.size());
             }
-            if (decode_evicting(seq, b.batch, true, evict_sessions, work) != 0) {
-                throw kv_full();
-            }
-            work.tokens += stop - i;
-            work.passes += 1;
+            decode_chunk(seq, b.batch, evict_sessions, work);
             i = stop;
         }
     } catch (...) {

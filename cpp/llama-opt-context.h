@@ -259,6 +259,9 @@ private:
     // (cached sequences, then if evict_sessions idle sessions) and retries. Throws
     // decode_failed on other errors. Adds the time it took to work.us.
     int32_t decode_evicting(int32_t seq, const llama_batch & batch, bool evict, bool evict_sessions, llama_opt_work & work);
+    // One chunk of a sequence's tokens: decode_evicting (evicting as compute_span says), kv_full()
+    // thrown when there is no room even so; the tokens and the pass added to `work`.
+    void    decode_chunk(int32_t seq, const llama_batch & batch, bool evict_sessions, llama_opt_work & work);
     // Frees the least recently used cached sequence that alone holds a pooled block, so that
     // the pool gets room; false if there is none.
     bool evict_for_pool(int32_t except);
