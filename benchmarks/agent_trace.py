@@ -367,9 +367,9 @@ def main() -> int:
             print(f"  decode time exact-no-memo / exact: "
                   f"{(results['exact-no-memo'].total('wall') - results['exact-no-memo'].total('ttft')) / (results['exact'].total('wall') - results['exact'].total('ttft')):.3f}")
         for name in ("exact", "keep-generated"):
-            if name in results and "llama-cpp-python" in results:
-                print(f"  wall time {name} / llama-cpp-python: "
-                      f"{results[name].total('wall') / results['llama-cpp-python'].total('wall'):.3f}")
+            for peer in ("llama-cpp-python", "llama-server", "llama-server-ngram"):
+                if name in results and peer in results:
+                    print(f"  wall time {name} / {peer}: {results[name].total('wall') / results[peer].total('wall'):.3f}")
         if "exact" in results and "off" in results:
             print(f"  wall time exact / off: {results['exact'].total('wall') / results['off'].total('wall'):.3f}")
         if shape == "shared" and "exact" in results:

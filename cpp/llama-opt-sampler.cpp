@@ -1,8 +1,8 @@
 #include "llama-opt-sampler.h"
 
+#include "llama-opt-argmax.h"
 #include "llama-opt-grammar.h"
 
-#include <algorithm>
 
 llama_opt_sampler::llama_opt_sampler(const llama_opt_model & model, const llama_opt_config & config)
     : model_(model), config_(config) {
@@ -54,7 +54,7 @@ llama_token llama_opt_sampler::pick(const std::vector<float> & logits) {
     }
     if (greedy_) {
         // what llama_sampler_init_greedy picks (the first maximum), without a 262k-entry array
-        return (llama_token) (std::max_element(logits.begin(), logits.end()) - logits.begin());
+        return (llama_token) llama_opt_first_max(logits.data(), logits.size());
     }
     candidates_.resize(logits.size());
     for (size_t i = 0; i < logits.size(); ++i) {
