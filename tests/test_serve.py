@@ -375,6 +375,36 @@ def test_a_long_prompt_is_computed_in_pieces_between_the_steps_of_other_streams(
     asyncio.run(scenario())
 
 
+def test_concurrent_prompts_sharing_a_prefix_compute_it_once(tiny_model):
+    """Agents sharing a system prompt, all at once: the first computes the shared prefix, the others
+    wait for it and take its blocks from the pool (computing one chunk at its end again), instead
+    of each computing it in pieces beside the others; the answers are those each gets alone."""
+    shared = [10 + (i * 7) % 500 for i in range(1500)]
+    prompts = [shared + [10 + (97 * k + 13 * j) % 590 for j in range(100)] for k in range(4)]
+
+    async def scenario() -> tuple[list[tuple[list[int], int]], int]:
+        with Context(tiny_model, n_ctx=4096, n_threads=2) as ctx:
+            scheduler = Scheduler()
+            service = Service(ctx, scheduler, Metrics(), max_sessions=4, session_ttl=60)
+
+            async def ask(prompt: list[int]) -> tuple[list[int], int]:
+                events = [e async for e in service.complete(prompt, GenerateParams(max_tokens=4))]
+                return [e.id for e in events[:-1]], events[-1].usage.computed
+
+            try:
+                return await asyncio.gather(*(ask(p) for p in prompts)), ctx.block_size
+            finally:
+                scheduler.stop()
+
+    answers, block = asyncio.run(scenario())
+    assert [tokens for tokens, _ in answers] == [local_greedy(tiny_model, p, 4, n_ctx=4096) for p in prompts]
+    computed = [n for _, n in answers]
+    assert computed[0] == len(prompts[0]), computed
+    # each other agent: its own 100 tokens and one chunk of the shared prefix again (the canonical
+    # schedule's last chunk holds >= 64 tokens, from a block boundary) -- not the 1500 shared ones
+    assert all(n <= 100 + 2 * block for n in computed[1:]), computed
+
+
 def test_an_append_cancelled_between_pieces_leaves_the_old_history(tiny_model):
     """An append is all or nothing: a client that leaves while it is computed in pieces (other
     work waits) finds the session as it was."""

@@ -197,6 +197,15 @@ class DoneEvent:
 Event = TokenEvent | DoneEvent
 
 
+@dataclass(eq=False)
+class _Prefill:
+    """A prompt being computed, for the prompts that start after it (``_prefill``)."""
+    target: list[int]
+    done: int  # how many of its tokens the session holds
+    # the earlier prefills computing a prefix it shares, each with that prefix's length
+    leaders: list[tuple[_Prefill, int]] = field(default_factory=list)
+
+
 @dataclass
 class _Entry:
     session: Session
@@ -216,6 +225,7 @@ class Service:
         self._sessions: dict[str, _Entry] = {}  # touched on the scheduler thread only
         self._idle: list[Session] = []  # request sessions kept after their answer, most recent last
         self._schemas: collections.OrderedDict[tuple[str, bool], SchemaGrammar] = collections.OrderedDict()
+        self._prefilling: list[_Prefill] = []  # in the order they started
 
     @property
     def sparse_tool_results(self) -> bool:
@@ -426,9 +436,14 @@ class Service:
         marked = [span for span in tool_spans if span[1] > done]
         whole = sync and (bool(self.context.config.diff_reuse_shifted) or bool(marked))
         spent, first = 0.0, True
+        me = self._start_prefill(target, done)
         try:
             while True:
-                end = len(target) if whole or not self.scheduler.contended() else self._piece_end(done, len(target))
+                while self._led(me):
+                    yield PENDING
+                # what the leaders computed comes from the pool in this piece (at its end a chunk is computed again)
+                start = max(done, self._covered(me) // self.context.block_size * self.context.block_size)
+                end = len(target) if whole or not self.scheduler.contended() else self._piece_end(start, len(target))
                 started = time.perf_counter()
                 try:
                     if sync and first:  # drops what differs
@@ -443,6 +458,7 @@ class Service:
                                      "they end, or start the server with a larger --n-ctx") from None
                 spent += time.perf_counter() - started
                 done, first = end, False
+                me.done = done
                 if done == len(target):
                     break
                 yield PENDING
@@ -452,6 +468,7 @@ class Service:
                     session.sync(old)
             raise
         finally:
+            self._prefilling.remove(me)
             self.metrics.generate_prefill_tokens.observe(len(tokens))
             self.metrics.generate_prefill_duration_seconds.observe(spent)
             self.metrics.count_shift_fallbacks(session.stats - before)
@@ -473,6 +490,32 @@ class Service:
             self._drop(session_id, entry, outcome="failed")
         raise InvariantViolation(f"internal error: the session's KV cache was found inconsistent ({what}); the session "
                                  "was closed: create a new one and send its tokens again (and please report this)")
+
+    def _start_prefill(self, target: list[int], done: int) -> _Prefill:
+        """Registers a prompt being computed, with the earlier ones that compute a prefix of it it
+        does not hold yet (at least a block more than it holds)."""
+        me = _Prefill(target, done)
+        for other in self._prefilling:
+            shared = len(os.path.commonprefix([other.target, target]))
+            if shared >= done + self.context.block_size:
+                me.leaders.append((other, shared))
+        self._prefilling.append(me)
+        return me
+
+    def _led(self, me: _Prefill) -> bool:
+        """Concurrent prompts that share a prefix (agents with one system prompt) compute it once:
+        while an earlier prompt, at or ahead of where `me` stands, is computing a shared prefix
+        that no earlier prompt has computed yet, `me` waits; then it takes those blocks from the
+        pool (exact: content-addressed, bitwise what it would compute). Only earlier prompts lead,
+        so no two wait for each other."""
+        covered = self._covered(me)
+        return any(leader in self._prefilling and me.done <= leader.done and covered < shared
+                   for leader, shared in me.leaders)
+
+    @staticmethod
+    def _covered(me: _Prefill) -> int:
+        """How much of `me`'s prompt the earlier prompts sharing a prefix with it have computed."""
+        return max((min(leader.done, shared) for leader, shared in me.leaders), default=0)
 
     def _piece_end(self, start: int, end: int) -> int:
         """Where a piece of a prompt's prefill that starts at `start` ends: a multiple of the block
