@@ -24,8 +24,11 @@ TURN = re.compile(r"^\[turn (\d+): (\d+) tokens appended, (\d+) generated \((\w+
 
 
 def run_python(example: str, address: str, *args: str, stdin: str | None = None) -> str:
+    # the examples import their sibling chatformat.py: from the script's directory, which is not on
+    # sys.path where PYTHONSAFEPATH is set (tools/sanitize.sh sets it)
+    path = os.pathsep.join(filter(None, [str(PYTHON_EXAMPLES), os.environ.get("PYTHONPATH")]))
     run = subprocess.run([sys.executable, str(PYTHON_EXAMPLES / f"{example}.py"), "--address", address, *args],
-                         input=stdin, capture_output=True, text=True, timeout=600)
+                         input=stdin, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": path})
     assert run.returncode == 0, run.stdout + run.stderr
     return run.stdout
 
