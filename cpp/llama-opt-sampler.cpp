@@ -3,7 +3,6 @@
 #include "llama-opt-argmax.h"
 #include "llama-opt-grammar.h"
 
-
 llama_opt_sampler::llama_opt_sampler(const llama_opt_model & model, const llama_opt_config & config)
     : model_(model), config_(config) {
     set_sampling(llama_opt_sampling());
