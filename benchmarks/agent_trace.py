@@ -5,6 +5,8 @@
   exact             pyllamaopt defaults: exact prefix reuse (diff), shared blocks (dedup) and
                     drafts of repeated output checked in one pass (memo)
   exact-no-memo     exact without memo
+  exact-own-memo    exact with drafts from each session's own history only (memo_shared off), not
+                    also from the context's recent outputs of every session
   tier2[@SHARE]     exact + Tier-2 post-edit reuse (diff_reuse_shifted; diff_recompute_share=SHARE,
                     default 0.25): approximate, its quality is reported against the reference
   keep-generated    exact + Tier-2 reuse of generated tokens' KV (diff_reuse_generated): the
@@ -15,7 +17,8 @@
   llama-server-ngram  the same, drafting from n-grams of its context (--spec-type ngram-mod)
 
     python benchmarks/agent_trace.py [--shapes append,reasoning,workspace,edits,shared,fresh] [--turns 22]
-                                     [--engines off,exact,exact-no-memo,tier2,tier2@0.1,keep-generated,
+                                     [--engines off,exact,exact-no-memo,exact-own-memo,tier2,tier2@0.1,
+                                                 keep-generated,
                                                  llama-cpp-python,llama-server,llama-server-ngram]
                                      [--n-ctx 16384] [--per-turn]
 
@@ -313,6 +316,7 @@ def main() -> int:
         "off": lambda: Pyllamaopt(model, "off", n_ctx, dedup_enabled=False, diff_enabled=False, memo_enabled=False),
         "exact": lambda: Pyllamaopt(model, "exact", n_ctx),
         "exact-no-memo": lambda: Pyllamaopt(model, "exact-no-memo", n_ctx, memo_enabled=False),
+        "exact-own-memo": lambda: Pyllamaopt(model, "exact-own-memo", n_ctx, memo_shared=False),
         "keep-generated": lambda: Pyllamaopt(model, "keep-generated", n_ctx, diff_reuse_generated=True),
         "llama-cpp-python": lambda: LlamaCppPython(path, n_ctx),
         "llama-server": lambda: LlamaServer("llama-server", model, n_ctx),
@@ -363,9 +367,10 @@ def main() -> int:
             if r.total("drafted"):
                 print(f"  {name}: {int(r.total('drafted'))} of {sum(len(t.generated) for t in r.turns)} generated "
                       f"tokens confirmed from drafts (memo)")
-        if "exact" in results and "exact-no-memo" in results:
-            print(f"  decode time exact-no-memo / exact: "
-                  f"{(results['exact-no-memo'].total('wall') - results['exact-no-memo'].total('ttft')) / (results['exact'].total('wall') - results['exact'].total('ttft')):.3f}")
+        for other in ("exact-no-memo", "exact-own-memo"):
+            if "exact" in results and other in results:
+                decode = {name: results[name].total("wall") - results[name].total("ttft") for name in ("exact", other)}
+                print(f"  decode time {other} / exact: {decode[other] / decode['exact']:.3f}")
         for name in ("exact", "keep-generated"):
             for peer in ("llama-cpp-python", "llama-server", "llama-server-ngram"):
                 if name in results and peer in results:

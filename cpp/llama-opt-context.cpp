@@ -277,6 +277,7 @@ void llama_opt_context::close() {
     }
     slots_.assign(slots_.size(), slot());
     pool_.reset();
+    memo_outputs_.clear();
     llama_free(ctx_);
     ctx_ = nullptr;
 }

@@ -20,6 +20,7 @@
 #include "llama-opt-h2o-capture.h"
 #include "llama-opt-op-profile.h"
 #include "llama-kv-cache-persist.h"
+#include "llama-memo.h"
 #include "llama-opt-model.h"
 #include "llama-opt-spec-prefill.h"
 #include "llama-opt.h"
@@ -137,6 +138,9 @@ public:
     // Speculative prefill's draft scorer (spec_prefill_draft_model), null if none.
     llama_opt_spec_draft *   spec_draft() const { return spec_draft_.get(); }
     llama_opt_op_profile *   op_profile() const { return op_profile_.get(); }  // null unless params.profile
+    // memo: its sessions' recent outputs, where each of them looks for drafts too (memo_shared)
+    llama_opt_memo_outputs &       memo_outputs() { return memo_outputs_; }
+    const llama_opt_memo_outputs & memo_outputs() const { return memo_outputs_; }
 
     llama_opt_stats stats() const;
     void            reset_stats();
@@ -287,6 +291,7 @@ private:
     std::unique_ptr<llama_opt_spec_draft>    spec_draft_;
     std::unique_ptr<llama_opt_op_profile>    op_profile_;
     llama_opt_persist_layout              persist_layout_;
+    llama_opt_memo_outputs                memo_outputs_;
     std::vector<slot>                     slots_;           // by sequence id
     uint64_t                              clock_ = 0;       // for LRU
     uint64_t                              hash_mask_ = ~0ULL;

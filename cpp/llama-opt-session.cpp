@@ -310,10 +310,7 @@ bool llama_opt_session::plain_step_row(llama_opt_row & row) const {
         logits_for_ != n_evaluated_ || sampler_.has_inferred() || room() == 0) {
         return false;  // (a grammar that may force the next token: the row's logits may go unused, its KV not)
     }
-    const llama_opt_config & cfg = ctx_->settings().config;
-    if (cfg.memo_enabled &&  // its own step will check a draft
-        !llama_opt_memo_find(tokens_.data(), tokens_.size(), (uint32_t) std::min<size_t>(cfg.memo_draft_max, room()))
-             .tokens.empty()) {
+    if (!find_draft().tokens.empty()) {  // its own step will check a draft
         return false;
     }
     row = { seq_, n_evaluated_, tokens_.back() };
@@ -372,14 +369,25 @@ void llama_opt_session::prefetch_steps(const std::vector<std::shared_ptr<llama_o
 // steps (patches/0006): row i holds the logits after i drafted tokens. Sampling then confirms
 // drafted tokens one by one (take_checked) as long as it picks them, exactly as plain decoding
 // would have gone on.
-bool llama_opt_session::check_draft() {
+llama_opt_memo_draft llama_opt_session::find_draft() const {
     const llama_opt_config & cfg = ctx_->settings().config;
     if (!cfg.memo_enabled) {
+        return {};
+    }
+    const auto max_tokens = (uint32_t) std::min<size_t>(cfg.memo_draft_max, room());
+    llama_opt_memo_draft draft = llama_opt_memo_find(tokens_.data(), tokens_.size(), max_tokens);
+    if (cfg.memo_shared) {
+        ctx_->memo_outputs().improve(tokens_.data(), tokens_.size(), max_tokens, draft);
+    }
+    return draft;
+}
+
+bool llama_opt_session::check_draft() {
+    if (!ctx_->settings().config.memo_enabled) {
         return false;
     }
     count(&llama_opt_stats::memo_lookups, 1);
-    const llama_opt_memo_draft draft =
-        llama_opt_memo_find(tokens_.data(), tokens_.size(), (uint32_t) std::min<size_t>(cfg.memo_draft_max, room()));
+    const llama_opt_memo_draft draft = find_draft();
     if (draft.tokens.empty()) {
         return false;
     }
@@ -393,8 +401,11 @@ bool llama_opt_session::check_draft() {
     }
     count_work(&llama_opt_stats::tokens_decoded, work);
     count(&llama_opt_stats::memo_hits, 1);
+    if (draft.shared) {
+        count(&llama_opt_stats::memo_shared_hits, 1);
+    }
     const size_t n_vocab = ctx_->model().n_vocab();
-    memo_.start(draft.tokens, n_vocab);
+    memo_.start(draft.tokens, n_vocab, draft.shared);
     n_evaluated_ = tokens_.size();
     logits_.assign(memo_.row(0), memo_.row(0) + n_vocab);
     logits_for_ = n_evaluated_;
@@ -414,6 +425,17 @@ void llama_opt_session::take_checked(llama_token token) {
     logits_.assign(after, after + ctx_->model().n_vocab());
     logits_for_ = n_evaluated_;
     count(&llama_opt_stats::memo_tokens_skipped, 1);
+    if (memo_.shared()) {
+        count(&llama_opt_stats::memo_shared_tokens_skipped, 1);
+    }
+}
+
+void llama_opt_session::publish_output() {
+    const llama_opt_config & cfg = ctx_->settings().config;
+    const size_t begin = std::min(output_begin_, tokens_.size());
+    if (generating_ && cfg.memo_enabled && cfg.memo_shared && !closed()) {
+        ctx_->memo_outputs().add(tokens_.data(), begin, tokens_.data() + begin, tokens_.size() - begin);
+    }
 }
 
 void llama_opt_session::drop_draft() {
@@ -794,7 +816,10 @@ llama_token llama_opt_session::next_token() {
         throw llama_opt_error(llama_opt_errc::invalid_argument,
             "the session is empty: append a prompt before generating");
     }
-    generating_ = true;
+    if (!generating_) {
+        generating_   = true;
+        output_begin_ = tokens_.size();
+    }
     if (sampler_.constrained() && ctx_->settings().config.schema_skip_enabled && n_evaluated_ > 0) {
         const llama_token inferred = sampler_.next_inferred();
         if (inferred == -2) {
@@ -850,6 +875,7 @@ void llama_opt_session::end_turn() {
     lock_t lock(ctx_->mutex());
     drop_draft();  // the generation is over: its unconfirmed draft's cells are free again
     memo_.release();
+    publish_output();
     generating_ = false;  // logits() after the turn computes the pending token alone
     if (sampler_.constrained()) {  // the generation it constrained is over
         count(&llama_opt_stats::schema_check_us, sampler_.end_generation());

@@ -176,11 +176,13 @@ private:
     void prefill(uint64_t llama_opt_stats::* counter);  // computes tokens_[n_evaluated_, end)
     void ensure_logits(uint64_t llama_opt_stats::* counter);
     void decode_pending_step();            // pending generated tokens, as one-token decodes
+    llama_opt_memo_draft find_draft() const;  // memo: a draft for the next step (none if memo is off)
     bool check_draft();                    // memo: the pending step and a draft in one batch; false: no draft
     bool plain_step_row(llama_opt_row & row) const;  // prefetch_steps: the pending token, if the step is plain
     void take_row(const float * logits, uint64_t us);  // prefetch_steps: the logits computed for that row, its share of the time
     void take_checked(llama_token token);  // memo: a token joined the history: confirm it as drafted, or drop the draft
     void drop_draft();                     // memo: frees the KV of drafted tokens not confirmed
+    void publish_output();                 // memo: the turn's output joins the context's recent outputs (memo_shared)
     llama_token take_inferred(llama_token token);  // a token the grammar decided
     void forget(size_t pos);               // drops the KV of positions >= pos
     void adopt_shared_prefix();            // dedup: take a longer canonical prefix another sequence holds
@@ -234,6 +236,7 @@ private:
     llama_opt_sampler                  sampler_;
     llama_opt_memo_check               memo_;             // a draft being checked: its cells lie beyond n_evaluated_
     bool                               generating_ = false;  // a turn's generation is on: drafts pay off only then
+    size_t                             output_begin_ = 0;     // where the turn's generated tokens begin in tokens_
     llama_opt_stats                    stats_;
     llama_opt_stats                    turn_start_;
     // Tier 2: positions without KV (sorted, disjoint), the KV rows of pruned blocks (by block),

@@ -100,6 +100,7 @@ struct llama_opt_config {
 
     bool     memo_enabled   = false;
     uint32_t memo_draft_max = LLAMA_OPT_MEMO_MATCH_MAX;  // most drafted tokens checked per forward pass (llama-memo.h)
+    bool     memo_shared    = true;  // drafts from the context's recent outputs too, not only the session's history
 
     bool     attn_prune_enabled   = false;
     uint32_t attn_prune_window    = 10;      // turns below the threshold before a block is pruned
@@ -228,9 +229,11 @@ struct llama_opt_stats {
     uint64_t persist_misses_corrupt      = 0;  // a stored entry failed its checksums (removed)
     uint64_t persist_errors              = 0;  // saves that failed (disk full, not writable)
     // Phase 3 - output memoization
-    uint64_t memo_lookups        = 0;
-    uint64_t memo_hits           = 0;
-    uint64_t memo_tokens_skipped = 0;
+    uint64_t memo_lookups               = 0;
+    uint64_t memo_hits                  = 0;
+    uint64_t memo_tokens_skipped        = 0;
+    uint64_t memo_shared_hits           = 0;  // drafts checked that came from the context's recent outputs
+    uint64_t memo_shared_tokens_skipped = 0;  // of memo_tokens_skipped, the tokens of those drafts
     // Phase 4 - attention pruning
     uint64_t attn_blocks_pruned     = 0;
     uint64_t attn_tokens_pruned     = 0;

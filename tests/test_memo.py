@@ -98,6 +98,38 @@ def test_history_goes_on_exactly_after_a_checked_draft(tiny_model, live_draft):
     assert on[6] == off[6]
 
 
+@pytest.mark.parametrize("prompt_seed", [5, 6])
+def test_drafts_from_another_sessions_output(tiny_model, prompt_seed):
+    """memo_shared: a session of the context asked what another one answered before (a request
+    sent again, another agent given the same task) takes drafts from that answer, which its own
+    history does not hold. Tokens and every step's logits stay those of plain decoding."""
+    prompt = text_tokens(tiny_model, 120, seed=prompt_seed)
+    runs = {}
+    for name, config in {"off": {"memo_enabled": False}, "own": {"memo_shared": False}, "shared": {}}.items():
+        with context(tiny_model, **config) as ctx:
+            first = ctx.session()
+            first.append(prompt)
+            answer = ids(first.generate(N_GEN))
+            second = ctx.session()
+            second.append(prompt)
+            before = second.stats
+            tokens, logits = [], []
+            for token in second.generate(N_GEN):
+                tokens.append(token.id)
+                logits.append(second.logits())
+            runs[name] = (answer, tokens, logits, second.stats - before, ctx.kv_cells_used)
+    off, own, shared = runs["off"], runs["own"], runs["shared"]
+    assert off[1] == off[0] == shared[0] == shared[1] == own[1]
+    for a, b in zip(shared[2], off[2]):
+        np.testing.assert_array_equal(a, b)
+    assert own[3].memo_shared_hits == own[3].memo_shared_tokens_skipped == 0
+    assert shared[3].memo_shared_tokens_skipped > len(shared[1]) // 2  # most of the answer came drafted
+    assert 0 < shared[3].memo_shared_hits <= shared[3].memo_hits
+    assert shared[3].memo_shared_tokens_skipped <= shared[3].memo_tokens_skipped
+    assert shared[3].forward_passes < own[3].forward_passes
+    assert shared[4] == off[4]  # no draft's cells left behind
+
+
 def test_draft_length_is_validated():
     from pyllamaopt import OptConfig, ConfigError
 

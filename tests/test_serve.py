@@ -26,7 +26,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pyllamaopt import Context, OptConfig
+from pyllamaopt import Context, OptConfig, Session
 from pyllamaopt.serve.metrics import Metrics
 from pyllamaopt.serve.scheduler import STREAM_AHEAD, Scheduler
 from pyllamaopt.serve.service import (Busy, DoneEvent, GenerateParams, InvariantViolation, NotFound, Overloaded,
@@ -375,12 +375,21 @@ def test_a_long_prompt_is_computed_in_pieces_between_the_steps_of_other_streams(
     asyncio.run(scenario())
 
 
-def test_concurrent_prompts_sharing_a_prefix_compute_it_once(tiny_model):
+def test_concurrent_prompts_sharing_a_prefix_compute_it_once(tiny_model, monkeypatch):
     """Agents sharing a system prompt, all at once: the first computes the shared prefix, the others
     wait for it and take its blocks from the pool (computing one chunk at its end again), instead
-    of each computing it in pieces beside the others; the answers are those each gets alone."""
+    of each computing it in pieces beside the others; the answers are those each gets alone. As
+    the others only wait, the first computes what they wait for in one piece, not in pieces
+    alternating with streams that have nothing to do."""
     shared = [10 + (i * 7) % 500 for i in range(1500)]
     prompts = [shared + [10 + (97 * k + 13 * j) % 590 for j in range(100)] for k in range(4)]
+    pieces: dict[int, list[int]] = {}  # by session: the history's length after each piece of its prefill
+    for name in ("sync", "append"):
+        def spy(session: Session, *args: Any, _call: Any = getattr(Session, name), **kwargs: Any) -> Any:
+            result = _call(session, *args, **kwargs)
+            pieces.setdefault(id(session), []).append(session.n_tokens)
+            return result
+        monkeypatch.setattr(Session, name, spy)
 
     async def scenario() -> tuple[list[tuple[list[int], int]], int]:
         with Context(tiny_model, n_ctx=4096, n_threads=2) as ctx:
@@ -403,6 +412,8 @@ def test_concurrent_prompts_sharing_a_prefix_compute_it_once(tiny_model):
     # each other agent: its own 100 tokens and one chunk of the shared prefix again (the canonical
     # schedule's last chunk holds >= 64 tokens, from a block boundary) -- not the 1500 shared ones
     assert all(n <= 100 + 2 * block for n in computed[1:]), computed
+    first = next(iter(pieces.values()))  # the first prompt's: one piece before the others came, then
+    assert first == [first[0], len(shared) // block * block, len(prompts[0])], first  # all they share at once
 
 
 def test_an_append_cancelled_between_pieces_leaves_the_old_history(tiny_model):

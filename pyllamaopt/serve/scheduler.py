@@ -88,9 +88,10 @@ class Scheduler:
     def queue_depth(self) -> int:
         return self._calls.qsize() + len(self._streams)
 
-    def contended(self) -> bool:
-        """On the scheduler thread, inside a stream's step: whether other work waits for this one."""
-        return len(self._streams) > 1 or not self._calls.empty()
+    def contended(self, idle_streams: int = 0) -> bool:
+        """On the scheduler thread, inside a stream's step: whether other work waits for this one.
+        `idle_streams` other streams are known to have nothing to do but wait (they do not count)."""
+        return len(self._streams) - 1 - idle_streams > 0 or not self._calls.empty()
 
     def stop(self, timeout: float | None = None) -> None:
         """Finishes queued calls, closes running streams, and ends the thread."""

@@ -443,7 +443,7 @@ class Service:
                     yield PENDING
                 # what the leaders computed comes from the pool in this piece (at its end a chunk is computed again)
                 start = max(done, self._covered(me) // self.context.block_size * self.context.block_size)
-                end = len(target) if whole or not self.scheduler.contended() else self._piece_end(start, len(target))
+                end = self._next_end(me, start, whole)
                 started = time.perf_counter()
                 try:
                     if sync and first:  # drops what differs
@@ -516,6 +516,21 @@ class Service:
     def _covered(me: _Prefill) -> int:
         """How much of `me`'s prompt the earlier prompts sharing a prefix with it have computed."""
         return max((min(leader.done, shared) for leader, shared in me.leaders), default=0)
+
+    def _next_end(self, me: _Prefill, start: int, whole: bool) -> int:
+        """Where the next piece of `me`'s prefill ends: the whole prompt when nothing else needs the
+        scheduler; pieces while other work waits. Prompts waiting for the prefix `me` computes
+        are not such work: they need it soonest, so it goes in one piece (up to the last block
+        they share), and pieces of the rest alternate with them."""
+        end = len(me.target)
+        if whole:
+            return end
+        waiting = [other for other in self._prefilling if other is not me and self._led(other)]
+        if self.scheduler.contended(idle_streams=len(waiting)):
+            return self._piece_end(start, end)
+        block = self.context.block_size
+        shared = max((n for other in waiting for leader, n in other.leaders if leader is me), default=0) // block * block
+        return shared if start < shared < end else end
 
     def _piece_end(self, start: int, end: int) -> int:
         """Where a piece of a prompt's prefill that starts at `start` ends: a multiple of the block

@@ -77,8 +77,72 @@ static void test_a_check_confirms_drafted_tokens_in_order() {
     CHECK(check.rows().empty() && !check.active());
 }
 
+// the context's recent outputs: drafts for a history that does not hold the repetition itself
+static llama_opt_memo_draft find_shared(const llama_opt_memo_outputs & outputs, const tokens_t & h, uint32_t max_tokens) {
+    llama_opt_memo_draft d = find(h, max_tokens);
+    outputs.improve(h.data(), h.size(), max_tokens, d);
+    return d;
+}
+
+static void add(llama_opt_memo_outputs & outputs, const tokens_t & lead_in, const tokens_t & output) {
+    outputs.add(lead_in.data(), lead_in.size(), output.data(), output.size());
+}
+
+static void test_an_output_drafts_for_a_history_ending_like_its_prompt() {
+    llama_opt_memo_outputs outputs;
+    add(outputs, { 1, 2, 3, 7, 8 }, { 40, 41, 42, 43 });
+    // another history ending in the same 2 tokens: the output's beginning, as long as the match
+    const llama_opt_memo_draft start = find_shared(outputs, { 9, 9, 5, 7, 8 }, 8);
+    CHECK(start.shared && start.match == 2 && (start.tokens == tokens_t{ 40, 41 }));
+    // inside the output, and never past its end
+    const llama_opt_memo_draft inside = find_shared(outputs, { 5, 7, 8, 40, 41, 42 }, 8);
+    CHECK(inside.shared && (inside.tokens == tokens_t{ 43 }));
+    CHECK(find_shared(outputs, { 5, 42, 43 }, 8).tokens.empty());  // at the output's last token: nothing follows
+    CHECK(find_shared(outputs, { 7, 8 }, 0).tokens.empty());      // nothing asked
+    // only the last LLAMA_OPT_MEMO_MATCH_MAX tokens of the lead-in are kept
+    add(outputs, { 60, 1, 2, 3, 4, 5, 6, 7, 8 }, { 50 });
+    CHECK(outputs.n_tokens() == 5 + 4 + LLAMA_OPT_MEMO_MATCH_MAX + 1);
+    CHECK(find_shared(outputs, { 60, 1 }, 8).tokens.empty());
+}
+
+static void test_the_history_wins_unless_an_output_matches_longer() {
+    llama_opt_memo_outputs outputs;
+    add(outputs, { 1, 2, 3 }, { 70, 71, 72 });
+    // the history's own 2-match against the output's 3-match: the output
+    const llama_opt_memo_draft longer = find_shared(outputs, { 2, 3, 30, 31, 1, 2, 3 }, 8);
+    CHECK(longer.shared && longer.match == 3 && (longer.tokens == tokens_t{ 70, 71, 72 }));
+    // equally long: the history's own
+    const llama_opt_memo_draft own = find_shared(outputs, { 1, 2, 3, 30, 31, 9, 1, 2, 3 }, 8);
+    CHECK(!own.shared && own.match == 3 && (own.tokens == tokens_t{ 30, 31, 9 }));
+    // of two outputs with equal matches, the newer
+    add(outputs, { 1, 2, 3 }, { 80, 81, 82 });
+    CHECK((find_shared(outputs, { 5, 1, 2, 3 }, 8).tokens == tokens_t{ 80, 81, 82 }));
+}
+
+static void test_outputs_are_bounded_oldest_first() {
+    llama_opt_memo_outputs outputs;
+    const tokens_t long_output(llama_opt_memo_outputs::capacity_tokens + 100, 7);
+    add(outputs, { 1, 2 }, long_output);  // cut to the capacity, lead-in included
+    CHECK(outputs.size() == 1 && outputs.n_tokens() == llama_opt_memo_outputs::capacity_tokens);
+    add(outputs, { 3, 4 }, { 90, 91 });  // the first one goes
+    CHECK(outputs.size() == 1 && outputs.n_tokens() == 4);
+    CHECK((find_shared(outputs, { 3, 4 }, 8).tokens == tokens_t{ 90, 91 }));
+    for (size_t i = 0; i < llama_opt_memo_outputs::capacity_outputs + 10; ++i) {
+        add(outputs, { 5, 6 }, { (llama_token) (1000 + i) });
+    }
+    CHECK(outputs.size() == llama_opt_memo_outputs::capacity_outputs);
+    CHECK(find_shared(outputs, { 3, 4 }, 8).tokens.empty());  // the oldest outputs went
+    add(outputs, { 5, 6 }, {});                                 // an empty output is not kept
+    CHECK(outputs.size() == llama_opt_memo_outputs::capacity_outputs);
+    outputs.clear();
+    CHECK(outputs.size() == 0 && outputs.n_tokens() == 0);
+}
+
 int main() {
     test_a_check_confirms_drafted_tokens_in_order();
+    test_an_output_drafts_for_a_history_ending_like_its_prompt();
+    test_the_history_wins_unless_an_output_matches_longer();
+    test_outputs_are_bounded_oldest_first();
     test_no_draft_without_a_repetition();
     test_draft_follows_the_match();
     test_longest_then_latest_match_wins();
