@@ -94,6 +94,8 @@ class Turn:
     # llama-server: its own prompt_ms / predicted_ms, which include its sampling and bookkeeping)
     forward_prefill: float = 0.0
     forward_decode: float = 0.0
+    decode_passes: int = 0  # forward passes of the generation (pyllamaopt)
+    decode_rows: int = 0  # tokens they computed: generated ones and checked drafts (pyllamaopt)
 
 
 @dataclass
@@ -126,12 +128,13 @@ class Pyllamaopt:
         drafted_before = session.stats.memo_tokens_skipped
         generated = ([first.id] if first else []) + [t.id for t in generation]
         wall = time.perf_counter() - start
-        spent = session.stats - before
+        spent, generating = session.stats - before, session.stats - synced
         return Turn(spent.tokens_prefilled, ttft, wall, generated, logits,
                     session.stats.memo_tokens_skipped - drafted_before, spent.diff_tokens_shifted,
                     spent.diff_shift_fallbacks_unsupported + spent.diff_shift_fallbacks_shared
                     + spent.diff_shift_fallbacks_room,
-                    (synced - before).forward_us / 1e6, (session.stats - synced).forward_us / 1e6)
+                    (synced - before).forward_us / 1e6, generating.forward_us / 1e6,
+                    generating.forward_passes, generating.tokens_decoded)
 
     def kv_cells(self) -> int:
         return self.ctx.kv_cells_used
@@ -366,7 +369,8 @@ def main() -> int:
         for name, r in results.items():
             if r.total("drafted"):
                 print(f"  {name}: {int(r.total('drafted'))} of {sum(len(t.generated) for t in r.turns)} generated "
-                      f"tokens confirmed from drafts (memo)")
+                      f"tokens confirmed from drafts (memo); generation: {int(r.total('decode_passes'))} forward "
+                      f"passes, {int(r.total('decode_rows'))} rows, {r.total('forward_decode'):.2f} s in them")
         for other in ("exact-no-memo", "exact-own-memo"):
             if "exact" in results and other in results:
                 decode = {name: results[name].total("wall") - results[name].total("ttft") for name in ("exact", other)}

@@ -41,6 +41,9 @@ def test_config_list_names_every_variable():
     result = run("config", "--list")
     assert result.returncode == 0
     assert "LLAMA_OPT_DIFF_MIN_UNCHANGED" in result.stdout and "LLAMA_OPT_MODEL" in result.stdout
+    # float defaults as they were written, not the C float's binary expansion (0.0010000000474974513)
+    threshold = next(line for line in result.stdout.splitlines() if "LLAMA_OPT_ATTN_PRUNE_THRESHOLD" in line)
+    assert threshold.split()[3] == "0.001", threshold
 
 
 def test_malformed_variable_is_a_clear_error():

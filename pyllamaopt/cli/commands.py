@@ -122,7 +122,9 @@ def config(args: argparse.Namespace) -> int:
     if args.list:
         print("LLAMA_OPT_* variables of the optimization layer:")
         for f in fields():
-            print(f"  {f.env:<34} {f.type:<5} default {f.default!s:<8} {f.help}")
+            # a float field holds a C float: 7 significant digits give it back exactly
+            default = f"{f.default:.7g}" if isinstance(f.default, float) else str(f.default)
+            print(f"  {f.env:<34} {f.type:<5} default {default:<8} {f.help}")
         print("\nLLAMA_OPT_* variables of the CLI:")
         for name, text in CLI_VARIABLES.items():
             print(f"  {name:<34} {text}")
