@@ -364,11 +364,6 @@ void llama_opt_session::prefetch_steps(const std::vector<std::shared_ptr<llama_o
     flush();
 }
 
-// memo (llama-memo.h): when the history repeats itself, the pending token and a draft of what
-// followed earlier go through one batch, whose rows compute bit for bit like one-token decode
-// steps (patches/0006): row i holds the logits after i drafted tokens. Sampling then confirms
-// drafted tokens one by one (take_checked) as long as it picks them, exactly as plain decoding
-// would have gone on.
 llama_opt_memo_draft llama_opt_session::find_draft() const {
     const llama_opt_config & cfg = ctx_->settings().config;
     if (!cfg.memo_enabled) {
@@ -382,6 +377,11 @@ llama_opt_memo_draft llama_opt_session::find_draft() const {
     return draft;
 }
 
+// memo (llama-memo.h): when the history repeats itself, the pending token and a draft of what
+// followed earlier go through one batch, whose rows compute bit for bit like one-token decode
+// steps (patches/0006): row i holds the logits after i drafted tokens. Sampling then confirms
+// drafted tokens one by one (take_checked) as long as it picks them, exactly as plain decoding
+// would have gone on.
 bool llama_opt_session::check_draft() {
     if (!ctx_->settings().config.memo_enabled) {
         return false;
