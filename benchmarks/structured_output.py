@@ -104,7 +104,9 @@ class LlamaCppPython:
         start = time.perf_counter()
         out: list[int] = []
         first = 0.0
-        for token in self.llm.generate(tokens, temp=0.0, grammar=grammar, reset=False):
+        # reset=True (the default) finds the evaluated prompt cached and samples at once;
+        # reset=False would skip that check and evaluate the prompt a second time after itself
+        for token in self.llm.generate(tokens, temp=0.0, grammar=grammar):
             first = first or time.perf_counter() - start
             if self.is_eog(token):
                 finish = "eos"

@@ -4,8 +4,8 @@ The grammars are parsed and run by an independent GBNF implementation (tests/gbn
 after llama.cpp's parser). The properties checked, for the schemas of benchmarks/schemas.py
 and for focused ones:
 
-* completeness on the canonical form: every valid instance, written as compact JSON with the
-  keys in schema order, is accepted;
+* completeness on the canonical form: every valid instance, written as json.dumps writes it
+  (or compactly, for whitespace="compact") with the keys in schema order, is accepted;
 * soundness: every document the grammar accepts is valid JSON and valid against the schema
   (random strings drawn from the grammar, and random mutations of valid instances, judged by
   the reference validator below, which follows JSON Schema and not the converter);
@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from gbnf_check import GBNFSyntaxError, parse_gbnf
 from pyllamaopt.errors import GrammarError, PyllamaoptError
-from pyllamaopt.grammar import JSON_GBNF, json_schema_to_gbnf
+from pyllamaopt.grammar import JSON_GBNF, WHITESPACE, json_schema_to_gbnf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from schemas import SCHEMAS  # noqa: E402
@@ -37,22 +37,26 @@ from schemas import SCHEMAS  # noqa: E402
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 INT_MAX = 10 ** 16 - 1
 
-_grammars: dict[tuple[str, bool], Any] = {}
+_grammars: dict[tuple[str, str], Any] = {}
 
 
-def grammar(schema: Any, compact: bool = True):
-    key = (json.dumps(schema, sort_keys=True), compact)
+# The literal texts of the tests below are compact JSON: their grammars are compact unless a test
+# says otherwise (the keywords' rules do not depend on the spacing; the default, spaced, is
+# checked by the property tests and test_the_default_spelling_is_json_dumps_s)
+def grammar(schema: Any, whitespace: str = "compact"):
+    key = (json.dumps(schema, sort_keys=True), whitespace)
     if key not in _grammars:
-        _grammars[key] = parse_gbnf(json_schema_to_gbnf(schema, compact=compact))
+        _grammars[key] = parse_gbnf(json_schema_to_gbnf(schema, whitespace=whitespace))
     return _grammars[key]
 
 
-def dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+def dumps(value: Any, whitespace: str = "compact") -> str:
+    """The canonical form's spacing: none, or json.dumps's (spaced; also accepted by free)."""
+    return json.dumps(value, separators=(",", ":") if whitespace == "compact" else None, ensure_ascii=False)
 
 
-def accepts(schema: Any, text: str, compact: bool = True) -> bool:
-    return grammar(schema, compact).matches(text)
+def accepts(schema: Any, text: str, whitespace: str = "compact") -> bool:
+    return grammar(schema, whitespace).matches(text)
 
 
 # --------------------------------------------------------------------------------------
@@ -345,32 +349,37 @@ def test_benchmark_schemas_are_many_short_and_convertible():
     assert len(SCHEMAS) >= 20 and len(set(NAMES)) == len(NAMES)
     for name, schema, prompt in SCHEMAS:
         assert isinstance(prompt, str) and 0 < len(prompt) < 200, name
-        for compact in (True, False):
-            g = json_schema_to_gbnf(schema, compact=compact)
+        for whitespace in WHITESPACE:
+            g = json_schema_to_gbnf(schema, whitespace=whitespace)
             assert g.startswith("root ::= ")
             parse_gbnf(g)  # llama.cpp's syntax and limits, no left recursion
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("whitespace", ["spaced", "compact"])
 @SETTINGS
 @given(data=st.data())
-def test_valid_instances_are_accepted(name, data):
+def test_valid_instances_are_accepted(name, whitespace, data):
     schema = BY_NAME[name]
     value = instance(data.draw, schema, schema)
     assert valid(value, schema, schema), value
-    assert accepts(schema, dumps(value)), dumps(value)
+    text = dumps(value, whitespace)
+    assert accepts(schema, text, whitespace), text
+    other = dumps(value, "compact" if whitespace == "spaced" else "spaced")
+    if other != text:  # one spelling only
+        assert not accepts(schema, other, whitespace)
 
 
 @pytest.mark.parametrize("name", NAMES[::3])
 @settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(data=st.data())
-def test_pretty_printed_instances_are_accepted_when_not_compact(name, data):
+def test_pretty_printed_instances_are_accepted_with_free_whitespace(name, data):
     schema = BY_NAME[name]
     value = instance(data.draw, schema, schema)
     for text in (json.dumps(value, ensure_ascii=False), json.dumps(value, indent=2, ensure_ascii=False)):
-        assert accepts(schema, text, compact=False), text
+        assert accepts(schema, text, "free"), text
     if isinstance(value, (dict, list)) and value:
-        assert not accepts(schema, json.dumps(value, indent=2, ensure_ascii=False))  # compact: no whitespace
+        assert not accepts(schema, json.dumps(value, indent=2, ensure_ascii=False), "spaced")  # no free whitespace
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -447,10 +456,10 @@ FOCUSED = {
 
 
 @pytest.mark.parametrize("name", sorted(FOCUSED))
-@pytest.mark.parametrize("compact", [True, False])
-def test_focused_schemas_produce_only_valid_documents(name, compact):
+@pytest.mark.parametrize("whitespace", WHITESPACE)
+def test_focused_schemas_produce_only_valid_documents(name, whitespace):
     schema = FOCUSED[name]
-    g = grammar(schema, compact)
+    g = grammar(schema, whitespace)
     rnd = random.Random(name)
     for _ in range(25):
         text = g.sample(rnd, budget=rnd.choice([15, 60, 150]))
@@ -460,7 +469,7 @@ def test_focused_schemas_produce_only_valid_documents(name, compact):
         for _ in range(3):
             bad = mutate(rnd, value)
             if not valid(bad, schema, schema):
-                assert not accepts(schema, dumps(bad), compact), dumps(bad)
+                assert not accepts(schema, dumps(bad, whitespace), whitespace), dumps(bad, whitespace)
 
 
 def test_the_usual_mistakes_are_rejected():
@@ -509,11 +518,24 @@ def test_json_gbnf_is_a_root_grammar():
     parse_gbnf(JSON_GBNF)
 
 
+def test_the_default_spelling_is_json_dumps_s():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array"},
+                                               "c": {"enum": [{"x": [1, 2]}]}}}
+    assert json_schema_to_gbnf(schema) == json_schema_to_gbnf(schema, whitespace="spaced")
+    g = parse_gbnf(json_schema_to_gbnf(schema))
+    value = {"a": 1, "b": [1, {"k": None}, []], "c": {"x": [1, 2]}}
+    assert g.matches(json.dumps(value)) and g.matches("{}")
+    assert not g.matches(dumps(value)) and not g.matches(json.dumps(value, indent=1))
+    assert JSON_GBNF == json_schema_to_gbnf(True)
+    with pytest.raises(ValueError, match="whitespace must be one of spaced, compact, free"):
+        json_schema_to_gbnf(schema, whitespace="pretty")
+
+
 @settings(max_examples=40, deadline=None, derandomize=True)
 @given(_any_json)
 def test_any_json_value_is_accepted(value):
     assert accepts(True, dumps(value))
-    assert accepts(True, json.dumps(value, indent=2), compact=False)
+    assert accepts(True, json.dumps(value, indent=2), "free")
 
 
 def test_string_escapes():

@@ -40,7 +40,7 @@ _grammars: dict = {}
 def grammar(schema):
     key = json.dumps(schema, sort_keys=True)
     if key not in _grammars:
-        _grammars[key] = parse_gbnf(json_schema_to_gbnf(schema))
+        _grammars[key] = parse_gbnf(json_schema_to_gbnf(schema, whitespace="compact"))  # as the texts below
     return _grammars[key]
 
 

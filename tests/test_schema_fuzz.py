@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from gbnf_check import parse_gbnf
 from pyllamaopt.errors import GrammarError
-from pyllamaopt.grammar import SUPPORTED_FORMATS, compile_json_schema
+from pyllamaopt.grammar import SUPPORTED_FORMATS, WHITESPACE, compile_json_schema
 
 NAMES = ["a", "b", "id", "name", "x-y", "", "é", 'q"uote', "back\\slash", "$ref", "0"]
 
@@ -103,13 +103,13 @@ random_schemas = st.recursive(st.booleans() | st.just({}) | st.builds(lambda t: 
                               schema_objects, max_leaves=12)
 
 
-@given(random_schemas | odd_values, st.booleans(), st.booleans(), st.randoms(use_true_random=False))
+@given(random_schemas | odd_values, st.booleans(), st.sampled_from(WHITESPACE), st.randoms(use_true_random=False))
 @settings(deadline=None, suppress_health_check=list(HealthCheck))
-def test_random_schemas_give_a_grammar_or_a_typed_error(schema, strict, compact, rng):
+def test_random_schemas_give_a_grammar_or_a_typed_error(schema, strict, whitespace, rng):
     """And what the grammar produces is valid (strict: against the whole schema; else the
     Generation's check says so), judged by jsonschema's Draft 2020-12 validator."""
     try:
-        grammar = compile_json_schema(schema, strict=strict, compact=compact)
+        grammar = compile_json_schema(schema, strict=strict, whitespace=whitespace)
     except GrammarError as e:
         event(type(e).__name__)  # (tools/fuzz.sh shows the shares: --hypothesis-show-statistics)
         return

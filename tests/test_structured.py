@@ -165,11 +165,11 @@ def test_schema_valid_is_reported(tiny_model):
             ctx.session().generate(5, json_schema=unique)
         compiled = compile_json_schema(unique, strict=False)
         seen = set()
-        for prompt in PROMPTS:
+        for seed, prompt in enumerate(PROMPTS * 2):
             for schema in (unique, compiled):  # a dict with strict=False, or compiled once
                 s = ctx.session()
                 s.append_text(prompt)
-                g = s.generate(40, json_schema=schema, strict=False, temperature=1.0, seed=len(prompt))
+                g = s.generate(40, json_schema=schema, strict=False, temperature=1.0, seed=seed)
                 assert g.schema_valid is None  # not finished yet
                 for _ in g:
                     pass

@@ -3,22 +3,22 @@
     >>> from pyllamaopt.grammar import json_schema_to_gbnf
     >>> print(json_schema_to_gbnf({"type": "object", "properties": {"ok": {"type": "boolean"}},
     ...                            "required": ["ok"]}), end="")
-    root ::= "{\\"ok\\":" boolean "}"
+    root ::= "{\\"ok\\": " boolean "}"
     boolean ::= "true" | "false"
 
-The grammar accepts one *canonical* spelling of each instance (compact JSON, properties in
-schema order, no free whitespace), so that as many tokens as possible are forced by the
-grammar — the engine takes forced tokens without computing logits. Every string the grammar
-accepts is valid against the schema; a schema (or keyword) the converter cannot express
+The grammar accepts one *canonical* spelling of each instance (JSON as json.dumps writes
+it, one space after each comma and colon; properties in schema order; no free whitespace), so
+that as many tokens as possible are forced by the grammar — the engine takes forced tokens
+without computing logits. Every string the grammar accepts is valid against the schema; a schema (or keyword) the converter cannot express
 exactly raises :class:`~pyllamaopt.errors.GrammarError` instead of being loosened.
 The supported keywords and the canonical form: docs/structured-output.md.
 """
 from __future__ import annotations
 
-from .converter import (JSON_GBNF, MAX_WS, SUPPORTED_FORMATS, Relaxation, SchemaGrammar, compile_json_schema,
-                        json_schema_to_gbnf)
+from .converter import (JSON_GBNF, MAX_WS, SUPPORTED_FORMATS, WHITESPACE, Relaxation, SchemaGrammar,
+                        compile_json_schema, json_schema_to_gbnf)
 from .validation import SchemaCheck
 from .numbers import MAX_EXP_DIGITS, MAX_FRAC_DIGITS, MAX_INT_DIGITS  # the canonical form's limits
 
 __all__ = ["JSON_GBNF", "json_schema_to_gbnf", "compile_json_schema", "SchemaGrammar", "SchemaCheck", "Relaxation",
-           "SUPPORTED_FORMATS"]
+           "SUPPORTED_FORMATS", "WHITESPACE"]

@@ -26,8 +26,12 @@ from .schema import (_ARRAY_KEYWORDS, _NUMBER_KEYWORDS, _OBJECT_KEYWORDS, _STRIN
                      _kinds_of_type, _pointer_escape, _resolve, _schema_types, _unenforceable, _value_ok, check_json)
 from .validation import SchemaCheck, check_text, validator
 
-#: compact=False: at most this many whitespace characters between two tokens
+#: whitespace="free": at most this many whitespace characters between two tokens
 MAX_WS = 24
+#: how the grammar spaces JSON: "spaced" (the default) ``{"a": 1, "b": [1, 2]}``, as json.dumps
+#: writes it and as models have mostly seen it; "compact" ``{"a":1,"b":[1,2]}``; "free" any
+#: whitespace (up to MAX_WS characters) around each ``{ } [ ] : ,``
+WHITESPACE = ("spaced", "compact", "free")
 #: string formats with a grammar (a canonical subset of their strings: formats.py)
 SUPPORTED_FORMATS = tuple(sorted({*FORMATS, *ALIASES}))
 _HEX = "[0-9a-fA-F]"
@@ -44,10 +48,10 @@ class Relaxation:
 
 
 class _Converter(_Rules):
-    def __init__(self, root: Any, compact: bool, strict: bool = True) -> None:
+    def __init__(self, root: Any, whitespace: str, strict: bool = True) -> None:
         super().__init__()
         self.root = root
-        self.compact = compact
+        self.whitespace = whitespace
         self.strict = strict
         self.relaxed: dict[tuple[str, str], Relaxation] = {}
         self.ref_rules: dict[str, str] = {}
@@ -74,15 +78,16 @@ class _Converter(_Rules):
     def ws(self) -> Node:
         return self.shared_rule("ws", lambda: _r(("cls", "[ \\t\\n\\r]"), 0, MAX_WS))
 
-    def punct(self, c: str, before: bool, after: bool) -> Node:
-        if self.compact:
-            return _lit(c)
-        return _seq(self.ws() if before else EMPTY, _lit(c), self.ws() if after else EMPTY)
+    def punct(self, c: str) -> Node:
+        """A comma or colon: one space after it when spaced, whitespace around it when free."""
+        if self.whitespace == "free":
+            return _seq(self.ws(), _lit(c), self.ws())
+        return _lit(c + " " if self.whitespace == "spaced" else c)
 
     def bracket(self, open_: str, content: Node, nullable: bool, close: str) -> Node:
-        """``open_ content close``; content may be empty if ``nullable``. compact=False: one
-        stretch of whitespace where the content would be, else around it."""
-        if self.compact:
+        """``open_ content close``; content may be empty if ``nullable``. Free whitespace: one
+        stretch of whitespace where the content would be, else around it; none otherwise."""
+        if self.whitespace != "free":
             return _seq(_lit(open_), _opt(content) if nullable else content, _lit(close))
         ws = self.ws()
         if content == EMPTY:
@@ -91,10 +96,10 @@ class _Converter(_Rules):
         return _seq(_lit(open_), ws, _opt(body) if nullable else body, _lit(close))
 
     def comma(self) -> Node:
-        return self.punct(",", True, True)
+        return self.punct(",")
 
     def colon(self) -> Node:
-        return self.punct(":", True, True)
+        return self.punct(":")
 
     # ---- primitives
 
@@ -304,7 +309,7 @@ class _Converter(_Rules):
                 raise _err(path, f"enum/const value {v!r} is not a JSON value")
             if _json_key(v) not in seen:
                 seen.add(_json_key(v))
-                texts.append(_json_text(v))
+                texts.append(_json_text(v, spaced=self.whitespace == "spaced"))
         if not texts:
             raise _Unsat(path, "no 'enum'/'const' value is allowed (by 'type')")
         node = _alt(*(_lit(t) for t in texts))
@@ -681,14 +686,17 @@ class SchemaGrammar:
         return f"SchemaGrammar({len(self.gbnf)} characters of GBNF, strict={self.strict}, relaxed={len(self.relaxed)})"
 
 
-def compile_json_schema(schema: Union[dict, bool], *, compact: bool = True, strict: bool = True) -> SchemaGrammar:
+def compile_json_schema(schema: Union[dict, bool], *, whitespace: str = "spaced", strict: bool = True) -> SchemaGrammar:
     """The grammar of the canonical JSON texts of the instances of ``schema``, and what it does
     not enforce.
 
-    compact  True: no whitespace at all (``{"a":1,"b":[1,2]}``), which forces the most tokens;
-             False: up to 24 whitespace characters (space, tab, newline, CR) around each
-             ``{ } [ ] : ,`` (never before or after the whole value), so pretty-printed output
-             (``json.dumps(x, indent=2)``) is accepted too.
+    whitespace  "spaced" (default): one space after each ``,`` and ``:``, none elsewhere
+                (``{"a": 1, "b": [1, 2]}``, json.dumps's spelling: small models write valid
+                documents more often in it than compactly, docs/structured-output.md);
+                "compact": no whitespace at all (``{"a":1,"b":[1,2]}``); both force every
+                whitespace token. "free": up to 24 whitespace characters (space, tab, newline,
+                CR) around each ``{ } [ ] : ,`` (never before or after the whole value), so
+                pretty-printed output (``json.dumps(x, indent=2)``) is accepted too.
     strict   True: a constraint a grammar cannot enforce (``uniqueItems: true``, an overlapping
              ``oneOf``, ``not``, a lookahead in a pattern...) raises UnenforceableSchemaError.
              False: the grammar enforces everything else (exactly) and ``relaxed`` lists what it
@@ -700,11 +708,13 @@ def compile_json_schema(schema: Union[dict, bool], *, compact: bool = True, stri
     """
     if not isinstance(schema, (dict, bool)):
         raise GrammarError(f"a JSON Schema must be a dict or a bool, got {type(schema).__name__}")
+    if whitespace not in WHITESPACE:
+        raise ValueError(f"whitespace must be one of {', '.join(WHITESPACE)}, got {whitespace!r}")
     original = schema
     try:
         check_json(schema)
         schema = local_refs(schema)
-        conv = _Converter(schema, bool(compact), bool(strict))
+        conv = _Converter(schema, whitespace, bool(strict))
         name = conv.alloc("root")
         conv.ref_rules["#"] = name
         conv.define("root", conv.gen(schema, "root", "#"), "root")
@@ -717,11 +727,11 @@ def compile_json_schema(schema: Union[dict, bool], *, compact: bool = True, stri
     return SchemaGrammar(original, gbnf, bool(strict), tuple(conv.relaxed.values()))
 
 
-def json_schema_to_gbnf(schema: Union[dict, bool], *, compact: bool = True, strict: bool = True) -> str:
+def json_schema_to_gbnf(schema: Union[dict, bool], *, whitespace: str = "spaced", strict: bool = True) -> str:
     """The GBNF grammar (llama.cpp's format, rule ``root``) of the canonical JSON texts of the
     instances of ``schema``: ``compile_json_schema(...).gbnf`` (see there)."""
-    return compile_json_schema(schema, compact=compact, strict=strict).gbnf
+    return compile_json_schema(schema, whitespace=whitespace, strict=strict).gbnf
 
 
-#: any JSON value, compact canonical form (what ``json_schema=True`` uses)
+#: any JSON value, canonical (spaced) form (what ``json_schema=True`` uses)
 JSON_GBNF: str = json_schema_to_gbnf(True)

@@ -1,4 +1,4 @@
-"""JSON values as the converter sees them: their compact text, their kind, and a key under
+"""JSON values as the converter sees them: their text, their kind, and a key under
 which JSON-equal values are equal."""
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from fractions import Fraction
 from typing import Any
 
 
-def _json_text(value: Any) -> str:
-    """Compact JSON text of a value (key order kept); lone surrogates escaped."""
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+def _json_text(value: Any, spaced: bool = False) -> str:
+    """JSON text of a value (key order kept), compact or with json.dumps's ", " and ": ";
+    lone surrogates escaped."""
+    separators = (", ", ": ") if spaced else (",", ":")
+    text = json.dumps(value, separators=separators, ensure_ascii=False, allow_nan=False)
     return re.sub("[\ud800-\udfff]", lambda m: f"\\u{ord(m.group()):04x}", text)
 
 

@@ -287,7 +287,7 @@ def reply_grammar(tools: Sequence[Tool], choice: ToolChoice) -> str:
     """`reply_schema` as GBNF. A parameter schema the grammar engine cannot express is a 400
     naming its tool, whether or not tool_choice lets the tool be called this turn."""
     try:
-        grammar = json_schema_to_gbnf(reply_schema(tools, choice))
+        grammar = json_schema_to_gbnf(reply_schema(tools, choice), whitespace="compact")
     except GrammarError as exc:
         _check_parameters(tools)
         raise BadRequest(f"the tools' reply grammar cannot be built: {exc}") from None
