@@ -305,25 +305,39 @@ void llama_opt_session::decode_pending_step() {
     n_evaluated_ = tokens_.size();
 }
 
-bool llama_opt_session::plain_step_row(llama_opt_row & row) const {
+bool llama_opt_session::step_rows(std::vector<llama_opt_row> & rows, llama_opt_memo_draft & draft) const {
     if (closed() || !generating_ || n_evaluated_ == 0 || n_evaluated_ + 1 != tokens_.size() ||
         logits_for_ != n_evaluated_ || sampler_.has_inferred() || room() == 0) {
         return false;  // (a grammar that may force the next token: the row's logits may go unused, its KV not)
     }
-    if (!find_draft().tokens.empty()) {  // its own step will check a draft
-        return false;
+    draft = find_draft();  // what check_draft() would check in the session's own step
+    rows.push_back({ seq_, n_evaluated_, tokens_.back() });
+    for (size_t i = 0; i < draft.tokens.size(); ++i) {
+        rows.push_back({ seq_, n_evaluated_ + 1 + i, draft.tokens[i] });
     }
-    row = { seq_, n_evaluated_, tokens_.back() };
     return true;
 }
 
-void llama_opt_session::take_row(const float * logits, uint64_t us) {
-    n_evaluated_ = tokens_.size();
-    logits_.assign(logits, logits + ctx_->model().n_vocab());
-    logits_for_ = n_evaluated_;
-    stats_.tokens_decoded += 1;  // the context counts the batch's tokens, its one pass and its time
+void llama_opt_session::take_rows(const float * logits, llama_opt_memo_draft draft, uint64_t us) {
+    const size_t n_vocab = ctx_->model().n_vocab();
+    const size_t n_rows  = 1 + draft.tokens.size();
+    stats_.tokens_decoded += n_rows;  // the context counts the batch's tokens, its one pass and its time
     stats_.forward_passes += 1;
     stats_.forward_us += us;
+    if (ctx_->settings().config.memo_enabled) {  // as check_draft() counts its step
+        count(&llama_opt_stats::memo_lookups, 1);
+    }
+    if (!draft.tokens.empty()) {
+        count(&llama_opt_stats::memo_hits, 1);
+        if (draft.shared) {
+            count(&llama_opt_stats::memo_shared_hits, 1);
+        }
+        memo_.rows().assign(logits, logits + n_rows * n_vocab);
+        memo_.start(std::move(draft.tokens), n_vocab, draft.shared);
+    }
+    n_evaluated_ = tokens_.size();
+    logits_.assign(logits, logits + n_vocab);
+    logits_for_ = n_evaluated_;
 }
 
 void llama_opt_session::prefetch_steps(const std::vector<std::shared_ptr<llama_opt_session>> & sessions) {
@@ -332,34 +346,45 @@ void llama_opt_session::prefetch_steps(const std::vector<std::shared_ptr<llama_o
     }
     llama_opt_context & ctx = *sessions.front()->ctx_;
     lock_t lock(ctx.mutex());
-    std::vector<llama_opt_session *> takers;
-    std::vector<llama_opt_row>       rows;
-    std::vector<float>               logits;
+    std::vector<llama_opt_session *>  takers;
+    std::vector<llama_opt_memo_draft> drafts;     // each taker's draft (its rows after the first)
+    std::vector<size_t>               first_row;  // each taker's first row
+    std::vector<llama_opt_row>        rows;
+    std::vector<float>                logits;
+    const size_t n_vocab = ctx.model().n_vocab();
     auto flush = [&] {
         llama_opt_work work;
-        if (rows.size() > 1 && ctx.compute_rows(rows, logits, work)) {  // one row alone: its own step is the same
+        if (takers.size() > 1 && ctx.compute_rows(rows, logits, work)) {  // one step alone: its own is the same
             ctx.count(&llama_opt_stats::tokens_decoded, work.tokens);
             ctx.count(&llama_opt_stats::forward_passes, work.passes);
             ctx.count(&llama_opt_stats::forward_us, work.us);
             for (size_t i = 0; i < takers.size(); ++i) {
-                takers[i]->take_row(logits.data() + i * ctx.model().n_vocab(), work.us / takers.size());
+                const size_t n_rows = 1 + drafts[i].tokens.size();
+                takers[i]->take_rows(logits.data() + first_row[i] * n_vocab, std::move(drafts[i]),
+                                     work.us * n_rows / rows.size());
             }
         }
         takers.clear();
+        drafts.clear();
+        first_row.clear();
         rows.clear();
     };
     for (const auto & s : sessions) {
         if (s->ctx_.get() != &ctx) {
             throw llama_opt_error(llama_opt_errc::invalid_argument, "prefetch_steps: the sessions belong to different contexts");
         }
-        llama_opt_row row;
-        if (s->plain_step_row(row)) {
-            takers.push_back(s.get());
-            rows.push_back(row);
-            if (rows.size() == LLAMA_OPT_ROW_INVARIANT_BATCH) {
-                flush();
-            }
+        std::vector<llama_opt_row> own;
+        llama_opt_memo_draft       draft;
+        if (!s->step_rows(own, draft)) {
+            continue;
         }
+        if (rows.size() + own.size() > LLAMA_OPT_ROW_INVARIANT_BATCH) {
+            flush();  // (a draft is at most LLAMA_OPT_MEMO_MATCH_MAX tokens: one step always fits)
+        }
+        takers.push_back(s.get());
+        drafts.push_back(std::move(draft));
+        first_row.push_back(rows.size());
+        rows.insert(rows.end(), own.begin(), own.end());
     }
     flush();
 }

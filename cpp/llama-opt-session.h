@@ -120,11 +120,12 @@ public:
 
     // Batched decoding of several generations: computes, in batches of up to
     // LLAMA_OPT_ROW_INVARIANT_BATCH rows (each row computes like a one-token decode step,
-    // patches/0006), the pending token of every session whose next step is a plain decode step,
-    // so that their next step() only samples. Tokens and logits are bit for bit those of
-    // stepping each session alone. Sessions whose next step is something else (a memo draft to
-    // check, a grammar) are left to it, and so are all when the KV cache has no room for the
-    // rows as it is (nothing is evicted for them). All sessions must belong to one context.
+    // patches/0006), the next step of every session whose next step is a decode step — its
+    // pending token, and the memo's draft after it if there is one — so that their next step()
+    // only samples. Tokens and logits are bit for bit those of stepping each session alone.
+    // Sessions whose next step is something else (a grammar) are left to it, and so are all when
+    // the KV cache has no room for the rows as it is (nothing is evicted for them). All sessions
+    // must belong to one context.
     static void prefetch_steps(const std::vector<std::shared_ptr<llama_opt_session>> & sessions);
 
     // Ends a turn (a generation): drops its grammar, prints the turn's statistics when
@@ -178,8 +179,11 @@ private:
     void decode_pending_step();            // pending generated tokens, as one-token decodes
     llama_opt_memo_draft find_draft() const;  // memo: a draft for the next step (none if memo is off)
     bool check_draft();                    // memo: the pending step and a draft in one batch; false: no draft
-    bool plain_step_row(llama_opt_row & row) const;  // prefetch_steps: the pending token, if the step is plain
-    void take_row(const float * logits, uint64_t us);  // prefetch_steps: the logits computed for that row, its share of the time
+    // prefetch_steps: the rows of the next step if it is a decode step (the pending token, then
+    // the memo's draft if there is one), appended to `rows`; false if the step is something else
+    bool step_rows(std::vector<llama_opt_row> & rows, llama_opt_memo_draft & draft) const;
+    // prefetch_steps: that step computed in a shared batch: its rows' logits, its share of the time
+    void take_rows(const float * logits, llama_opt_memo_draft draft, uint64_t us);
     void take_checked(llama_token token);  // memo: a token joined the history: confirm it as drafted, or drop the draft
     void drop_draft();                     // memo: frees the KV of drafted tokens not confirmed
     void publish_output();                 // memo: the turn's output joins the context's recent outputs (memo_shared)
