@@ -57,8 +57,11 @@ from .metrics import Metrics
 from .scheduler import PENDING, Scheduler
 
 
-# Request sessions kept open after their answer, for the next request that continues one.
-IDLE_REQUEST_SESSIONS = 4
+# Request sessions kept open after their answer, for the next request that continues one: one
+# per agent of a typical team (with 4, half of 8 agents lost their session every turn and
+# resumed from the pool, each computing a chunk more). An idle one is closed first when its
+# sequence or its room in the KV cache is needed.
+IDLE_REQUEST_SESSIONS = 8
 # Compiled JSON Schemas kept for the next request with the same schema (a large one takes seconds)
 SCHEMA_CACHE_SIZE = 32
 # While other work waits, a prompt's new tokens are computed in pieces of about this many, the
