@@ -9,8 +9,9 @@
 The grammar accepts one *canonical* spelling of each instance (JSON as json.dumps writes
 it, one space after each comma and colon; properties in schema order; no free whitespace), so
 that as many tokens as possible are forced by the grammar — the engine takes forced tokens
-without computing logits. Every string the grammar accepts is valid against the schema; a schema (or keyword) the converter cannot express
-exactly raises :class:`~pyllamaopt.errors.GrammarError` instead of being loosened.
+without computing logits. Every string the grammar accepts is valid against the schema; a
+schema (or keyword) the converter cannot express exactly raises
+:class:`~pyllamaopt.errors.GrammarError` instead of being loosened.
 The supported keywords and the canonical form: docs/structured-output.md.
 """
 from __future__ import annotations
