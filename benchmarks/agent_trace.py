@@ -7,8 +7,8 @@
   exact-no-memo     exact without memo
   exact-own-memo    exact with drafts from each session's own history only (memo_shared off), not
                     also from the context's recent outputs of every session
-  tier2[@SHARE]     exact + Tier-2 post-edit reuse (diff_reuse_shifted; diff_recompute_share=SHARE,
-                    else the default): approximate, its quality is reported against the reference
+  tier2[@SHARE]     exact + Tier-2 post-edit reuse (diff_reuse_shifted; SHARE for every edit, else the
+                    default shares): approximate, its quality is reported against the reference
   keep-generated    exact + Tier-2 reuse of generated tokens' KV (diff_reuse_generated): the
                     answer's one-token-step rows are kept, as llama.cpp's prefix reuse keeps them
   llama-cpp-python  0.3.36 (same llama.cpp) with its automatic prefix reuse
@@ -328,9 +328,10 @@ def main() -> int:
     engines = args.engines.split(",")
     for name in engines:
         if name.startswith("tier2"):
-            share = {"diff_recompute_share": float(name.partition("@")[2])} if "@" in name else {}
-            factories[name] = lambda name=name, share=share: Pyllamaopt(
-                model, name, n_ctx, diff_reuse_shifted=True, **share)
+            share = name.partition("@")[2]
+            shares = {"diff_recompute_share": float(share), "diff_recompute_share_head": float(share)} if share else {}
+            factories[name] = lambda name=name, shares=shares: Pyllamaopt(
+                model, name, n_ctx, diff_reuse_shifted=True, **shares)
     print(f"model {model.description}; 2 threads; {args.gen} generated tokens per turn; KV {cell_bytes} bytes/cell; "
           f"n_ctx {n_ctx}\n")
     for shape in args.shapes.split(","):

@@ -11,7 +11,7 @@ defaults) plus --swa-full, which its prompt reuse needs on Gemma 3's sliding-win
 
 Engines: `pyllamaopt` (exact, the server's defaults); `pyllamaopt-tier2` (the same server with
 LLAMA_OPT_DIFF_REUSE_SHIFTED=1: unchanged spans after an edit reused at their shifted positions,
-approximately; `@SHARE` also sets LLAMA_OPT_DIFF_RECOMPUTE_SHARE); `llama-server`;
+approximately; `@SHARE` sets LLAMA_OPT_DIFF_RECOMPUTE_SHARE and ..._SHARE_HEAD to SHARE); `llama-server`;
 `llama-server-ngram` (llama-server drafting from n-grams of the context: --spec-type ngram-mod).
 
 One agent, its whole conversation re-sent every turn (default 22 turns; header 12):
@@ -112,7 +112,7 @@ def server_command(engine: str, path: Path, server_bin: Path | None, port: int, 
         if kind == "pyllamaopt-tier2":
             env["LLAMA_OPT_DIFF_REUSE_SHIFTED"] = "1"
             if share:
-                env["LLAMA_OPT_DIFF_RECOMPUTE_SHARE"] = share
+                env["LLAMA_OPT_DIFF_RECOMPUTE_SHARE"] = env["LLAMA_OPT_DIFF_RECOMPUTE_SHARE_HEAD"] = share
         elif engine != "pyllamaopt":
             raise SystemExit(f"unknown engine {engine}")
         return [sys.executable, "-m", "pyllamaopt.cli", "serve", "--model", str(path), "--port", str(port),

@@ -589,6 +589,8 @@ void llama_opt_session::sync(const std::vector<llama_token> & tokens) {
 // the shift: patches/0005) instead of being computed again, as CacheBlend does. Those rows were computed
 // without the edit, so they are approximate; the first diff_recompute_share of each span, where
 // the edit matters most, is computed again, and so is the last token (its logits are needed).
+// An edit in the first block (a per-request header) changes the attention sinks every later token
+// attends to: diff_recompute_share_head then (measured: docs/benchmarks.md, "The head share").
 // Approximate KV never enters the block pool.
 std::vector<llama_opt_session::span_move> llama_opt_session::plan_shifted(const std::vector<llama_token> & tokens,
                                                                           size_t keep) const {
@@ -601,12 +603,13 @@ std::vector<llama_opt_session::span_move> llama_opt_session::plan_shifted(const 
     const llama_opt_diff_result diff =
         engine.compute(tokens_.data(), (uint32_t) n_evaluated_, tokens.data(), (uint32_t) tokens.size());
 
+    const float share = keep < B ? cfg.diff_recompute_share_head : cfg.diff_recompute_share;
     std::vector<span_move> moves;
     for (const llama_opt_diff_span & d : diff) {
         if (d.op != DIFF_KEEP || d.curr_start == 0) {
             continue;  // the common prefix stays where it is, exactly
         }
-        size_t again = (size_t) std::ceil(cfg.diff_recompute_share * (double) d.curr_length);
+        size_t again = (size_t) std::ceil(share * (double) d.curr_length);
         again        = std::max(again, first_free > d.prev_start ? first_free - d.prev_start : 0);
         const size_t to    = d.curr_start + again;
         const size_t n     = std::min<size_t>(d.curr_length - std::min<size_t>(again, d.curr_length),

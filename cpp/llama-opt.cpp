@@ -105,6 +105,7 @@ const std::vector<llama_opt_field> & llama_opt_fields() {
         OPT_UINT(diff_min_unchanged,         "LLAMA_OPT_DIFF_MIN_UNCHANGED",   1, 1u << 30,   "min unchanged span worth keeping"),
         OPT_BOOL(diff_reuse_shifted,         "LLAMA_OPT_DIFF_REUSE_SHIFTED",                   "reuse unchanged spans after an edit, shifted (Tier 2)"),
         OPT_REAL(diff_recompute_share,       "LLAMA_OPT_DIFF_RECOMPUTE_SHARE", 0, 1,          "share of each shifted span computed again (Tier 2)"),
+        OPT_REAL(diff_recompute_share_head,  "LLAMA_OPT_DIFF_RECOMPUTE_SHARE_HEAD", 0, 1,     "that share when the edit is in the prompt's first block (Tier 2)"),
         OPT_BOOL(diff_reuse_generated,       "LLAMA_OPT_DIFF_REUSE_GENERATED",                 "keep generated tokens' KV instead of computing it again (Tier 2)"),
         OPT_BOOL(schema_skip_enabled,        "LLAMA_OPT_SCHEMA_SKIP_ENABLED",                  "schema-aware token skipping"),
         OPT_BOOL(schema_skip_batch,          "LLAMA_OPT_SCHEMA_SKIP_BATCH",                    "forced tokens' KV in one batch however many (over 16 not bitwise)"),

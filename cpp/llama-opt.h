@@ -81,9 +81,10 @@ struct llama_opt_config {
 
     bool     diff_enabled       = false;
     uint32_t diff_min_unchanged = 8;
-    bool     diff_reuse_shifted   = false;  // Tier 2: reuse unchanged spans after an edit, shifted
-    float    diff_recompute_share = 0.25f;  // Tier 2: share of each such span computed again
-    bool     diff_reuse_generated = false;  // Tier 2: keep the KV of generated tokens (decoded one by one)
+    bool     diff_reuse_shifted        = false;  // Tier 2: reuse unchanged spans after an edit, shifted
+    float    diff_recompute_share      = 0.1f;   // Tier 2: share of each such span computed again,
+    float    diff_recompute_share_head = 0.25f;  // or this one after an edit in the first block (attention sinks)
+    bool     diff_reuse_generated      = false;  // Tier 2: keep the KV of generated tokens (decoded one by one)
 
     bool schema_skip_enabled = false;
     bool schema_skip_batch   = false;  // forced tokens computed in one batch with the next step

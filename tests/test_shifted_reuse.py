@@ -51,6 +51,32 @@ def test_shifted_reuse_computes_the_edit_and_a_share_of_each_span(tiny_model):
         assert np.abs(got - expected).max() < 0.35
 
 
+def test_an_edit_in_the_first_block_computes_a_larger_share_again(tiny_model):
+    """A per-request header in the first line changes the attention sinks every later token
+    attends to: the default share there is diff_recompute_share_head, elsewhere the smaller
+    diff_recompute_share (measured: docs/benchmarks.md, "The head share")."""
+    config = OptConfig(env={}, diff_reuse_shifted=True)
+    assert config.diff_recompute_share < config.diff_recompute_share_head
+    a = text_tokens(tiny_model, 700)
+    edits = {  # 11 tokens replaced by 14 at: (where, the share expected)
+        "header": (1, config.diff_recompute_share_head),
+        "interior": (300, config.diff_recompute_share),
+    }
+    for name, (at, share) in edits.items():
+        b = a[:at] + text_tokens(tiny_model, 14, seed=7) + a[at + 11:]
+        with Context(tiny_model, n_ctx=4096, n_batch=256, n_threads=2, config=config) as ctx:
+            s = ctx.session()
+            s.sync(a)
+            before = s.stats
+            s.sync(b)
+            spent = s.stats - before
+        span = len(a) - (at + 11)
+        rest_of_the_edits_block = (at + 63) // 64 * 64 - (at + 11)
+        again = max(math.ceil(share * span), rest_of_the_edits_block)
+        assert spent.tokens_prefilled == 14 + again + 1, name
+        assert spent.diff_tokens_shifted == span - again - 1, name
+
+
 def test_tier2_is_off_by_default(tiny_model):
     a, b = edited_histories(tiny_model)
     with context(tiny_model) as ctx:
