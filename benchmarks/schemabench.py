@@ -18,10 +18,12 @@ Empirical coverage (--generate), a seeded random sample of --sample schemas per 
 Gemma 3 270M (greedy, a short instruction prompt, max 512 tokens): the output is parsed and
 checked against the schema (jsonschema, formats checked, multipleOf on decimals:
 pyllamaopt/grammar/validation.py, the same check for both engines): valid / invalid /
-truncated (max_tokens reached) / refused (no grammar), for ours (strict=False) and for
+truncated (max_tokens reached) / refused (no grammar), for ours (strict=False), ours-fit (the
+same with schema_fit_max_tokens: the output closed within max_tokens instead of cut off) and
 llama-cpp-python's grammar path; time to first token and grammar time per token.
 
     python benchmarks/schemabench.py PATH [--generate] [--sample 10] [--seed 0] [--datasets A,B]
+                                          [--engines ours,ours-fit,llama-cpp-python]
 
 PATH: the JSONSchemaBench data directory (PATH/<Dataset>/*.json).
 
@@ -55,6 +57,7 @@ from pyllamaopt import GrammarError, Model, UnenforceableSchemaError, models  # 
 from pyllamaopt.grammar import SchemaGrammar, compile_json_schema  # noqa: E402
 
 TIMEOUT_S = 30
+OURS = {"ours": {}, "ours-fit": {"schema_fit_max_tokens": True}}  # our engines: their configurations
 
 
 class _Timeout(Exception):
@@ -261,7 +264,7 @@ def empirical(files: dict[str, list[Path]], sample: int, seed: int, max_tokens: 
               engines: list[str]) -> None:
     path = models.resolve(model_name)
     model = Model(path, progress=False)
-    ours = Pyllamaopt(model, True)
+    ours = {name: Pyllamaopt(model, True, **config) for name, config in OURS.items() if name in engines}
     theirs = LlamaCppPython(path) if "llama-cpp-python" in engines else None
     parser = LlamaParser(path)
     results: dict[str, dict[str, Outcomes]] = {}
@@ -272,17 +275,20 @@ def empirical(files: dict[str, list[Path]], sample: int, seed: int, max_tokens: 
             text, schema = load(p)
             prompt = prompt_for(schema)
             mine = timed(lambda: compile_json_schema(schema, strict=False))
-            if mine.ok:
-                grammar: SchemaGrammar = mine.grammar
-                run = ours.run(grammar, prompt, max_tokens)
-                outcome = classify(run, grammar.check)
-                res["ours"].runs.append(run)
-                res["ours"].invalid_enforced += outcome == "invalid" and grammar.exact
-            else:
-                outcome = "refused"
-            res["ours"].counts[outcome] += 1
+            outcomes = []
+            for name, engine in ours.items():
+                if mine.ok:
+                    grammar: SchemaGrammar = mine.grammar
+                    run = engine.run(grammar, prompt, max_tokens)
+                    outcome = classify(run, grammar.check)
+                    res[name].runs.append(run)
+                    res[name].invalid_enforced += outcome == "invalid" and grammar.exact
+                else:
+                    outcome = "refused"
+                res[name].counts[outcome] += 1
+                outcomes.append(f"{name} {outcome}")
             if theirs is None:
-                print(f"  {dataset}/{p.name}: ours {outcome}", file=sys.stderr)
+                print(f"  {dataset}/{p.name}: " + ", ".join(outcomes), file=sys.stderr)
                 continue
             theirs_gbnf = timed(lambda: llama_cpp_converter(text))
             if theirs_gbnf.ok and parser.accepts(theirs_gbnf.grammar) is True:  # (else it could crash)
@@ -293,7 +299,7 @@ def empirical(files: dict[str, list[Path]], sample: int, seed: int, max_tokens: 
             else:
                 outcome2 = "refused"
             res["llama-cpp-python"].counts[outcome2] += 1
-            print(f"  {dataset}/{p.name}: ours {outcome}, llama-cpp-python {outcome2}", file=sys.stderr)
+            print(f"  {dataset}/{p.name}: " + ", ".join(outcomes) + f", llama-cpp-python {outcome2}", file=sys.stderr)
     print(f"\nEmpirical coverage: {sample} schemas per dataset (seed {seed}), {model.description}, greedy, "
           f"max_tokens {max_tokens}\n")
     kinds = ["valid", "invalid", "truncated", "refused", "unchecked"]
@@ -316,9 +322,9 @@ def outcome_row(dataset: str, engine: str, o: Outcomes, kinds: list[str]) -> str
     tokens = sum(len(r.tokens) for r in o.runs)
     seconds = sum(r.seconds for r in o.runs)
     first = statistics.median([r.first_token_seconds for r in o.runs]) * 1000 if o.runs else 0.0
-    check = f"{sum(r.check_us for r in o.runs) / max(1, tokens):.0f}" if engine == "ours" else "-"
+    check = f"{sum(r.check_us for r in o.runs) / max(1, tokens):.0f}" if engine in OURS else "-"
     return (f"| {dataset} | {engine} | " + " | ".join(f"{o.counts[k]}/{n}" for k in kinds)
-            + f" | {o.invalid_enforced if engine == 'ours' else '-'} | {first:.0f} | {check} | "
+            + f" | {o.invalid_enforced if engine in OURS else '-'} | {first:.0f} | {check} | "
               f"{tokens / seconds if seconds else 0:.1f} |")
 
 
@@ -333,7 +339,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--model", default="gemma3-270m")
     ap.add_argument("--engines", default="ours,llama-cpp-python",
-                    help="for --generate: ours, llama-cpp-python or both (comma-separated)")
+                    help="for --generate: ours, ours-fit, llama-cpp-python (comma-separated)")
     args = ap.parse_args()
     if not args.path.is_dir():
         ap.error(f"{args.path} is not a directory")
@@ -344,8 +350,8 @@ def main() -> int:
         print_compile_table(stats, relaxed, refused)
     if args.generate:
         engines = args.engines.split(",")
-        if "ours" not in engines or not set(engines) <= {"ours", "llama-cpp-python"}:
-            ap.error("--engines: ours, optionally with llama-cpp-python")
+        if not set(engines) & set(OURS) or not set(engines) <= {*OURS, "llama-cpp-python"}:
+            ap.error("--engines: ours and/or ours-fit, optionally with llama-cpp-python")
         empirical(files, args.sample, args.seed, args.max_tokens, args.model, engines)
     return 0
 

@@ -46,6 +46,49 @@ std::string llama_opt_utf8(int64_t cpt) {
     return s;
 }
 
+constexpr uint32_t unreachable = UINT32_MAX / 4;  // no expansion (yet): sums of two stay below UINT32_MAX
+
+// The characters of the elements from `e` to the end of its alternative, each rule at its
+// shortest expansion (a class and its ranges and alternatives are one character).
+uint32_t rest_chars(const llama_grammar_element * e, const std::vector<uint32_t> & min_chars) {
+    uint32_t n = 0;
+    for (; e->type != LLAMA_GRETYPE_END && e->type != LLAMA_GRETYPE_ALT; ++e) {
+        if (e->type == LLAMA_GRETYPE_RULE_REF) {
+            n = std::min(n + min_chars[e->value], unreachable);
+        } else if (e->type != LLAMA_GRETYPE_CHAR_RNG_UPPER && e->type != LLAMA_GRETYPE_CHAR_ALT) {
+            n = std::min(n + 1, unreachable);
+        }
+    }
+    return n;
+}
+
+// Each rule's shortest expansion, in characters: relaxed until nothing changes (lengths only
+// shrink, and a recursive alternative never beats the one that ends the recursion).
+std::vector<uint32_t> shortest_expansions(const llama_grammar_rules & rules) {
+    std::vector<uint32_t> min_chars(rules.size(), unreachable);
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (size_t r = 0; r < rules.size(); ++r) {
+            const llama_grammar_element * e = rules[r].data();
+            for (;;) {  // each alternative
+                const uint32_t n = rest_chars(e, min_chars);
+                if (n < min_chars[r]) {
+                    min_chars[r] = n;
+                    changed      = true;
+                }
+                while (e->type != LLAMA_GRETYPE_END && e->type != LLAMA_GRETYPE_ALT) {
+                    ++e;
+                }
+                if (e->type == LLAMA_GRETYPE_END) {
+                    break;
+                }
+                ++e;
+            }
+        }
+    }
+    return min_chars;
+}
+
 }  // namespace
 
 llama_opt_grammar_vocab::llama_opt_grammar_vocab(const llama_vocab * vocab)
@@ -303,22 +346,99 @@ static llama_token best_among(const std::vector<llama_token> & ok, const float *
     return best;
 }
 
+// `ids` from the best, by logit
+static std::vector<llama_token> by_rank(std::vector<llama_token> ids, const float * logits) {
+    std::sort(ids.begin(), ids.end(), [logits](llama_token a, llama_token b) { return ranks_before(logits, a, b); });
+    return ids;
+}
+
 llama_token llama_opt_grammar::best(const float * logits, bool full_mask) {
     stopwatch sw{ check_ns_ };
+    llama_token best_allowed = -1;  // ignoring the budget
     if (full_mask) {
         const std::vector<llama_token> ids = all_tokens();
-        return best_among(allowed(ids.data(), ids.size()), logits);
+        const std::vector<llama_token> ok = allowed(ids.data(), ids.size());
+        best_allowed = best_among(ok, logits);
+        if (best_allowed < 0 || budget_ == no_budget || fits(best_allowed)) {
+            return best_allowed;
+        }
+        const llama_token t = first_fitting(by_rank(ok, logits));
+        budget_picks_ += t >= 0;
+        return t >= 0 ? t : give_up_budget(best_allowed);
     }
     // the model usually wants what the grammar allows: try its favourites first, a few at a time
     const std::vector<llama_token> top = ranked(logits, 32);
     for (size_t i = 0; i < top.size(); i += 8) {
         const std::vector<llama_token> ok = allowed(top.data() + i, std::min<size_t>(8, top.size() - i));
-        if (!ok.empty()) {
-            return ok.front();
+        if (!ok.empty() && best_allowed < 0) {
+            best_allowed = ok.front();
+        }
+        const llama_token t = first_fitting(ok);
+        if (t >= 0) {
+            budget_picks_ += t != best_allowed;
+            return t;
         }
     }
     // otherwise the best of everything allowed here
-    return best_among(*allowed_here(), logits);
+    const llama_opt_grammar_vocab::token_list ok = allowed_here();
+    if (best_allowed < 0) {
+        best_allowed = best_among(*ok, logits);
+        if (best_allowed < 0 || fits(best_allowed)) {
+            return best_allowed;
+        }
+    }
+    const llama_token t = first_fitting(by_rank(*ok, logits));
+    budget_picks_ += t >= 0;
+    return t >= 0 ? t : give_up_budget(best_allowed);
+}
+
+llama_token llama_opt_grammar::give_up_budget(llama_token pick) {
+    budget_ = no_budget;  // the rule cannot close this output: no later step scans every allowed token again
+    return pick;
+}
+
+void llama_opt_grammar::set_budget(size_t tokens) {
+    budget_ = tokens;
+}
+
+uint32_t llama_opt_grammar::chars_to_end() {
+    if (min_chars_.empty()) {
+        min_chars_ = shortest_expansions(grammar_->rules);
+    }
+    uint32_t shortest = unreachable;
+    for (const llama_grammar_stack & stack : grammar_->stacks) {  // each position still to finish its alternative
+        uint32_t n = 0;
+        for (const llama_grammar_element * e : stack) {
+            n = std::min(n + rest_chars(e, min_chars_), unreachable);
+        }
+        shortest = std::min(shortest, n);
+    }
+    return shortest;
+}
+
+bool llama_opt_grammar::fits(llama_token token) {
+    if (budget_ == no_budget || llama_vocab_is_eog(vocab_->vocab(), token)) {
+        return true;
+    }
+    // taken on the grammar itself, then undone: a non-lazy grammar's state is its stacks and
+    // partial character
+    llama_grammar_stacks     stacks  = grammar_->stacks;
+    const llama_partial_utf8 partial = grammar_->partial_utf8;
+    llama_grammar_accept_impl(*grammar_, token);
+    // a character left unfinished needs its remaining bytes first, possibly a token each
+    const size_t to_end = (size_t) chars_to_end() + (size_t) std::max(0, grammar_->partial_utf8.n_remain);
+    grammar_->stacks       = std::move(stacks);
+    grammar_->partial_utf8 = partial;
+    return to_end + 2 <= budget_;  // this token, the completion, the end of generation
+}
+
+llama_token llama_opt_grammar::first_fitting(const std::vector<llama_token> & ids) {
+    for (llama_token t : ids) {
+        if (fits(t)) {
+            return t;
+        }
+    }
+    return -1;
 }
 
 llama_opt_grammar_vocab::token_list llama_opt_grammar::allowed_here() {
@@ -342,14 +462,21 @@ std::vector<llama_token> llama_opt_grammar::all_tokens() const {
 
 std::vector<llama_token_data> llama_opt_grammar::top_allowed(const float * logits, int32_t k) {
     stopwatch sw{ check_ns_ };
-    std::vector<llama_token> ok = *allowed_here();
-    std::sort(ok.begin(), ok.end(), [logits](llama_token a, llama_token b) { return ranks_before(logits, a, b); });
-    if (k > 0 && ok.size() > (size_t) k) {
-        ok.resize(k);
-    }
+    const std::vector<llama_token> ok = by_rank(*allowed_here(), logits);
+    const size_t             n  = k > 0 ? std::min(ok.size(), (size_t) k) : ok.size();
     std::vector<llama_token_data> out;
-    for (llama_token t : ok) {
-        out.push_back({ t, logits[t], 0.0f });
+    for (llama_token t : ok) {  // the n best that fit the budget (all allowed ones fit without one)
+        if (out.size() < n && fits(t)) {
+            out.push_back({ t, logits[t], 0.0f });
+        }
+    }
+    if (out.empty()) {  // nothing fits: the budget is ignored
+        give_up_budget(-1);
+        for (size_t i = 0; i < n; ++i) {
+            out.push_back({ ok[i], logits[ok[i]], 0.0f });
+        }
+    } else if (out.size() < n || out.back().id != ok[n - 1]) {
+        budget_picks_ += 1;  // the set to sample from changed
     }
     return out;
 }
@@ -411,6 +538,9 @@ bool llama_opt_grammar::allows(llama_token token) {
 
 void llama_opt_grammar::accept(llama_token token) {
     llama_grammar_accept_impl(*grammar_, token);
+    if (budget_ != no_budget && budget_ > 0) {
+        --budget_;
+    }
 }
 
 llama_opt_skip_result llama_opt_schema_query_next(llama_opt_grammar & grammar) {

@@ -89,10 +89,21 @@ public:
     std::string forced_text(size_t max_chars);
     // Whether the grammar allows this token here.
     bool allows(llama_token token);
-    // Advances the grammar by a token (which must be allowed).
+    // Advances the grammar by a token (which must be allowed); counts down the budget.
     void accept(llama_token token);
 
+    // Ending within a budget (schema_fit_max_tokens): with `tokens` left for the output,
+    // best() and top_allowed() take only tokens after which the grammar can still end in time:
+    // its shortest completion, a token per character (every character has one), then the
+    // end-of-generation token. A pick changes only when after the model's choice that
+    // completion has more characters than tokens are left: an output that would be cut off is
+    // closed in time. When no allowed token fits (a budget too small from the start), the budget
+    // is dropped. no_budget: none.
+    static constexpr size_t no_budget = SIZE_MAX;
+    void   set_budget(size_t tokens);
+
     uint64_t check_ns() const { return check_ns_; }  // time spent in best/top_allowed/forced
+    uint64_t budget_picks() const { return budget_picks_; }  // picks the budget changed
 
 private:
     llama_opt_grammar(std::shared_ptr<llama_opt_grammar_vocab> vocab, llama_grammar * grammar, uint64_t text_hash);
@@ -102,6 +113,14 @@ private:
     int32_t                                  n_vocab_;
     uint64_t                                 text_hash_;  // the grammar's identity in state keys
     uint64_t                                 check_ns_ = 0;
+    size_t                                   budget_   = no_budget;  // tokens left for the output
+    std::vector<uint32_t>                    min_chars_;  // per rule: its shortest expansion (when first needed)
+    uint64_t                                 budget_picks_ = 0;
+
+    uint32_t    chars_to_end();           // the characters of the shortest completion from here
+    bool        fits(llama_token token);  // after it, the grammar can still end within the budget
+    llama_token first_fitting(const std::vector<llama_token> & ids);  // -1: none
+    llama_token give_up_budget(llama_token pick);  // nothing fits: the budget is dropped; returns pick
 
     uint64_t state_key() const;  // the grammar state, independent of this object's addresses
     // Which of `ids` the grammar allows, in the order given.

@@ -35,16 +35,22 @@ void llama_opt_sampler::set_sampling(const llama_opt_sampling & s) {
     top_k_  = s.top_k;
 }
 
-void llama_opt_sampler::set_grammar(const std::string & gbnf) {
+void llama_opt_sampler::set_grammar(const std::string & gbnf, uint32_t max_tokens) {
     grammar_ = gbnf.empty() ? nullptr : std::make_unique<llama_opt_grammar>(model_.grammar_vocab(), gbnf);
     inferred_queue_.clear();
+    if (grammar_ && config_.schema_fit_max_tokens && max_tokens > 0) {
+        grammar_->set_budget(max_tokens);
+    }
 }
 
-uint64_t llama_opt_sampler::end_generation() {
-    const uint64_t check_us = grammar_ ? grammar_->check_ns() / 1000 : 0;
+llama_opt_sampler::grammar_report llama_opt_sampler::end_generation() {
+    grammar_report report;
+    if (grammar_) {
+        report = { grammar_->check_ns() / 1000, grammar_->budget_picks() };
+    }
     grammar_.reset();
     inferred_queue_.clear();
-    return check_us;
+    return report;
 }
 
 llama_token llama_opt_sampler::pick(const std::vector<float> & logits) {

@@ -33,8 +33,9 @@ public:
     llama_opt_sampler & operator=(const llama_opt_sampler &) = delete;
 
     void set_sampling(const llama_opt_sampling & sampling);
-    // Throws llama_opt_error(grammar) if `gbnf` does not parse; "": no grammar.
-    void set_grammar(const std::string & gbnf);
+    // Throws llama_opt_error(grammar) if `gbnf` does not parse; "": no grammar. max_tokens: the
+    // output's budget (0: none), which the grammar keeps to with schema_fit_max_tokens.
+    void set_grammar(const std::string & gbnf, uint32_t max_tokens = 0);
     bool constrained() const { return grammar_ != nullptr; }
 
     // The next token the grammar decides, to be taken without logits: -1 when the model must
@@ -46,8 +47,12 @@ public:
     llama_token pick(const std::vector<float> & logits);
     // A token joined the history: the grammar and the sampler chain advance past it.
     void accept(llama_token token);
-    // The generation is over: drops its grammar; returns the time its checks took (µs).
-    uint64_t end_generation();
+    // The generation is over: drops its grammar; returns what it cost.
+    struct grammar_report {
+        uint64_t check_us     = 0;  // time its checks took
+        uint64_t budget_picks = 0;  // picks the budget changed (schema_fit_max_tokens)
+    };
+    grammar_report end_generation();
 
 private:
     llama_token sample_allowed(const float * logits);  // seeded sampling under the grammar

@@ -828,9 +828,9 @@ void llama_opt_session::set_sampling(const llama_opt_sampling & sampling) {
     sampler_.set_sampling(sampling);
 }
 
-void llama_opt_session::set_grammar(const std::string & gbnf) {
+void llama_opt_session::set_grammar(const std::string & gbnf, uint32_t max_tokens) {
     lock_t lock(ctx_->mutex());
-    sampler_.set_grammar(gbnf);
+    sampler_.set_grammar(gbnf, max_tokens);
 }
 
 llama_token llama_opt_session::next_token() {
@@ -906,7 +906,9 @@ void llama_opt_session::end_turn() {
     publish_output();
     generating_ = false;  // logits() after the turn computes the pending token alone
     if (sampler_.constrained()) {  // the generation it constrained is over
-        count(&llama_opt_stats::schema_check_us, sampler_.end_generation());
+        const llama_opt_sampler::grammar_report report = sampler_.end_generation();
+        count(&llama_opt_stats::schema_check_us, report.check_us);
+        count(&llama_opt_stats::schema_budget_picks, report.budget_picks);
     }
     if (ctx_->settings().config.stats_enabled) {
         (stats_ - turn_start_).print();

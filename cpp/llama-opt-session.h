@@ -108,8 +108,9 @@ public:
     void set_sampling(const llama_opt_sampling & sampling);
     // Constrains the following next_token() calls to a GBNF grammar ("": none). Throws
     // llama_opt_error(grammar) if it does not parse. With schema_skip_enabled, a token the
-    // grammar forces is taken without computing logits (llama-opt-grammar).
-    void set_grammar(const std::string & gbnf);
+    // grammar forces is taken without computing logits (llama-opt-grammar). max_tokens: the
+    // output's budget (0: none), which the grammar keeps to with schema_fit_max_tokens.
+    void set_grammar(const std::string & gbnf, uint32_t max_tokens = 0);
 
     // Computes the KV of a pending (last sampled) token if any, then samples the next token
     // and adds it to the history as pending. Throws context_overflow when the history is full.

@@ -90,6 +90,7 @@ struct llama_opt_config {
     bool schema_skip_batch   = false;  // forced tokens computed in one batch with the next step
     bool schema_jump_forward = false;  // forced strings tokenized and taken whole (changes tokenization)
     bool schema_full_mask    = false;  // check every token every step, as llama.cpp's grammar sampler does
+    bool schema_fit_max_tokens = false;  // a constrained output ends within max_tokens (closed, not cut off)
     bool canon_enabled       = false;
 
     bool     precompute_enabled  = false;
@@ -213,6 +214,7 @@ struct llama_opt_stats {
     uint64_t schema_tokens_skipped  = 0;
     uint64_t schema_tokens_inferred = 0;
     uint64_t schema_check_us        = 0;  // time spent asking the grammar what it allows
+    uint64_t schema_budget_picks    = 0;  // tokens picked (or sampling sets) changed to end within max_tokens
     // Phase 2 - KV canonicalization
     uint64_t canon_entries_total   = 0;
     uint64_t canon_entries_deduped = 0;

@@ -94,7 +94,7 @@ class Generation(Iterator[Token]):
         core = self.session._core
         if self.session._configured_for is not self._tag:  # another generation of the session came between
             core.set_sampling(sampling)
-            core.set_grammar(self._grammar)
+            core.set_grammar(self._grammar, _budget(max_tokens, core.room))
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         full = ""  # all text decoded so far; self.text is the part released
         if max_tokens == 0:
@@ -148,6 +148,11 @@ class Generation(Iterator[Token]):
 _TIER2_PREFIXES = ("attn_prune_", "sparse_", "spec_prefill_")
 _CONTEXT_ONLY = ("spec_prefill_draft_model",)  # a model loaded with the context
 _SPAN_KINDS = {"text": _core.SpanKind.text, "system": _core.SpanKind.system, "tool": _core.SpanKind.tool}
+
+
+def _budget(max_tokens: int | None, room: int) -> int:
+    """The tokens an output may take: what schema_fit_max_tokens closes a grammar's output within."""
+    return room if max_tokens is None else min(max_tokens, room)
 
 
 def _find_stop(text: str, stop: list[str], released: int) -> tuple[int, str] | None:
@@ -328,7 +333,11 @@ class Session:
 
         With a grammar, tokens the grammar forces are taken without computing logits
         (``schema_skip_enabled``, exact); ``finish_reason`` is 'grammar' if the grammar allows no
-        token at some point, and 'length' means the output was cut off before it was complete.
+        token at some point, and 'length' means the output was cut off before it was complete —
+        unless ``schema_fit_max_tokens`` is on (OptConfig, off by default): then the output ends
+        within max_tokens (and the context's room): a pick changes only when after the model's
+        choice the grammar's shortest completion would have more characters than tokens are left
+        (``Stats.schema_budget_picks`` counts those picks).
         An invalid grammar or schema raises GrammarError before any token is generated.
         """
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
@@ -356,7 +365,8 @@ class Session:
             grammar = schema.gbnf
         if grammar is not None and (not isinstance(grammar, str) or not grammar.strip()):
             raise InvalidArgumentError("grammar must be a non-empty GBNF string")
-        self._core.set_grammar(grammar or "")  # parsed now, once: a bad grammar fails before generating
+        # parsed now, once: a bad grammar fails before generating
+        self._core.set_grammar(grammar or "", _budget(max_tokens, self._core.room))
         self._core.set_sampling(sampling)
         generation = Generation(self, max_tokens, stops, sampling, on_finish, grammar or "", schema)
         self._configured_for = generation._tag

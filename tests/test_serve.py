@@ -679,6 +679,30 @@ def test_a_strict_schema_we_cannot_enforce_is_a_400_a_non_strict_one_is_checked(
     server.request("DELETE", f"/v1/sessions/{sid}")
 
 
+def test_fit_max_tokens_is_a_server_configuration_that_closes_structured_output(server, tiny_model_path, tmp_path):
+    """LLAMA_OPT_SCHEMA_FIT_MAX_TOKENS=1 (off by default): an answer under a response_format that
+    max_tokens would cut off is closed in time instead, and valid."""
+    schema = {"type": "object", "properties": {"files": {"type": "array", "items": {"type": "string"}},
+                                               "line": {"type": "integer"}}, "required": ["files", "line"]}
+    request = {"max_tokens": 30, "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}
+
+    def answer(s: Server) -> dict:
+        sid = s.request("POST", "/v1/sessions", {"tokens": LONG_PROMPT[10:40]})[1]["session_id"]
+        status, out = s.request("POST", f"/v1/sessions/{sid}/generate", request)
+        assert status == 200, out
+        return out
+
+    cut = answer(server)
+    assert cut["finish_reason"] == "length" and cut["schema_valid"] is False
+    fitting = start_server(tiny_model_path, tmp_path, env={"LLAMA_OPT_SCHEMA_FIT_MAX_TOKENS": "1"})
+    try:
+        closed = answer(fitting)
+    finally:
+        stop_server(fitting)
+    assert closed["finish_reason"] != "length" and closed["schema_valid"] is True, closed
+    assert set(json.loads(closed["text"])) == {"files", "line"} and len(closed["tokens"]) <= 30
+
+
 def test_a_max_tokens_beyond_the_context_is_clamped(server):
     out = server.client().completions.create(model="m", prompt=LONG_PROMPT[:20], max_tokens=10**6)
     assert out.choices[0].finish_reason == "length"

@@ -197,3 +197,65 @@ def test_schema_valid_is_reported(tiny_model):
         for _ in plain:
             pass
         assert plain.schema_valid is None
+
+
+def run(model, prompt, max_tokens, **generate_args):
+    """Tokens, text, finish reason, schema_valid and budget picks of one generation, with
+    schema_fit_max_tokens on (and schema skipping on as by default)."""
+    with Context(model, n_ctx=1024, n_batch=256, n_threads=2,
+                 config=OptConfig(env={}, schema_fit_max_tokens=True)) as ctx:
+        s = ctx.session()
+        s.append_text(prompt)
+        g = s.generate(max_tokens, **generate_args)
+        tokens = [t.id for t in g]
+        return tokens, g.text, g.finish_reason, g.schema_valid, s.stats.schema_budget_picks
+
+
+@pytest.mark.parametrize("name", ["list", "call"])
+def test_fit_max_tokens_closes_what_would_be_cut_off(tiny_model, name):
+    """schema_fit_max_tokens: at every budget the grammar's shortest completion fits, the output
+    ends (eos) within it and matches the grammar; a pick differs from the model's only when the
+    budget demands it, so without such a pick the output is the one generated without the budget."""
+    grammar, pattern = GRAMMARS[name]
+    shortest = {"list": len("[0]"), "call": len('{"tool":"read","line":0}')}[name] + 1  # + end of generation
+    cut_off = changed = 0
+    for prompt in PROMPTS:
+        free = generate(tiny_model, prompt, grammar, max_tokens=60)
+        for budget in range(shortest, 41, 3):
+            tokens, text, reason, _, picks = run(tiny_model, prompt, budget, grammar=grammar)
+            assert reason == "eos" and len(tokens) <= budget and re.fullmatch(pattern, text), (budget, text)
+            plain = generate(tiny_model, prompt, grammar, max_tokens=budget)
+            if picks == 0:
+                assert (tokens, text) == plain[:2], budget
+            cut_off += plain[2] == "length"
+            changed += picks > 0
+        tokens, text, reason, _, picks = run(tiny_model, prompt, 60, grammar=grammar)
+        assert (tokens, text, reason, picks) == (free[0], free[1], free[2], 0) or free[2] == "length"
+    assert cut_off > 0 and changed > 0  # the budgets above did cut outputs off without it
+
+
+def test_fit_max_tokens_with_a_json_schema_and_with_sampling(tiny_model):
+    import json
+
+    schema = {"type": "object", "properties": {"files": {"type": "array", "items": {"type": "string"}},
+                                               "line": {"type": "integer"}},
+              "required": ["files", "line"]}
+    changed = 0
+    for budget in (26, 30, 36):  # the shortest instance, {"files": [], "line": 0}, and the end: 25
+        for seed, prompt in enumerate(PROMPTS):
+            for sampling in ({}, {"temperature": 1.0, "seed": seed}):
+                tokens, text, reason, valid, picks = run(tiny_model, prompt, budget, json_schema=schema, **sampling)
+                assert reason == "eos" and len(tokens) <= budget and valid is True, (budget, sampling, text)
+                assert set(json.loads(text)) == {"files", "line"}
+                changed += picks > 0
+    assert changed > 0
+
+
+def test_fit_max_tokens_is_off_by_default_and_a_budget_too_small_is_ignored(tiny_model):
+    grammar = GRAMMARS["call"][0]
+    assert OptConfig(env={}).schema_fit_max_tokens is False
+    _, _, reason, _ = generate(tiny_model, PROMPTS[0], grammar, max_tokens=8)
+    assert reason == "length"
+    # the shortest call takes 25 characters: 8 tokens cannot hold it, so nothing is forced to fit
+    tokens, _, reason, _, picks = run(tiny_model, PROMPTS[0], 8, grammar=grammar)
+    assert reason == "length" and len(tokens) == 8 and picks == 0
