@@ -1,7 +1,7 @@
 """pyllamaopt serve vs llama.cpp's own llama-server, driven by the same openai client.
 
     python benchmarks/server.py [--shapes append,reasoning,workspace,header,concurrent] [--turns N]
-                                [--gen 32] [--clients 4,8] [--no-reference]
+                                [--gen 32] [--clients 4,8] [--no-reference] [--interleave]
                                 [--engines pyllamaopt,pyllamaopt-tier2[@SHARE],llama-server]
 
 Every prompt goes as token ids to /v1/completions, greedy, streamed. Both servers run the same
@@ -24,7 +24,9 @@ answers equal the answer without any reuse (pyllamaopt engines: pyllamaopt on a 
 per turn; llama-server: itself with `cache_prompt: false`), and the share of the answers' tokens
 equal up to each answer's first difference (503s: requests the server refused for room and the
 client sent again; load: the machine's 1-minute load average after the run, 2 when this
-benchmark is alone on the 2 cores).
+benchmark is alone on the 2 cores). The engines run one after the other, or with --interleave
+side by side turn by turn (both servers up, each turn sent to every engine, the first engine
+rotating; wall is then the sum of each engine's request times).
 
 concurrent: agents sharing the system prompt, each its own conversation (default 4 turns),
 growing turn by turn. Each engine runs on a freshly started server per phase: first every agent
@@ -244,8 +246,52 @@ def trace_prompts(model: Model, shape: str, n_turns: int) -> list[list[int]]:
                            special=True) for i in range(n_turns)]
 
 
+# (replies, wall time, load average after, llama-server's answers without its prompt cache) per engine
+TraceRun = tuple[list[Reply], float, float, "list[str] | None"]
+
+
+def cold_answers(engine: str, client: openai.OpenAI, prompts: list[list[int]], gen: int) -> list[str] | None:
+    """llama-server's own answers without its prompt cache (pyllamaopt's: reference_answers)."""
+    if not engine.startswith("llama-server"):
+        return None
+    return [r.text for r in run_turns(client, prompts, gen, {"cache_prompt": False})]
+
+
+def trace_one_by_one(engines: list[str], model: Model, server_bin: Path | None, prompts: list[list[int]], gen: int,
+                     with_reference: bool) -> Iterator[tuple[str, TraceRun]]:
+    """Each engine's whole trace, one engine after the other."""
+    for engine in engines:
+        with running(engine, model, server_bin, N_CTX) as server:
+            client = server.client()
+            start = time.perf_counter()
+            replies = run_turns(client, prompts, gen)
+            wall = time.perf_counter() - start
+            load = os.getloadavg()[0]
+            yield engine, (replies, wall, load, cold_answers(engine, client, prompts, gen) if with_reference else None)
+
+
+def trace_interleaved(engines: list[str], model: Model, server_bin: Path | None, prompts: list[list[int]], gen: int,
+                      with_reference: bool) -> Iterator[tuple[str, TraceRun]]:
+    """Every engine's server up at once, the trace turn by turn: each turn goes to every engine, the
+    engine that goes first rotating, so that drift of the machine's speed and the order (the engine
+    right after another's turn is slower) hit them alike. Wall: the sum of an engine's request times."""
+    with contextlib.ExitStack() as stack:
+        clients = {e: stack.enter_context(running(e, model, server_bin, N_CTX)).client() for e in engines}
+        replies: dict[str, list[Reply]] = {e: [] for e in engines}
+        walls = dict.fromkeys(engines, 0.0)
+        for turn, prompt in enumerate(prompts):
+            for engine in engines[turn % len(engines):] + engines[:turn % len(engines)]:
+                start = time.perf_counter()
+                replies[engine].append(ask(clients[engine], prompt, gen))
+                walls[engine] += time.perf_counter() - start
+        load = os.getloadavg()[0]
+        for engine in engines:
+            yield engine, (replies[engine], walls[engine], load,
+                           cold_answers(engine, clients[engine], prompts, gen) if with_reference else None)
+
+
 def bench_trace(shape: str, model: Model, server_bin: Path | None, engines: list[str], n_turns: int, gen: int,
-                with_reference: bool) -> None:
+                with_reference: bool, interleave: bool) -> None:
     prompts = trace_prompts(model, shape, n_turns)
     never_seen = sum(len(p) - max((len(os.path.commonprefix([p, q])) for q in prompts[:i]), default=0)
                      for i, p in enumerate(prompts))
@@ -255,16 +301,8 @@ def bench_trace(shape: str, model: Model, server_bin: Path | None, engines: list
           f"{'503s':>5} {'same answers as without reuse':>29} {'tokens before 1st diff':>22} {'load':>4}")
     exact: list[str] | None = None  # pyllamaopt's answers without reuse, shared by its engines
     totals: dict[str, tuple[int, float]] = {}
-    for engine in engines:
-        reference = None
-        with running(engine, model, server_bin, N_CTX) as server:
-            client = server.client()
-            start = time.perf_counter()
-            replies = run_turns(client, prompts, gen)
-            wall = time.perf_counter() - start
-            load = os.getloadavg()[0]
-            if with_reference and engine.startswith("llama-server"):
-                reference = [r.text for r in run_turns(client, prompts, gen, {"cache_prompt": False})]
+    runs = trace_interleaved if interleave else trace_one_by_one
+    for engine, (replies, wall, load, reference) in runs(engines, model, server_bin, prompts, gen, with_reference):
         if with_reference and engine.startswith("pyllamaopt"):
             exact = exact or reference_answers(model, prompts, gen)
             reference = exact
@@ -433,6 +471,8 @@ def main() -> int:
     parser.add_argument("--clients", default="4,8", help="agents at once in the concurrent shape")
     parser.add_argument("--engines", default="pyllamaopt,llama-server")
     parser.add_argument("--no-reference", action="store_true", help="skip the answers-without-reuse runs")
+    parser.add_argument("--interleave", action="store_true",
+                        help="sequential shapes: all engines' servers at once, each turn to every engine in rotating order")
     args = parser.parse_args()
     model = Model(models.resolve(args.model))
     engines = args.engines.split(",")
@@ -450,7 +490,7 @@ def main() -> int:
         if shape == "concurrent":
             bench_concurrent(model, server_bin, engines, [int(c) for c in args.clients.split(",")], n_turns, args.gen)
         else:
-            bench_trace(shape, model, server_bin, engines, n_turns, args.gen, not args.no_reference)
+            bench_trace(shape, model, server_bin, engines, n_turns, args.gen, not args.no_reference, args.interleave)
     return 0
 
 
