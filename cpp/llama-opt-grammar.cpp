@@ -462,21 +462,39 @@ std::vector<llama_token> llama_opt_grammar::all_tokens() const {
 
 std::vector<llama_token_data> llama_opt_grammar::top_allowed(const float * logits, int32_t k) {
     stopwatch sw{ check_ns_ };
-    const std::vector<llama_token> ok = by_rank(*allowed_here(), logits);
+    std::vector<llama_token> ok = *allowed_here();
     const size_t             n  = k > 0 ? std::min(ok.size(), (size_t) k) : ok.size();
+    // with a budget, the n best that fit are looked for among the best `checked` (top_k's, if more;
+    // near the end of a string a few hundred thousand tokens are allowed and a handful fit: the
+    // rest carry no probability worth a check); only those are put in order, not all allowed
+    constexpr size_t checked = 1024;
+    const size_t     scan    = std::min(ok.size(), k > 0 ? std::max(n, checked) : checked);
+    const size_t     ordered = budget_ == no_budget ? n : scan;
+    std::partial_sort(ok.begin(), ok.begin() + ordered, ok.end(),
+                      [logits](llama_token a, llama_token b) { return ranks_before(logits, a, b); });
     std::vector<llama_token_data> out;
-    for (llama_token t : ok) {  // the n best that fit the budget (all allowed ones fit without one)
-        if (out.size() < n && fits(t)) {
-            out.push_back({ t, logits[t], 0.0f });
+    const auto take = [&](llama_token t) { out.push_back({ t, logits[t], 0.0f }); };
+    if (budget_ != no_budget) {
+        for (size_t i = 0; i < scan && out.size() < n; ++i) {
+            if (fits(ok[i])) {
+                take(ok[i]);
+            }
+        }
+        if (out.empty()) {  // then the best that fits, as greedy takes it
+            const llama_token t = first_fitting(by_rank(ok, logits));
+            if (t >= 0) {
+                take(t);
+            } else {
+                give_up_budget(-1);
+            }
+        }
+        if (!out.empty()) {
+            budget_picks_ += out.size() < n || out.back().id != ok[n - 1];  // the set to sample from changed
+            return out;
         }
     }
-    if (out.empty()) {  // nothing fits: the budget is ignored
-        give_up_budget(-1);
-        for (size_t i = 0; i < n; ++i) {
-            out.push_back({ ok[i], logits[ok[i]], 0.0f });
-        }
-    } else if (out.size() < n || out.back().id != ok[n - 1]) {
-        budget_picks_ += 1;  // the set to sample from changed
+    for (size_t i = 0; i < n; ++i) {
+        take(ok[i]);
     }
     return out;
 }
