@@ -460,10 +460,29 @@ std::vector<llama_token> llama_opt_grammar::all_tokens() const {
     return ids;
 }
 
-std::vector<llama_token_data> llama_opt_grammar::top_allowed(const float * logits, int32_t k) {
+std::vector<llama_token_data> llama_opt_grammar::top_allowed(const float * logits, int32_t k, bool full_mask) {
     stopwatch sw{ check_ns_ };
-    std::vector<llama_token> ok = *allowed_here();
-    const size_t             n  = k > 0 ? std::min(ok.size(), (size_t) k) : ok.size();
+    std::vector<llama_token_data> out;
+    const auto take = [&](llama_token t) { out.push_back({ t, logits[t], 0.0f }); };
+    if (k > 0 && !full_mask) {
+        // the model's favourites first, as best() does: when its 256 best tokens hold k allowed
+        // ones (that fit), those are the k best allowed, and the whole allowed set is not needed
+        const std::vector<llama_token> top      = ranked(logits, 256);
+        const std::vector<llama_token> favoured = allowed(top.data(), top.size());
+        for (size_t i = 0; i < favoured.size() && out.size() < (size_t) k; ++i) {
+            if (fits(favoured[i])) {
+                take(favoured[i]);
+            }
+        }
+        if (out.size() == (size_t) k) {
+            budget_picks_ += out.back().id != favoured[k - 1];  // the set to sample from changed
+            return out;
+        }
+        out.clear();
+    }
+    const std::vector<llama_token> all = full_mask ? all_tokens() : std::vector<llama_token>();
+    std::vector<llama_token>       ok  = full_mask ? allowed(all.data(), all.size()) : *allowed_here();
+    const size_t                   n   = k > 0 ? std::min(ok.size(), (size_t) k) : ok.size();
     // with a budget, the n best that fit are looked for among the best `checked` (top_k's, if more;
     // near the end of a string a few hundred thousand tokens are allowed and a handful fit: the
     // rest carry no probability worth a check); only those are put in order, not all allowed
@@ -472,8 +491,6 @@ std::vector<llama_token_data> llama_opt_grammar::top_allowed(const float * logit
     const size_t     ordered = budget_ == no_budget ? n : scan;
     std::partial_sort(ok.begin(), ok.begin() + ordered, ok.end(),
                       [logits](llama_token a, llama_token b) { return ranks_before(logits, a, b); });
-    std::vector<llama_token_data> out;
-    const auto take = [&](llama_token t) { out.push_back({ t, logits[t], 0.0f }); };
     if (budget_ != no_budget) {
         for (size_t i = 0; i < scan && out.size() < n; ++i) {
             if (fits(ok[i])) {

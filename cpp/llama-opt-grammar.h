@@ -77,8 +77,9 @@ public:
     // The allowed token with the highest logit (ties: lowest id); -1 if none is allowed.
     // full_mask: check every token of the vocabulary (the reference, as llama.cpp does).
     llama_token best(const float * logits, bool full_mask = false);
-    // The k allowed tokens with the highest logits (all allowed ones if k <= 0), for sampling.
-    std::vector<llama_token_data> top_allowed(const float * logits, int32_t k);
+    // The k allowed tokens with the highest logits (all allowed ones if k <= 0), for sampling;
+    // full_mask: from every token of the vocabulary checked (the reference).
+    std::vector<llama_token_data> top_allowed(const float * logits, int32_t k, bool full_mask = false);
     // The only token allowed here; -1 if several are, -2 if none is.
     llama_token forced();
     // The tokens forced one after another from here (at most max_tokens), looked up on a copy:

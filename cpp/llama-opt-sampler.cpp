@@ -123,7 +123,7 @@ void llama_opt_sampler::queue_jump_forward() {
 // Sampling under a grammar: the allowed tokens (the top_k best of them, when top_k is on) go
 // through the sampler chain, as masking the vocabulary first would give.
 llama_token llama_opt_sampler::sample_allowed(const float * logits) {
-    candidates_ = grammar_->top_allowed(logits, top_k_);
+    candidates_ = grammar_->top_allowed(logits, top_k_, config_.schema_full_mask);
     if (candidates_.empty()) {
         return -1;
     }

@@ -49,6 +49,26 @@ def test_fast_masking_picks_what_full_masking_picks(tiny_model, name):
             assert reason == "length"
 
 
+@pytest.mark.parametrize("fit", [False, True], ids=["plain", "fit"])
+def test_seeded_sampling_draws_from_what_full_masking_gives(tiny_model, fit):
+    """Sampling takes the top-k allowed tokens from the model's favourites when they hold k allowed
+    ones (else from every allowed token): the same candidates, so the same draws, as checking every
+    token of the vocabulary (schema_full_mask), with and without the max_tokens budget."""
+    for name in sorted(GRAMMARS):
+        grammar = GRAMMARS[name][0]
+        for seed, prompt in enumerate(PROMPTS):
+            for top_k in (40, 3):
+                runs = []
+                for full_mask in (False, True):
+                    with Context(tiny_model, n_ctx=1024, n_batch=256, n_threads=2,
+                                 config=OptConfig(env={}, schema_full_mask=full_mask, schema_fit_max_tokens=fit)) as ctx:
+                        s = ctx.session()
+                        s.append_text(prompt)
+                        g = s.generate(30, grammar=grammar, temperature=1.0, top_k=top_k, seed=seed)
+                        runs.append(([t.id for t in g], g.finish_reason, s.stats.schema_budget_picks))
+                assert runs[0] == runs[1], (name, prompt, top_k)
+
+
 def test_seeded_sampling_under_a_grammar_is_valid_and_reproducible(tiny_model):
     grammar, pattern = GRAMMARS["call"]
     with Context(tiny_model, n_ctx=1024, n_batch=256, n_threads=2) as ctx:
