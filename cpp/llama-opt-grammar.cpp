@@ -497,8 +497,8 @@ std::vector<llama_token_data> llama_opt_grammar::top_allowed(const float * logit
                 take(ok[i]);
             }
         }
-        if (out.empty()) {  // then the best that fits, as greedy takes it
-            const llama_token t = first_fitting(by_rank(ok, logits));
+        if (out.empty()) {  // then the best that fits beyond them, as greedy takes it
+            const llama_token t = first_fitting(by_rank({ ok.begin() + scan, ok.end() }, logits));
             if (t >= 0) {
                 take(t);
             } else {
