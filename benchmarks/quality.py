@@ -25,9 +25,10 @@ Methods (each off by default in the engine; here each set on its own session, co
   spec-prefill speculative prefill (001): spec_prefill_enabled, spec_prefill_keep = budget; the
                needle's context and question are one prompt in a new session (the scorer's last
                query is the question's), scored by the model's first 6 layers, all averaged,
-               unpooled: 001 as written ("spec-prefill/K": K layers; "spec-prefill/K/N/P": the
-               last N of them averaged, pooling kernel P; the engine's defaults are 6/1/13); on
-               the agent trace every message of 256 tokens or more is scored
+               unpooled: 001 as written ("spec-prefill/K": K layers; "spec-prefill/K/N/P[/W]": the
+               last N of them averaged, pooling kernel P, the last W tokens' queries scoring and
+               always kept; the engine's defaults are 6/1/13/1); on the agent trace every
+               message of 256 tokens or more is scored
   keep-last    the baseline of speculative prefill: only the prompt's last budget·n tokens (and
                its first, BOS) are computed, as a prompt of their own; not run on the agent trace
 
@@ -193,6 +194,7 @@ class Method:
     layers: int = 6       # spec-prefill: the scorer's layers ("spec-prefill/2" on the command line),
     last_layers: int = 0  # the last of them averaged ("spec-prefill/6/1": layer 6 only; 0: all)
     pool: int = 1         # the pooling kernel ("spec-prefill/6/1/13")
+    window: int = 1       # the observation window ("spec-prefill/6/1/13/32")
 
     @property
     def fresh(self) -> bool:
@@ -219,7 +221,8 @@ class Method:
         if self.name == "spec-prefill":
             return {**off, "spec_prefill_enabled": True, "spec_prefill_keep": self.budget,
                     "spec_prefill_layers": self.layers, "spec_prefill_last_layers": self.last_layers,
-                    "spec_prefill_pool": self.pool, "spec_prefill_min_tokens": SPEC_MIN_TOKENS}
+                    "spec_prefill_pool": self.pool, "spec_prefill_window": self.window,
+                    "spec_prefill_min_tokens": SPEC_MIN_TOKENS}
         return off
 
     def h2o_config(self, n_tokens: int) -> tuple[dict, int]:
@@ -257,16 +260,17 @@ def parse_methods(names: list[str], budgets: list[float]) -> list[Method]:
         elif name in ("sink-window", "attn-prune", "sparse-tool", "h2o", "spec-prefill", "keep-last"):
             out += [Method(name, f"{b:g}", b) for b in budgets]
         elif name.startswith("spec-prefill/") and name.partition("/")[2].replace("/", "").isdigit():
-            layers, last, pool = ([int(x) for x in name.split("/")[1:]] + [0, 1])[:3]
+            layers, last, pool, window = ([int(x) for x in name.split("/")[1:]] + [0, 1, 1])[:4]
             out += [Method("spec-prefill", f"{b:g}/layers={layers}" + (f"/last={last}" if last else "") +
-                           (f"/pool={pool}" if pool > 1 else ""), b, layers=layers, last_layers=last, pool=pool)
+                           (f"/pool={pool}" if pool > 1 else "") + (f"/window={window}" if window > 1 else ""), b,
+                           layers=layers, last_layers=last, pool=pool, window=window)
                     for b in budgets]
         elif name.startswith("attn-prune/") and name.partition("/")[2].isdigit():
             recent = int(name.partition("/")[2])
             out += [Method("attn-prune", f"{b:g}/recent={recent}", b, recent) for b in budgets]
         else:
             raise SystemExit(f"unknown method {name!r} (exact, sink-window, attn-prune[/RECENT], sparse-tool, h2o, "
-                             "spec-prefill[/LAYERS[/LAST[/POOL]]], keep-last)")
+                             "spec-prefill[/LAYERS[/LAST[/POOL[/WINDOW]]]], keep-last)")
     return out
 
 

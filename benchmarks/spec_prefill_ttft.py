@@ -2,7 +2,7 @@
 """Speculative prefill's time to first token (TTFT) against exact prefill, side by side in one run.
 
     python benchmarks/spec_prefill_ttft.py [--lengths 2048,4096,8192,16384] [--keeps 0.1,0.2,0.3,0.5]
-        [--layers 6] [--settings KEEP/LAYERS,...] [--repeats 2] [--threads 2] [--json out.json]
+        [--layers 6] [--settings KEEP/LAYERS[/WINDOW],...] [--repeats 2] [--threads 2] [--json out.json]
 
 Each prompt is a needle input of benchmarks/quality.py (passkey at 50 % depth, with its question),
 computed in a new session: exact prefill (speculative prefill off), then the same prompt with
@@ -51,34 +51,37 @@ def main() -> int:
     parser.add_argument("--keeps", default="0.1,0.2,0.3,0.5")
     parser.add_argument("--layers", default="6", help="scorer sizes (the model's first N layers), comma list")
     parser.add_argument("--settings", default="",
-                        help="instead of --keeps × --layers: KEEP/LAYERS pairs, e.g. 0.1/2,0.3/2,0.3/6")
+                        help="instead of --keeps × --layers: KEEP/LAYERS[/WINDOW], e.g. 0.1/2,0.3/2,0.3/6/1 "
+                             "(WINDOW: spec_prefill_window; the engine's default without it)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
-    pairs = [(float(k), int(n)) for k, n in (s.split("/") for s in args.settings.split(",") if s)] or \
-        [(float(k), int(n)) for n in args.layers.split(",") for k in args.keeps.split(",")]
+    defaults = OptConfig(env={})
+    pairs = [(float(k), int(n), int(w[0]) if w else defaults.spec_prefill_window)
+             for k, n, *w in (s.split("/") for s in args.settings.split(",") if s)] or \
+        [(float(k), int(n), defaults.spec_prefill_window) for n in args.layers.split(",") for k in args.keeps.split(",")]
 
     model = Model(models.resolve(args.model), progress=False)
     ctx = Context(model, n_ctx=max(lengths) + 256, n_seq_max=2, n_threads=args.threads,
                   config=OptConfig(env={}, dedup_enabled=False, diff_enabled=False, spec_prefill_enabled=True))
     print(f"model {model.description}; {args.threads} threads; {model.n_layer} layers", flush=True)
-    settings = [("exact", None, None)] + [(f"keep {k:g} / {n} layers", k, n) for k, n in pairs]
+    settings = [("exact", None, None, None)] + [(f"keep {k:g} / {n} layers / window {w}", k, n, w) for k, n, w in pairs]
     rows = []
     for n_tokens in lengths:
         case = needle_case(model, n_tokens, 50, "passkey", 0)
         prompt = case.context + case.question
-        runs: dict[str, list[dict]] = {label: [] for label, _, _ in settings}
+        runs: dict[str, list[dict]] = {label: [] for label, *_ in settings}
         for _ in range(args.repeats):
-            for label, keep, layers in settings:
+            for label, keep, layers, window in settings:
                 tier2 = {"spec_prefill_enabled": False} if keep is None else {
                     "spec_prefill_enabled": True, "spec_prefill_keep": keep, "spec_prefill_layers": layers,
-                    "spec_prefill_min_tokens": 256}
+                    "spec_prefill_window": window, "spec_prefill_min_tokens": 256}
                 runs[label].append(ttft(ctx, prompt, tier2))
         exact_s = statistics.median(r["ttft_s"] for r in runs["exact"])
         exact_first = runs["exact"][0]["first"]
-        for label, keep, layers in settings:
+        for label, keep, layers, _ in settings:
             mine = runs[label]
             median = statistics.median(r["ttft_s"] for r in mine)
             rows.append({"n_tokens": len(prompt), "setting": label, "keep": keep, "layers": layers, "ttft_s": median,
@@ -86,7 +89,7 @@ def main() -> int:
                          "tokens_prefilled": mine[0]["tokens_prefilled"], "tokens_scored": mine[0]["tokens_scored"],
                          "first_token_exact": mine[0]["first"] == exact_first})
             r = rows[-1]
-            print(f"  {r['n_tokens']:>6} {label:<22} TTFT {median:7.2f}s  x{r['speedup']:.2f}  "
+            print(f"  {r['n_tokens']:>6} {label:<33} TTFT {median:7.2f}s  x{r['speedup']:.2f}  "
                   f"scorer {r['score_s']:.2f}s  computed {r['tokens_prefilled']}  first token = exact: "
                   f"{r['first_token_exact']}", flush=True)
     ctx.close()

@@ -62,12 +62,13 @@ bool llama_opt_attn_capture::callback(ggml_tensor * t, bool ask, void * user_dat
     return static_cast<llama_opt_attn_capture *>(user_data)->observe(t, ask);
 }
 
-void llama_opt_attn_capture::arm_scorer(uint32_t n_layers, llama_pos begin, size_t n_keys) {
+void llama_opt_attn_capture::arm_scorer(uint32_t n_layers, llama_pos begin, size_t n_keys, uint32_t window) {
     scorer_.n_layers = std::min<uint32_t>(n_layers, (uint32_t) full_.slot_of_layer.size());
     scorer_.begin    = begin;
     scorer_.n_keys   = n_keys;
+    scorer_.window   = std::min<size_t>(std::max<uint32_t>(window, 1), n_keys);
     scorer_.q_pos    = -1;
-    scorer_.q.assign(scorer_.n_layers, std::vector<float>((size_t) shape_.n_head * shape_.head_dim, 0.0f));
+    scorer_.q.assign(scorer_.n_layers, std::vector<float>(scorer_.window * shape_.n_head * shape_.head_dim, 0.0f));
     scorer_.k.assign(scorer_.n_layers, std::vector<float>(n_keys * shape_.n_head_kv * shape_.head_dim, 0.0f));
     new_call();
 }
@@ -110,16 +111,17 @@ bool llama_opt_attn_capture::observe_scorer(ggml_tensor * t, bool ask) {
                                     shape_.head_dim * sizeof(float));
         }
     };
-    if (is_q) {  // the last token of the call: the prompt's last one in the last call
-        copy_row(n_tokens - 1, scorer_.q[layer].data());
-        scorer_.q_pos = pos.back();
-    } else {
-        for (int64_t r = 0; r < n_tokens; ++r) {
-            const llama_pos p = pos[(size_t) r] - scorer_.begin;
-            if (p >= 0 && (size_t) p < scorer_.n_keys) {
-                copy_row(r, scorer_.k[layer].data() + (size_t) p * row);
-            }
+    // queries: of the window at the prompt's end (in the last call, or the last two if it is short)
+    const llama_pos first = is_q ? scorer_.begin + (llama_pos) (scorer_.n_keys - scorer_.window) : scorer_.begin;
+    const size_t    n     = is_q ? scorer_.window : scorer_.n_keys;
+    for (int64_t r = 0; r < n_tokens; ++r) {
+        const llama_pos p = pos[(size_t) r] - first;
+        if (p >= 0 && (size_t) p < n) {
+            copy_row(r, (is_q ? scorer_.q : scorer_.k)[layer].data() + (size_t) p * row);
         }
+    }
+    if (is_q) {
+        scorer_.q_pos = pos.back();
     }
     if (layer == (int) scorer_.n_layers - 1) {
         (is_q ? scorer_.q_seen : scorer_.k_seen) = true;

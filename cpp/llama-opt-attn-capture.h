@@ -13,7 +13,7 @@
 //
 // Speculative prefill's scorer (001, arm_scorer): the model's own first layers score a prompt.
 // Each llama_decode call keeps the keys of its tokens (Kcur after RoPE, by position) and the
-// queries of its last token (Qcur) in layers [0, n), and then cuts the graph: once the last of
+// queries (Qcur) of those among the prompt's last `window` tokens in layers [0, n), and then cuts the graph: once the last of
 // these tensors is computed the callback returns false, which makes ggml's scheduler stop
 // computing the current split (ggml-backend.cpp, ggml_backend_sched_compute_splits); for any
 // later split it asks for the first node and stops after it. llama_decode then returns 0 with
@@ -52,9 +52,10 @@ public:
     void arm() { armed_ = true; n_rows_ = 0; }
     void disarm() { armed_ = false; }
 
-    // Scorer mode (above): the keys of positions [begin, begin + n_keys) and the last token's
-    // queries in layers [0, n_layers), until disarm_scorer(); ahead of arm()'s capture.
-    void arm_scorer(uint32_t n_layers, llama_pos begin, size_t n_keys);
+    // Scorer mode (above): the keys of positions [begin, begin + n_keys) and the queries of the
+    // last min(window, n_keys) of them in layers [0, n_layers), until disarm_scorer(); ahead of
+    // arm()'s capture.
+    void arm_scorer(uint32_t n_layers, llama_pos begin, size_t n_keys, uint32_t window);
     void disarm_scorer() { scorer_.n_layers = 0; }
     // Called before every llama_decode: the scorer's graph cut is per call.
     void new_call() { scorer_.q_seen = scorer_.k_seen = scorer_.cut = false; }
@@ -85,7 +86,8 @@ private:
         uint32_t                        n_layers = 0;  // 0: not scoring
         llama_pos                       begin    = 0;
         size_t                          n_keys   = 0;
-        llama_pos                       q_pos    = -1;  // the position of the queries kept
+        size_t                          window   = 1;   // queries kept: of positions [begin + n_keys - window, begin + n_keys)
+        llama_pos                       q_pos    = -1;  // the last position whose queries were seen
         bool                            q_seen = false, k_seen = false;  // this call's, of the last layer
         bool                            cut = false;    // this call's graph is cut
         std::vector<std::vector<float>> q, k;           // by layer

@@ -96,18 +96,20 @@ std::vector<float> llama_opt_attn_pool(const std::vector<float> & scores, uint32
 
 std::vector<float> llama_opt_spec_importance(const llama_opt_attn_shape & shape,
                                              const std::vector<llama_opt_spec_layer> & layers, size_t n_keys,
-                                             uint32_t last_layers, uint32_t pool) {
+                                             uint32_t window, uint32_t last_layers, uint32_t pool) {
     std::vector<float> scores(n_keys, 0.0f);
     const size_t n_used  = last_layers == 0 ? layers.size() : std::min<size_t>(last_layers, layers.size());
     if (n_keys == 0 || n_used == 0) {
         return scores;
     }
-    // the last token's query sees every key: one query, at the position after all of them
+    // the queries of the prompt's last tokens, each seeing the keys up to its own position
+    const size_t           n_query = std::min<size_t>(std::max<uint32_t>(window, 1), n_keys);
     std::vector<llama_pos> k_pos(n_keys);
     std::iota(k_pos.begin(), k_pos.end(), 0);
-    const llama_pos q_pos = (llama_pos) n_keys - 1;
+    const std::vector<llama_pos> q_pos(k_pos.end() - (std::ptrdiff_t) n_query, k_pos.end());
     for (size_t i = layers.size() - n_used; i < layers.size(); ++i) {
-        llama_opt_attn_accumulate(shape, layers[i].q, &q_pos, 1, layers[i].k, k_pos.data(), n_keys, scores.data());
+        llama_opt_attn_accumulate(shape, layers[i].q, q_pos.data(), n_query, layers[i].k, k_pos.data(), n_keys,
+                                  scores.data());
     }
     for (float & s : scores) {
         s /= (float) n_used;
@@ -115,19 +117,22 @@ std::vector<float> llama_opt_spec_importance(const llama_opt_attn_shape & shape,
     return llama_opt_attn_pool(scores, pool);
 }
 
-std::vector<uint32_t> llama_opt_spec_keep(const std::vector<float> & importance, float keep) {
+std::vector<uint32_t> llama_opt_spec_keep(const std::vector<float> & importance, float keep, uint32_t window) {
     const size_t n = importance.size();
     if (n == 0) {
         return {};
     }
     // ceil, not fooled by float: 0.3f · 700 = 210.0000083
-    const size_t k = std::min(n, std::max<size_t>(1, (size_t) std::ceil((double) keep * (double) n * (1 - 1e-6))));
-    std::vector<uint32_t> order(n - 1);
+    const size_t k      = std::min(n, std::max<size_t>(1, (size_t) std::ceil((double) keep * (double) n * (1 - 1e-6))));
+    const size_t forced = std::min<size_t>(k, std::max<uint32_t>(window, 1));  // the last tokens
+    std::vector<uint32_t> order(n - forced);
     std::iota(order.begin(), order.end(), 0u);
     std::stable_sort(order.begin(), order.end(),
                      [&](uint32_t a, uint32_t b) { return importance[a] > importance[b]; });
-    std::vector<uint32_t> kept(order.begin(), order.begin() + (k - 1));
-    kept.push_back((uint32_t) (n - 1));
+    std::vector<uint32_t> kept(order.begin(), order.begin() + (std::ptrdiff_t) (k - forced));
+    for (size_t i = n - forced; i < n; ++i) {
+        kept.push_back((uint32_t) i);
+    }
     std::sort(kept.begin(), kept.end());
     return kept;
 }

@@ -39,25 +39,29 @@ std::vector<float> llama_opt_attn_pool(const std::vector<float> & scores, uint32
 // speculative prefill (001): which prompt tokens the target computes
 //
 
-// One scorer layer's view of the prompt: the last token's queries (n_head × head_dim) and every
-// prompt token's keys (n_keys × n_head_kv × head_dim), in layer order.
+// One scorer layer's view of the prompt: the queries of its last `window` tokens (window × n_head ×
+// head_dim, in position order) and every prompt token's keys (n_keys × n_head_kv × head_dim), in
+// layer order.
 struct llama_opt_spec_layer {
     const float * q;
     const float * k;
 };
 
-// 001's importance of each of n_keys prompt tokens: per layer, the last token's softmax (per
-// query head, over all the keys; GQA mapping, `shape.scale`) and its max over heads; the mean over
-// the last `last_layers` layers (0: all of them; 001's `last4` and `last1` are 4 and 1); then
-// average pooling over `pool` neighbours (1: none).
+// 001's importance of each of n_keys prompt tokens: per layer, each of the last min(window, n_keys)
+// tokens' softmax (per query head, over the keys up to its own position; GQA mapping,
+// `shape.scale`) and its max over heads, averaged over those queries (001: window 1, the last
+// token's; a wider observation window, as SnapKV's, reads what the prompt's question looks for);
+// the mean over the last `last_layers` layers (0: all of them; 001's `last4` and `last1` are 4
+// and 1); then average pooling over `pool` neighbours (1: none).
 std::vector<float> llama_opt_spec_importance(const llama_opt_attn_shape & shape,
                                              const std::vector<llama_opt_spec_layer> & layers, size_t n_keys,
-                                             uint32_t last_layers, uint32_t pool);
+                                             uint32_t window, uint32_t last_layers, uint32_t pool);
 
 // 001's top-k: the indices of the ceil(keep · n) most important tokens (at least one), the last
-// token always among them (it takes the place of the least important otherwise kept: the budget
-// holds), ties to the earlier token, in increasing order.
-std::vector<uint32_t> llama_opt_spec_keep(const std::vector<float> & importance, float keep);
+// min(window, k) tokens always among them (they take the places of the least important otherwise
+// kept: the budget holds; 001: window 1, the last token), ties to the earlier token, in increasing
+// order.
+std::vector<uint32_t> llama_opt_spec_keep(const std::vector<float> & importance, float keep, uint32_t window = 1);
 
 //
 // attention-sink pruning (000 §4.1): per-block rolling statistics across turns

@@ -581,8 +581,8 @@ void llama_opt_context::compute_positions(int32_t seq, const llama_token * token
 }
 
 std::vector<float> llama_opt_context::score_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end,
-                                                 uint32_t n_layers, uint32_t last_layers, uint32_t pool,
-                                                 bool evict_sessions, llama_opt_work & work) {
+                                                 uint32_t n_layers, uint32_t window, uint32_t last_layers,
+                                                 uint32_t pool, bool evict_sessions, llama_opt_work & work) {
     check_open();
     if (!attn_capture_) {
         throw llama_opt_error(llama_opt_errc::invalid_argument,
@@ -590,7 +590,7 @@ std::vector<float> llama_opt_context::score_span(int32_t seq, const llama_token 
             "model's queries and keys are observed through the eval callback, set when the context is made)",
             "spec_prefill_enabled");
     }
-    attn_capture_->arm_scorer(n_layers, (llama_pos) begin, end - begin);
+    attn_capture_->arm_scorer(n_layers, (llama_pos) begin, end - begin, window);
     try {
         compute_span(seq, tokens, begin, end, nullptr, evict_sessions, work);
     } catch (...) {
@@ -603,7 +603,7 @@ std::vector<float> llama_opt_context::score_span(int32_t seq, const llama_token 
     if (layers.empty()) {
         return {};
     }
-    return llama_opt_spec_importance(attn_capture_->shape(), layers, end - begin, last_layers, pool);
+    return llama_opt_spec_importance(attn_capture_->shape(), layers, end - begin, window, last_layers, pool);
 }
 
 bool llama_opt_context::compute_rows(const std::vector<llama_opt_row> & rows, std::vector<float> & logits,

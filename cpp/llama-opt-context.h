@@ -189,8 +189,8 @@ public:
     // the span is computed up to those layers (llama-opt-attn-capture's scorer mode), and its
     // cells removed again. Empty if the scorer saw no query (a model whose tensors it does not know).
     std::vector<float> score_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end,
-                                  uint32_t n_layers, uint32_t last_layers, uint32_t pool, bool evict_sessions,
-                                  llama_opt_work & work);
+                                  uint32_t n_layers, uint32_t window, uint32_t last_layers, uint32_t pool,
+                                  bool evict_sessions, llama_opt_work & work);
 
     // --- the KV memory of a sequence ---
 

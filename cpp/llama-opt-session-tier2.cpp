@@ -508,13 +508,14 @@ bool llama_opt_session::spec_prefill(size_t end, uint64_t llama_opt_stats::* cou
     };
     try {
         if (llama_opt_spec_draft * draft = ctx_->spec_draft()) {  // the draft sees the whole history
-            importance = draft->importance(tokens_.data(), end, cfg.spec_prefill_last_layers, cfg.spec_prefill_pool,
-                                           scorer.passes);
+            importance = draft->importance(tokens_.data(), end, cfg.spec_prefill_window, cfg.spec_prefill_last_layers,
+                                           cfg.spec_prefill_pool, scorer.passes);
             scorer.tokens = end;
             importance.erase(importance.begin(), importance.begin() + std::min(begin, importance.size()));
         } else {  // the model's first layers, on top of the KV the session has
             importance = ctx_->score_span(seq_, tokens_.data(), begin, end, cfg.spec_prefill_layers,
-                                          cfg.spec_prefill_last_layers, cfg.spec_prefill_pool, evict, scorer);
+                                          cfg.spec_prefill_window, cfg.spec_prefill_last_layers, cfg.spec_prefill_pool,
+                                          evict, scorer);
         }
     } catch (...) {
         count_scoring();
@@ -525,7 +526,7 @@ bool llama_opt_session::spec_prefill(size_t end, uint64_t llama_opt_stats::* cou
         return false;  // no scores (a model whose tensors the scorer does not know): computed whole
     }
     count(&llama_opt_stats::spec_prefill_prompts, 1);
-    const std::vector<uint32_t> keep = llama_opt_spec_keep(importance, cfg.spec_prefill_keep);
+    const std::vector<uint32_t> keep = llama_opt_spec_keep(importance, cfg.spec_prefill_keep, cfg.spec_prefill_window);
     count(&llama_opt_stats::spec_prefill_tokens_kept, keep.size());
     count(&llama_opt_stats::spec_prefill_tokens_dropped, importance.size() - keep.size());
     if (keep.size() == importance.size()) {

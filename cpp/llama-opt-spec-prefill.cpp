@@ -46,10 +46,10 @@ llama_opt_spec_draft::~llama_opt_spec_draft() {
     }
 }
 
-std::vector<float> llama_opt_spec_draft::importance(const llama_token * tokens, size_t n, uint32_t last_layers,
-                                                    uint32_t pool, uint64_t & passes) {
+std::vector<float> llama_opt_spec_draft::importance(const llama_token * tokens, size_t n, uint32_t window,
+                                                    uint32_t last_layers, uint32_t pool, uint64_t & passes) {
     llama_memory_clear(llama_get_memory(ctx_), true);
-    capture_->arm_scorer((uint32_t) model_->n_layer(), 0, n);
+    capture_->arm_scorer((uint32_t) model_->n_layer(), 0, n, window);
     llama_batch batch = llama_batch_init((int32_t) n_batch_, 0, 1);
     int32_t     rc    = 0;
     for (size_t pos = 0; pos < n && rc == 0; pos += n_batch_) {
@@ -78,5 +78,5 @@ std::vector<float> llama_opt_spec_draft::importance(const llama_token * tokens, 
     if (layers.empty()) {
         return {};
     }
-    return llama_opt_spec_importance(capture_->shape(), layers, n, last_layers, pool);
+    return llama_opt_spec_importance(capture_->shape(), layers, n, window, last_layers, pool);
 }

@@ -29,8 +29,8 @@ public:
 
     // 001's importance of tokens[0, n) (llama_opt_spec_importance over the draft's layers). The
     // draft keeps no KV between calls: each prompt is computed whole. `passes`: llama_decode calls.
-    std::vector<float> importance(const llama_token * tokens, size_t n, uint32_t last_layers, uint32_t pool,
-                                  uint64_t & passes);
+    std::vector<float> importance(const llama_token * tokens, size_t n, uint32_t window, uint32_t last_layers,
+                                  uint32_t pool, uint64_t & passes);
 
     const llama_opt_model & model() const { return *model_; }
 

@@ -138,6 +138,7 @@ const std::vector<llama_opt_field> & llama_opt_fields() {
         OPT_UINT(spec_prefill_layers,        "LLAMA_OPT_SPEC_PREFILL_LAYERS",  1, 4096,       "scorer: the model's first N layers (without a draft model)"),
         OPT_UINT(spec_prefill_last_layers,   "LLAMA_OPT_SPEC_PREFILL_LAST_LAYERS", 0, 4096,   "scores averaged over the scorer's last N layers (0: all; 001's last4 = 4, last1 = 1)"),
         OPT_UINT(spec_prefill_pool,          "LLAMA_OPT_SPEC_PREFILL_POOL",    1, 1024,       "average pooling kernel over neighbouring tokens' scores (1: none)"),
+        OPT_UINT(spec_prefill_window,        "LLAMA_OPT_SPEC_PREFILL_WINDOW",  1, 1024,       "the prompt's last N tokens: their queries score it, averaged (001: 1), and they are always kept"),
         OPT_UINT(spec_prefill_min_tokens,    "LLAMA_OPT_SPEC_PREFILL_MIN_TOKENS", 2, 1u << 30, "prompts shorter than this are computed whole"),
         OPT_TEXT(spec_prefill_draft_model,   "LLAMA_OPT_SPEC_PREFILL_DRAFT_MODEL",             "scorer: a GGUF model with the same vocabulary (\"\": the model's first layers)"),
         OPT_BOOL(act_dedup_enabled,          "LLAMA_OPT_ACT_DEDUP_ENABLED",                    "activation deduplication (no effect: measured not to pay)"),

@@ -122,9 +122,11 @@ struct llama_opt_config {
     float       spec_prefill_keep        = 0.3f;  // share of a prompt's tokens computed (1: all, as exact)
     uint32_t    spec_prefill_layers      = 6;     // scorer: the model's own first layers
     // measured on Gemma 3 270M (docs/benchmarks.md): the 6th layer alone (its first full-attention
-    // one) with pooling over 13 tokens finds a needle that all 6 layers unpooled miss
+    // one) with pooling over 13 tokens finds a needle that all 6 layers unpooled miss, and the last
+    // 32 tokens' queries (the question's, kept whole) find it more often than the last token's
     uint32_t    spec_prefill_last_layers = 1;     // scores averaged over the scorer's last N layers (0: all)
     uint32_t    spec_prefill_pool        = 13;    // average pooling kernel over neighbouring tokens (1: none)
+    uint32_t    spec_prefill_window      = 32;    // the prompt's last N tokens score it (001: 1) and are always kept
     uint32_t    spec_prefill_min_tokens  = 1024;  // shorter prompts are computed whole
     std::string spec_prefill_draft_model;         // scorer: a separate model with the same vocabulary ("" = none)
 

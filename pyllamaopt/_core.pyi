@@ -647,13 +647,13 @@ def segment(tokens: collections.abc.Sequence[typing.SupportsInt | typing.Support
     """
     Blocks as (start, n_tokens, hash, chain_hash).
     """
-def spec_prefill_importance(q: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex]], k: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex]], n_head: typing.SupportsInt | typing.SupportsIndex, n_head_kv: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex, last_layers: typing.SupportsInt | typing.SupportsIndex = 0, pool: typing.SupportsInt | typing.SupportsIndex = 1) -> list[float]:
+def spec_prefill_importance(q: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex]], k: collections.abc.Sequence[collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex]], n_head: typing.SupportsInt | typing.SupportsIndex, n_head_kv: typing.SupportsInt | typing.SupportsIndex, head_dim: typing.SupportsInt | typing.SupportsIndex, scale: typing.SupportsFloat | typing.SupportsIndex, last_layers: typing.SupportsInt | typing.SupportsIndex = 0, pool: typing.SupportsInt | typing.SupportsIndex = 1, window: typing.SupportsInt | typing.SupportsIndex = 1) -> list[float]:
     """
-    001's importance of each prompt token: per layer (q: the last token's n_head × head_dim queries, k: the prompt's n_keys × n_head_kv × head_dim keys, flattened), softmax per head, max over heads; mean over the last `last_layers` layers (0: all); average pooling over `pool` neighbours.
+    001's importance of each prompt token: per layer (q: the last min(window, n_keys) tokens' window × n_head × head_dim queries, k: the prompt's n_keys × n_head_kv × head_dim keys, flattened), per query a causal softmax per head, max over heads, mean over the queries; mean over the last `last_layers` layers (0: all); average pooling over `pool` neighbours.
     """
-def spec_prefill_keep(importance: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], keep: typing.SupportsFloat | typing.SupportsIndex) -> list[int]:
+def spec_prefill_keep(importance: collections.abc.Sequence[typing.SupportsFloat | typing.SupportsIndex], keep: typing.SupportsFloat | typing.SupportsIndex, window: typing.SupportsInt | typing.SupportsIndex = 1) -> list[int]:
     """
-    001's top-k: the indices of the ceil(keep · n) most important tokens, the last always among them, increasing.
+    001's top-k: the indices of the ceil(keep · n) most important tokens, the last min(window, k) always among them, increasing.
     """
 def set_verbose(verbose: bool) -> None:
     """

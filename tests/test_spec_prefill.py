@@ -29,22 +29,28 @@ def spec_context(model, **config):
 # the host-side scoring (llama-opt-attn)
 
 
-def numpy_importance(q, k, n_head, n_head_kv, head_dim, scale, last_layers=0, pool=1):
-    """001 in NumPy: per layer, the last token's softmax per head over the keys (query head h reads
-    KV head h // (n_head / n_head_kv)), max over heads; mean over the selected layers; average pooling."""
+def numpy_importance(q, k, n_head, n_head_kv, head_dim, scale, last_layers=0, pool=1, window=1):
+    """001 in NumPy: per layer, each of the last `window` tokens' softmax per head over the keys up to
+    its own position (query head h reads KV head h // (n_head / n_head_kv)), max over heads, mean over
+    those queries; mean over the selected layers; average pooling."""
     n_layers = len(q)
     used = range(n_layers) if last_layers == 0 else range(n_layers - min(last_layers, n_layers), n_layers)
     group = n_head // n_head_kv
     total = 0.0
     for layer in used:
-        queries = np.asarray(q[layer], np.float64).reshape(n_head, head_dim)
         keys = np.asarray(k[layer], np.float64).reshape(-1, n_head_kv, head_dim)
-        heads = []
-        for h in range(n_head):
-            z = keys[:, h // group, :] @ queries[h] * scale
-            z = np.exp(z - z.max())
-            heads.append(z / z.sum())
-        total = total + np.max(heads, axis=0)
+        n_keys = len(keys)
+        window_queries = np.asarray(q[layer], np.float64).reshape(-1, n_head, head_dim)
+        per_query = []
+        for t, queries in enumerate(window_queries):
+            seen = n_keys - len(window_queries) + t + 1  # causal: keys up to the query's own position
+            heads = []
+            for h in range(n_head):
+                z = keys[:seen, h // group, :] @ queries[h] * scale
+                z = np.exp(z - z.max())
+                heads.append(np.concatenate([z / z.sum(), np.zeros(n_keys - seen)]))
+            per_query.append(np.max(heads, axis=0))
+        total = total + np.mean(per_query, axis=0)
     importance = total / len(used)
     half = pool // 2
     if pool > 1:
@@ -52,12 +58,13 @@ def numpy_importance(q, k, n_head, n_head_kv, head_dim, scale, last_layers=0, po
     return importance
 
 
-def numpy_keep(importance, keep):
+def numpy_keep(importance, keep, window=1):
     n = len(importance)
     keep = float(np.float32(keep))  # the engine's keep fraction is a float
     k = min(n, max(1, math.ceil(keep * n * (1 - 1e-6))))
-    best = np.argsort(-np.asarray(importance[:-1]), kind="stable")[:k - 1]
-    return sorted([int(i) for i in best] + [n - 1])
+    forced = min(k, window)  # the window's tokens, always
+    best = np.argsort(-np.asarray(importance[:n - forced]), kind="stable")[:k - forced]
+    return sorted([int(i) for i in best] + list(range(n - forced, n)))
 
 
 def test_scoring_of_the_specification_example():
@@ -75,15 +82,18 @@ def test_scoring_equals_a_numpy_reference_on_random_inputs(seed):
     n_head = n_head_kv * int(rng.choice([1, 2, 4]))
     head_dim, n_keys, n_layers = int(rng.choice([2, 8, 16, 33])), int(rng.integers(1, 300)), int(rng.integers(1, 6))
     scale = 1 / math.sqrt(head_dim)
-    q = [list(rng.normal(0, 2, n_head * head_dim).astype(np.float32)) for _ in range(n_layers)]
+    window = (1, 3, 32)[seed % 3]
+    n_query = min(window, n_keys)
+    q = [list(rng.normal(0, 2, n_query * n_head * head_dim).astype(np.float32)) for _ in range(n_layers)]
     k = [list(rng.normal(0, 2, n_keys * n_head_kv * head_dim).astype(np.float32)) for _ in range(n_layers)]
     for last_layers in (0, 1, 4):
         for pool in (1, 4, 13):
-            got = _core.spec_prefill_importance(q, k, n_head, n_head_kv, head_dim, scale, last_layers, pool)
-            np.testing.assert_allclose(got, numpy_importance(q, k, n_head, n_head_kv, head_dim, scale, last_layers, pool),
-                                       atol=1e-5, rtol=1e-5)
+            got = _core.spec_prefill_importance(q, k, n_head, n_head_kv, head_dim, scale, last_layers, pool, window)
+            np.testing.assert_allclose(
+                got, numpy_importance(q, k, n_head, n_head_kv, head_dim, scale, last_layers, pool, n_query),
+                atol=1e-5, rtol=1e-5)
             for keep in (0.0, 0.1, 0.3, 0.5, 1.0, float(rng.random())):
-                assert _core.spec_prefill_keep(got, keep) == numpy_keep(got, keep)
+                assert _core.spec_prefill_keep(got, keep, window) == numpy_keep(got, keep, window)
 
 
 def test_scoring_refuses_inconsistent_shapes():
@@ -151,28 +161,32 @@ def test_the_model_computes_only_the_kept_tokens(tiny_model):
         assert np.array_equal(f.logits(), reference(tiny_model, f.tokens)[0])
 
 
-def test_the_kept_tokens_are_the_ones_the_last_query_attends_to_most(tiny_model):
+@pytest.mark.parametrize("window", [1, 8])
+def test_the_kept_tokens_are_the_ones_the_last_queries_attend_to_most(tiny_model, window):
     """Scorer = both layers of the tiny model: the kept tokens are 001's top-k of the scores
-    computed in NumPy from an exact prefill's own queries and keys (attention_probe)."""
+    computed in NumPy from an exact prefill's own queries (the last `window` tokens') and keys
+    (attention_probe), and the window's tokens."""
     tokens = text_tokens(tiny_model, 500, seed=2)
-    with context(tiny_model, attn_prune_enabled=True, attn_prune_threshold=0.0, attn_prune_queries=1) as ctx:
+    with context(tiny_model, attn_prune_enabled=True, attn_prune_threshold=0.0, attn_prune_queries=window) as ctx:
         probe = ctx.session()
         probe.append(tokens)
         p = probe.attention_probe()
         probe.discard()
-        q = [p["q"][layer, -1].ravel() for layer in range(2)]
+        q = [p["q"][layer, -window:].ravel() for layer in range(2)]
         k = [p["k"][layer].ravel() for layer in range(2)]
-        expected = numpy_importance(q, k, p["n_head"], p["n_head_kv"], p["q"].shape[-1], p["scale"])
+        expected = numpy_importance(q, k, p["n_head"], p["n_head_kv"], p["q"].shape[-1], p["scale"], window=window)
         s = ctx.session()
         s.configure_tier2(spec_prefill_enabled=True, spec_prefill_min_tokens=100, spec_prefill_keep=0.2,
-                          spec_prefill_layers=2, spec_prefill_last_layers=0, spec_prefill_pool=1)
+                          spec_prefill_layers=2, spec_prefill_last_layers=0, spec_prefill_pool=1,
+                          spec_prefill_window=window)
         s.append(tokens)
         kept = sorted(set(range(500)) - hole_positions(s))
-    assert len(kept) == 100 and kept[-1] == 499
+    assert len(kept) == 100 and kept[-window:] == list(range(500 - window, 500))
     # the keys the model attends with are F16 in the KV cache: near-ties may order differently
-    threshold = np.sort(expected[:-1])[::-1][98]
-    assert all(expected[i] >= threshold - 1e-3 for i in kept[:-1])
-    assert len(set(kept) & set(numpy_keep(expected, 0.2))) >= 95
+    ranked = kept[:-window]
+    threshold = np.sort(expected[:500 - window])[::-1][len(ranked) - 1]
+    assert all(expected[i] >= threshold - 1e-3 for i in ranked)
+    assert len(set(kept) & set(numpy_keep(expected, 0.2, window))) >= 95
 
 
 def test_keep_one_is_exact_prefill(tiny_model):
@@ -226,7 +240,8 @@ def test_a_draft_with_another_vocabulary_or_no_file_is_refused(tiny_model, tmp_p
 
 def test_settings_are_validated_and_need_the_context(tiny_model, monkeypatch):
     for bad in (dict(spec_prefill_keep=1.5), dict(spec_prefill_layers=0), dict(spec_prefill_pool=0),
-                dict(spec_prefill_min_tokens=1), dict(spec_prefill_keep="half")):
+                dict(spec_prefill_window=0), dict(spec_prefill_window=1025), dict(spec_prefill_min_tokens=1),
+                dict(spec_prefill_keep="half")):
         with pytest.raises(ConfigError):
             OptConfig(env={}, **bad)
     monkeypatch.setenv("LLAMA_OPT_SPEC_PREFILL_KEEP", "abc")

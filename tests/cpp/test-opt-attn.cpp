@@ -44,22 +44,28 @@ static void test_speculative_prefill_of_the_specification_example() {
     shape.n_head = 4, shape.n_head_kv = 2, shape.head_dim = 2, shape.scale = 1.0f / std::sqrt(2.0f);
     const std::vector<float> k = { 1, 0, 1, 2,  0, 1, 0, 2,  1, 1, 2, 2 };  // [s][g][d]
     const std::vector<float> q = { 1, 0,  0, 1,  1, 1,  2, 1 };             // [h][d]
-    const std::vector<float> importance = llama_opt_spec_importance(shape, { { q.data(), k.data() } }, 3, 0, 1);
+    const std::vector<float> importance = llama_opt_spec_importance(shape, { { q.data(), k.data() } }, 3, 1, 0, 1);
     CHECK(importance.size() == 3 && near(importance[0], 0.401f) && near(importance[1], 0.401f) &&
           near(importance[2], 0.768f));
     CHECK((llama_opt_spec_keep(importance, 0.5f) == std::vector<uint32_t>{ 0, 2 }));
     // two layers: the same one twice has the same mean; last1 of (zeros, example) is the example
     const std::vector<float> q0(q.size(), 0.0f);
-    const auto twice = llama_opt_spec_importance(shape, { { q.data(), k.data() }, { q.data(), k.data() } }, 3, 0, 1);
+    const auto twice = llama_opt_spec_importance(shape, { { q.data(), k.data() }, { q.data(), k.data() } }, 3, 1, 0, 1);
     CHECK(near(twice[0], 0.401f) && near(twice[2], 0.768f));
-    const auto last1 = llama_opt_spec_importance(shape, { { q0.data(), k.data() }, { q.data(), k.data() } }, 3, 1, 1);
+    const auto last1 = llama_opt_spec_importance(shape, { { q0.data(), k.data() }, { q.data(), k.data() } }, 3, 1, 1, 1);
     CHECK(near(last1[2], 0.768f));
     // all layers: zero queries attend uniformly (1/3), the mean with the example's
-    const auto all = llama_opt_spec_importance(shape, { { q0.data(), k.data() }, { q.data(), k.data() } }, 3, 0, 1);
+    const auto all = llama_opt_spec_importance(shape, { { q0.data(), k.data() }, { q.data(), k.data() } }, 3, 1, 0, 1);
     CHECK(near(all[2], (0.768f + 1.0f / 3) / 2));
     // pooled over 3: the means of the neighbours
-    const auto pooled = llama_opt_spec_importance(shape, { { q.data(), k.data() } }, 3, 0, 3);
+    const auto pooled = llama_opt_spec_importance(shape, { { q.data(), k.data() } }, 3, 1, 0, 3);
     CHECK(near(pooled[0], (0.401f + 0.401f) / 2) && near(pooled[1], (0.401f + 0.401f + 0.768f) / 3));
+    // a window of 2 queries: a zero query at position 1 sees keys 0 and 1 only (1/2 each), the
+    // example's at position 2 all three; the mean of the two
+    std::vector<float> q2(q0);
+    q2.insert(q2.end(), q.begin(), q.end());
+    const auto window = llama_opt_spec_importance(shape, { { q2.data(), k.data() } }, 3, 2, 0, 1);
+    CHECK(near(window[0], (0.5f + 0.401f) / 2) && near(window[1], (0.5f + 0.401f) / 2) && near(window[2], 0.768f / 2));
 }
 
 static void test_speculative_prefill_keeps_the_top_fraction_and_the_last_token() {
@@ -72,6 +78,10 @@ static void test_speculative_prefill_keeps_the_top_fraction_and_the_last_token()
     CHECK((llama_opt_spec_keep({ 0.5f, 0.5f, 0.5f, 0.1f }, 0.5f) == std::vector<uint32_t>{ 0, 3 }));  // ties: earlier
     CHECK((llama_opt_spec_keep({ 0.1f, 0.9f }, 0.5f) == std::vector<uint32_t>{ 1 }));  // the last is also the best
     CHECK(llama_opt_spec_keep({}, 0.5f).empty());
+    // a window: its tokens always kept, the rest of the budget by importance
+    CHECK((llama_opt_spec_keep(s, 0.3f, 2) == std::vector<uint32_t>{ 0, 8, 9 }));
+    CHECK((llama_opt_spec_keep(s, 0.3f, 5) == std::vector<uint32_t>{ 7, 8, 9 }));  // wider than the budget: its last
+    CHECK(llama_opt_spec_keep(s, 1.0f, 20).size() == 10);
 }
 
 static void test_pruner_window_budget_and_guards() {
