@@ -275,6 +275,11 @@ def time_split(results: dict[str, Result]) -> str:
     return "\n".join(lines)
 
 
+def ms_per_computed(turn: Turn) -> str:
+    """The prompt's forward time per token it computed, in ms."""
+    return f"{1e3 * turn.forward_prefill / turn.computed:.3f}" if turn.computed else "-"
+
+
 def report_tier2(name: str, r: Result, exact: Result, prompts: list[list[int]], baseline: Result | None,
                  reference: str, per_turn: bool) -> None:
     """A Tier-2 engine against exact mode: the work over the trace and on every turn, the time, and
@@ -288,7 +293,7 @@ def report_tier2(name: str, r: Result, exact: Result, prompts: list[list[int]], 
     if not per_turn:
         return
     print(f"    {'turn':>4} {'prompt':>7} {'exact':>7} {name:>9} {'shifted':>8} {'refused':>7} "
-          f"{'agreeing tokens':>15} {'top-1':>5} {'KL':>9}")
+          f"{'agreeing tokens':>15} {'top-1':>5} {'KL':>9} {'ms/computed, exact':>18} {name:>9}")
     for i, (a, b) in enumerate(zip(r.turns, exact.turns)):
         ref = baseline.turns[i] if baseline else None
         # greedy agreement: the generated tokens equal to the reference's before the first that differs
@@ -297,7 +302,7 @@ def report_tier2(name: str, r: Result, exact: Result, prompts: list[list[int]], 
         top1 = "-" if not compared else "yes" if a.first_logits.argmax() == ref.first_logits.argmax() else "no"
         kl = f"{kl_divergence(ref.first_logits, a.first_logits):.2e}" if compared else "-"
         print(f"    {i:>4} {len(prompts[i]):>7} {b.computed:>7} {a.computed:>9} {a.shifted:>8} {a.refused:>7} "
-              f"{agreeing:>15} {top1:>5} {kl:>9}")
+              f"{agreeing:>15} {top1:>5} {kl:>9} {ms_per_computed(b):>18} {ms_per_computed(a):>9}")
 
 
 def main() -> int:
