@@ -111,7 +111,7 @@ bool llama_opt_attn_capture::observe_scorer(ggml_tensor * t, bool ask) {
                                     shape_.head_dim * sizeof(float));
         }
     };
-    // queries: of the window at the prompt's end (in the last call, or the last two if it is short)
+    // queries: of the window at the prompt's end, in whichever calls its tokens come
     const llama_pos first = is_q ? scorer_.begin + (llama_pos) (scorer_.n_keys - scorer_.window) : scorer_.begin;
     const size_t    n     = is_q ? scorer_.window : scorer_.n_keys;
     for (int64_t r = 0; r < n_tokens; ++r) {

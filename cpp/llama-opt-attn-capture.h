@@ -13,10 +13,11 @@
 //
 // Speculative prefill's scorer (001, arm_scorer): the model's own first layers score a prompt.
 // Each llama_decode call keeps the keys of its tokens (Kcur after RoPE, by position) and the
-// queries (Qcur) of those among the prompt's last `window` tokens in layers [0, n), and then cuts the graph: once the last of
-// these tensors is computed the callback returns false, which makes ggml's scheduler stop
-// computing the current split (ggml-backend.cpp, ggml_backend_sched_compute_splits); for any
-// later split it asks for the first node and stops after it. llama_decode then returns 0 with
+// queries (Qcur) of those among the prompt's last `window` tokens in layers [0, n), and then
+// cuts the graph: once the last of these tensors is computed the callback returns false, which
+// makes ggml's scheduler stop computing the current split (ggml-backend.cpp,
+// ggml_backend_sched_compute_splits); for any later split it asks for the first node and stops
+// after it. llama_decode then returns 0 with
 // meaningless logits and the call's cells allocated, their KV written up to layer n only: the
 // caller removes those cells (the context stays usable: the next call builds and computes a
 // whole graph again). So scoring costs about n / n_layer of a prefill.
