@@ -27,7 +27,7 @@ Methods (each off by default in the engine; here each set on its own session, co
                query is the question's), scored by the model's first 6 layers, all averaged,
                unpooled: 001 as written ("spec-prefill/K": K layers; "spec-prefill/K/N/P[/W]": the
                last N of them averaged, pooling kernel P, the last W tokens' queries scoring and
-               always kept; the engine's defaults are 6/1/13/1); on the agent trace every
+               always kept; the engine's defaults are 6/1/13/32); on the agent trace every
                message of 256 tokens or more is scored
   keep-last    the baseline of speculative prefill: only the prompt's last budget·n tokens (and
                its first, BOS) are computed, as a prompt of their own; not run on the agent trace

@@ -61,7 +61,8 @@ def main() -> int:
     defaults = OptConfig(env={})
     pairs = [(float(k), int(n), int(w[0]) if w else defaults.spec_prefill_window)
              for k, n, *w in (s.split("/") for s in args.settings.split(",") if s)] or \
-        [(float(k), int(n), defaults.spec_prefill_window) for n in args.layers.split(",") for k in args.keeps.split(",")]
+        [(float(k), int(n), defaults.spec_prefill_window)
+         for n in args.layers.split(",") for k in args.keeps.split(",")]
 
     model = Model(models.resolve(args.model), progress=False)
     ctx = Context(model, n_ctx=max(lengths) + 256, n_seq_max=2, n_threads=args.threads,
