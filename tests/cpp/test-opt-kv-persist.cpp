@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -53,10 +54,12 @@ static context make(size_t n_blocks, int seed, size_t same_blocks = 0, const con
     return c;
 }
 
+static std::vector<std::string> made_dirs;  // removed when the tests end
+
 static std::string fresh_dir(const char * name) {
     char tmpl[] = "/tmp/llama-opt-persist-XXXXXX";
-    std::string dir = std::string(mkdtemp(tmpl)) + "/" + name;
-    return dir;
+    made_dirs.emplace_back(mkdtemp(tmpl));
+    return made_dirs.back() + "/" + name;
 }
 
 static void flip_byte(const std::string & path, long offset) {
@@ -315,5 +318,9 @@ int main() {
     test_a_failed_save_leaves_nothing();
     test_longer_context_subsumes_its_prefixes();
     test_cleanup_by_size_removes_least_recently_used();
+    for (const std::string & dir : made_dirs) {
+        std::error_code ignored;
+        std::filesystem::remove_all(dir, ignored);
+    }
     return check_result("test-opt-kv-persist");
 }
