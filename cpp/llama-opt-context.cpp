@@ -560,6 +560,7 @@ void llama_opt_context::compute_positions(int32_t seq, const llama_token * token
     const size_t    chunk = params_.canonical ? chunk_ : params_.n_batch;
     llama_opt_batch b((int32_t) llama_n_batch(ctx_));
     llama_set_pos_gaps(ctx_, true);
+    llama_set_pos_holes(ctx_, true);
     try {
         for (size_t i = 0; i < positions.size();) {
             const size_t stop = std::min(positions.size(), i + chunk);
@@ -572,10 +573,12 @@ void llama_opt_context::compute_positions(int32_t seq, const llama_token * token
         }
     } catch (...) {
         llama_set_pos_gaps(ctx_, false);
+        llama_set_pos_holes(ctx_, false);
         llama_memory_seq_rm(llama_get_memory(ctx_), seq, (llama_pos) positions[0], -1);  // no half-computed prompt stays
         throw;
     }
     llama_set_pos_gaps(ctx_, false);
+    llama_set_pos_holes(ctx_, false);
     const float * out = llama_get_logits_ith(ctx_, -1);
     logits.assign(out, out + model_->n_vocab());
 }

@@ -179,9 +179,11 @@ public:
     // (h2o_enabled off): llama_opt_error.
     void compute_span_h2o(int32_t seq, const llama_token * tokens, size_t end, std::vector<float> * logits,
                           llama_opt_work & work, llama_opt_h2o_work & h2o_work);
-    // Tier 2 (speculative prefill): computes tokens[p] at position p for each of `positions`
-    // (increasing, above the sequence's KV; the positions between get no KV: patches/0011), in
-    // chunks of n_batch, with the logits of the last there. Failure and eviction as compute_span.
+    // Tier 2 (speculative prefill, shifted reuse): computes tokens[p] at position p for each of
+    // `positions` (increasing, none held by the sequence: above its KV, the positions between
+    // getting none (patches/0011), or in the gaps of its KV (0012)), in chunks of n_batch, with the
+    // logits of the last there. On failure the sequence's KV from positions[0] on is removed;
+    // eviction as compute_span.
     void compute_positions(int32_t seq, const llama_token * tokens, const std::vector<size_t> & positions,
                            std::vector<float> & logits, bool evict_sessions, llama_opt_work & work);
     // Tier 2 (speculative prefill): 001's importance of tokens[begin, end) scored by the model's
