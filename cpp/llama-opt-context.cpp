@@ -128,6 +128,7 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
         }
     }
     llama_memory_set_park_seq(llama_get_memory(ctx_), scratch_seq());  // Tier-2 sync's parked rows keep their tiles
+    set_swa_view(params.canonical);
     if (cfg.persist_enabled) {
         open_persist_store();
     }
@@ -336,6 +337,10 @@ void llama_opt_context::drop_sequence(int32_t seq) {
     }
     release_blocks(seq, 0);
     slots_[seq] = slot();
+}
+
+void llama_opt_context::set_swa_view(bool on) {
+    llama_memory_set_swa_view(llama_get_memory(ctx_), on);  // false: a model without sliding-window layers
 }
 
 bool llama_opt_context::evict_one(int32_t except, bool cached_only, size_t above) {

@@ -152,6 +152,10 @@ public:
     // Test hook: keep only these bits of every block hash, to force collisions. Lookups are
     // verified (tokens and parent block), so this must never change a result.
     void set_test_hash_mask(uint64_t mask) { hash_mask_ = mask; }
+    // Sliding-window layers attend over the cache from the window's first cell (patches/0013; on in
+    // a canonical context): the same bits, less work at long contexts. Off: llama.cpp's whole-cache
+    // view, for tests and measurements.
+    void set_swa_view(bool on);
 
     // The lock every session operation holds: a llama_context is not thread-safe.
     std::recursive_mutex & mutex() const { return mutex_; }

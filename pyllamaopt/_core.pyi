@@ -409,6 +409,10 @@ class Context:
         """
         Test hook: keep only these bits of block hashes, forcing collisions.
         """
+    def _set_swa_view(self, on: bool) -> None:
+        """
+        Test hook: sliding-window layers attend over the window's cells (True, the default of a canonical context) or over the whole cache (False, llama.cpp's way); the results are the same bits.
+        """
     def _test_kv_cell(self, seq: typing.SupportsInt | typing.SupportsIndex, pos: typing.SupportsInt | typing.SupportsIndex) -> int:
         """
         Test hook: the KV cell holding a position of a sequence, -1 if none.

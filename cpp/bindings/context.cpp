@@ -38,6 +38,9 @@ void register_context(py::module_ & m) {
         .def("reset_stats", &llama_opt_context::reset_stats)
         .def("_set_test_hash_mask", &llama_opt_context::set_test_hash_mask, py::arg("mask"),
              "Test hook: keep only these bits of block hashes, forcing collisions.")
+        .def("_set_swa_view", &llama_opt_context::set_swa_view, py::arg("on"),
+             "Test hook: sliding-window layers attend over the window's cells (True, the default of a canonical "
+             "context) or over the whole cache (False, llama.cpp's way); the results are the same bits.")
         .def("_test_kv_remove", [](llama_opt_context & self, int32_t seq, llama_pos p0, llama_pos p1) {
                  std::lock_guard<std::recursive_mutex> lock(self.mutex());
                  self.kv_remove(seq, p0, p1);
