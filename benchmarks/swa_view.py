@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""The sliding-window view (patches/0013) against llama.cpp's whole-cache view, side by side in one run.
+
+    python benchmarks/swa_view.py [--tokens 11264] [--points 1024,4096,8192,10240] [--gen 48]
+                                  [--repeats 2] [--threads 2]
+
+A session appends random tokens in 512-token chunks up to --tokens, then generates --gen tokens
+greedily; once with the view (the default of a canonical context) and once with
+`_set_swa_view(False)` (every sliding-window layer given the whole cache), alternating, --repeats
+times. Printed: the forward time per token of the chunks starting at --points, of the whole
+prefill, and of a generation pass at the end (a decode step, or a batch checking a memo draft), each the median over the repeats, with the ratio
+whole-cache ÷ view; and whether both views gave the same logits and tokens (they must: the view
+changes no bit, tests/integration/test_swa_view_gemma.py)."""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+
+import numpy as np
+
+from pyllamaopt import Context, Model
+
+CHUNK = 512
+
+
+def run(model: Model, view: bool, tokens: list[int], gen: int, threads: int) -> dict:
+    with Context(model, n_ctx=len(tokens) + gen + CHUNK, n_batch=CHUNK, n_threads=threads) as ctx:
+        ctx._core._set_swa_view(view)
+        s = ctx.session()
+        per_chunk = {}
+        for pos in range(0, len(tokens), CHUNK):
+            before = s.stats.forward_us
+            s.append(tokens[pos:pos + CHUNK])
+            per_chunk[pos] = (s.stats.forward_us - before) / 1000 / len(tokens[pos:pos + CHUNK])
+        prefill_s = s.stats.forward_us / 1e6
+        logits = s.logits().copy()
+        before, passes = s.stats.forward_us, s.stats.forward_passes
+        generated = [t.id for t in s.generate(gen)]
+        step_ms = (s.stats.forward_us - before) / 1000 / max(1, s.stats.forward_passes - passes)
+    return {"chunk_ms": per_chunk, "prefill_s": prefill_s, "step_ms": step_ms, "logits": logits, "tokens": generated}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gemma3-270m")
+    parser.add_argument("--tokens", type=int, default=11264)
+    parser.add_argument("--points", default="1024,4096,8192,10240")
+    parser.add_argument("--gen", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    model = Model(args.model)
+    rng = random.Random(1)
+    tokens = [model.bos_token] + [rng.randrange(1000, 200000) for _ in range(args.tokens - 1)]
+    runs: dict[bool, list[dict]] = {True: [], False: []}
+    for _ in range(args.repeats):
+        for view in (True, False):
+            runs[view].append(run(model, view, tokens, args.gen, args.threads))
+
+    def median(view: bool, pick) -> float:
+        return statistics.median(pick(r) for r in runs[view])
+
+    same = all(np.array_equal(a["logits"], b["logits"]) and a["tokens"] == b["tokens"]
+               for a in runs[True] for b in runs[False])
+    print(f"{model.description}; {args.threads} threads; {args.tokens} tokens in {CHUNK}-token chunks, "
+          f"{args.gen} generated; medians of {args.repeats}")
+    print(f"  {'':<32} {'view':>9} {'whole cache':>12} {'whole ÷ view':>13}")
+    rows = [(f"chunk at {p}, ms per token", lambda r, p=p: r["chunk_ms"][p]) for p in map(int, args.points.split(","))]
+    rows += [(f"prefill of {args.tokens}, s", lambda r: r["prefill_s"]),
+             (f"generation pass at {args.tokens}, ms", lambda r: r["step_ms"])]
+    for label, pick in rows:
+        on, off = median(True, pick), median(False, pick)
+        print(f"  {label:<32} {on:>9.3f} {off:>12.3f} {off / on:>13.3f}")
+    print(f"  same logits and generated tokens in both views: {'yes' if same else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()
