@@ -8,8 +8,8 @@ A session appends random tokens in 512-token chunks up to --tokens, then generat
 greedily; once with the view (the default of a canonical context) and once with
 `_set_swa_view(False)` (every sliding-window layer given the whole cache), alternating, --repeats
 times. Printed: the forward time per token of the chunks starting at --points, of the whole
-prefill, and of a generation pass at the end (a decode step, or a batch checking a memo draft), each the median over the repeats, with the ratio
-whole-cache ÷ view; and whether both views gave the same logits and tokens (they must: the view
+prefill, and of a generation pass at the end (a decode step, or a batch checking a memo draft),
+each the median over the repeats, with the ratio whole-cache ÷ view; and whether both views gave the same logits and tokens (they must: the view
 changes no bit, tests/integration/test_swa_view_gemma.py)."""
 from __future__ import annotations
 
