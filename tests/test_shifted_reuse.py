@@ -28,14 +28,19 @@ def tier2(model, flash_attn=True):
                    config=OptConfig(env={}, diff_reuse_shifted=True, diff_recompute_share=SHARE))
 
 
+def work_of_edit(session, a, b):
+    """The counters of syncing `session` from history `a` to its edited version `b`."""
+    session.sync(a)
+    before = session.stats
+    session.sync(b)
+    return session.stats - before
+
+
 def test_shifted_reuse_computes_the_edit_and_a_share_of_each_span(tiny_model):
     a, b = edited_histories(tiny_model)
     with tier2(tiny_model) as ctx:
         s = ctx.session()
-        s.sync(a)
-        before = s.stats
-        s.sync(b)
-        spent = s.stats - before
+        spent = work_of_edit(s, a, b)
         # the span after the insertion: its first quarter is computed again (at least up to the end
         # of the block the edit is in), the rest moved by 37 positions, except the last token
         again = max(math.ceil(SHARE * 500), 256 - 200)
@@ -59,10 +64,7 @@ def test_the_tokens_between_shifted_spans_are_computed_in_one_series_of_batches(
     b = a[:150] + text_tokens(tiny_model, 20, seed=7) + a[150:450] + text_tokens(tiny_model, 20, seed=8) + a[450:]
     with tier2(tiny_model) as ctx:
         s = ctx.session()
-        s.sync(a)
-        before = s.stats
-        s.sync(b)
-        spent = s.stats - before
+        spent = work_of_edit(s, a, b)
         again = [max(math.ceil(SHARE * 300), 192 - 150), math.ceil(SHARE * 250)]  # each span's share
         assert spent.tokens_prefilled == 20 + again[0] + 20 + again[1] + 1
         assert spent.diff_tokens_shifted == 300 - again[0] + 250 - again[1] - 1
