@@ -536,14 +536,7 @@ bool llama_opt_session::spec_prefill(size_t end, uint64_t llama_opt_stats::* cou
     for (size_t i = 0; i < keep.size(); ++i) {
         positions[i] = begin + keep[i];
     }
-    llama_opt_work work;
-    try {
-        ctx_->compute_positions(seq_, tokens_.data(), positions, logits_, evict, work);
-    } catch (...) {
-        count_work(counter, work);
-        throw;
-    }
-    count_work(counter, work);
+    compute_at(positions, counter, evict);
     size_t next = begin;  // the dropped tokens: holes, the session approximate from the first
     for (size_t p : positions) {
         if (p > next) {
@@ -551,6 +544,5 @@ bool llama_opt_session::spec_prefill(size_t end, uint64_t llama_opt_stats::* cou
         }
         next = p + 1;
     }
-    logits_for_ = end;
-    return true;
+    return true;  // the logits after end: its last token is always kept
 }

@@ -104,6 +104,19 @@ void llama_opt_session::compute(size_t begin, size_t end, uint64_t llama_opt_sta
     }
 }
 
+void llama_opt_session::compute_at(const std::vector<size_t> & positions, uint64_t llama_opt_stats::* counter,
+                                   bool evict_sessions) {
+    llama_opt_work work;
+    try {
+        ctx_->compute_positions(seq_, tokens_.data(), positions, logits_, evict_sessions, work);
+    } catch (...) {
+        count_work(counter, work);  // the chunks computed before the failure: thrown away, but done
+        throw;
+    }
+    count_work(counter, work);
+    logits_for_ = positions.back() + 1;
+}
+
 size_t llama_opt_session::room() const {
     return ctx_->n_ctx() > tokens_.size() ? ctx_->n_ctx() - tokens_.size() : 0;
 }
@@ -677,15 +690,7 @@ bool llama_opt_session::sync_shifted(const std::vector<llama_token> & tokens, si
         positions.push_back(pos);  // the last token at least (plan_shifted leaves it out of every span)
     }
     try {
-        llama_opt_work work;
-        try {
-            ctx_->compute_positions(seq_, tokens_.data(), positions, logits_, true, work);
-        } catch (...) {
-            count_work(&llama_opt_stats::tokens_prefilled, work);
-            throw;
-        }
-        count_work(&llama_opt_stats::tokens_prefilled, work);
-        logits_for_  = tokens_.size();
+        compute_at(positions, &llama_opt_stats::tokens_prefilled, true);
         n_evaluated_ = tokens_.size();
         count(&llama_opt_stats::diff_tokens_shifted, shifted);
     } catch (const llama_opt_error & e) {

@@ -170,6 +170,9 @@ private:
     // Computes tokens_[begin, end) (llama_opt_context::compute_span) with the logits of the last
     // token if `logits`, and counts the work.
     void compute(size_t begin, size_t end, uint64_t llama_opt_stats::* counter, bool evict_sessions, bool logits = true);
+    // Tier 2: computes tokens_[p] for each of `positions` (llama_opt_context::compute_positions)
+    // with the logits of the last, and counts the work.
+    void compute_at(const std::vector<size_t> & positions, uint64_t llama_opt_stats::* counter, bool evict_sessions);
     // prefill(), and on failure cuts the history back to `keep` tokens (at most the tokens
     // whose KV exists) before rethrowing.
     void prefill_or_cut_back(size_t keep);
