@@ -9,8 +9,9 @@ greedily; once with the view (the default of a canonical context) and once with
 `_set_swa_view(False)` (every sliding-window layer given the whole cache), alternating, --repeats
 times. Printed: the forward time per token of the chunks starting at --points, of the whole
 prefill, and of a generation pass at the end (a decode step, or a batch checking a memo draft),
-each the median over the repeats, with the ratio whole-cache ÷ view; and whether both views gave the same logits and tokens (they must: the view
-changes no bit, tests/integration/test_swa_view_gemma.py)."""
+each the median over the repeats, with the ratio whole-cache ÷ view; and whether both views gave
+the same logits and tokens (they must: the view changes no bit,
+tests/integration/test_swa_view_gemma.py)."""
 from __future__ import annotations
 
 import argparse
@@ -30,9 +31,10 @@ def run(model: Model, view: bool, tokens: list[int], gen: int, threads: int) -> 
         s = ctx.session()
         per_chunk = {}
         for pos in range(0, len(tokens), CHUNK):
+            chunk = tokens[pos:pos + CHUNK]
             before = s.stats.forward_us
-            s.append(tokens[pos:pos + CHUNK])
-            per_chunk[pos] = (s.stats.forward_us - before) / 1000 / len(tokens[pos:pos + CHUNK])
+            s.append(chunk)
+            per_chunk[pos] = (s.stats.forward_us - before) / 1000 / len(chunk)
         prefill_s = s.stats.forward_us / 1e6
         logits = s.logits().copy()
         before, passes = s.stats.forward_us, s.stats.forward_passes

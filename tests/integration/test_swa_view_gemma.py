@@ -23,14 +23,14 @@ def random_tokens(n: int, seed: int) -> list[int]:
     return [rng.randrange(1000, 200000) for _ in range(n)]
 
 
-def k_view_cells(ctx: Context) -> dict[int, int]:
+def k_view_elements(ctx: Context) -> dict[int, int]:
     """Per layer, the K view's elements summed over the graphs the context computed."""
-    cells = {}
+    elements = {}
     for row in ctx.op_profile():
         match = re.fullmatch(r"cache_k_l(\d+) \(view\) \(permuted\)", row["name"])
         if match:
-            cells[int(match[1])] = row["elements"]
-    return cells
+            elements[int(match[1])] = row["elements"]
+    return elements
 
 
 def test_sliding_window_layers_read_only_the_cells_of_their_window(gemma):
@@ -40,7 +40,7 @@ def test_sliding_window_layers_read_only_the_cells_of_their_window(gemma):
         with Context(gemma, n_ctx=2048, n_batch=512, n_threads=1, profile="time") as ctx:
             ctx._core._set_swa_view(on)
             ctx.session().append(prompt)
-            elements[on] = k_view_cells(ctx)
+            elements[on] = k_view_elements(ctx)
     assert len(elements[False]) == 18
     # whole cache: the chunks see 512, 1024 and 1536 cells; the third chunk's window (positions
     # 1024-1535, 512 back) starts at cell 512
