@@ -20,6 +20,9 @@ static void backend_init() {
         ggml_cpu_set_flash_attn_kv_tile(LLAMA_OPT_FA_KV_TILE);
         // a small batch's rows compute like one-token steps: the memo checks drafts exactly (patches/0006)
         ggml_cpu_set_row_invariant_batch(LLAMA_OPT_ROW_INVARIANT_BATCH);
+        // prefill attention converts each K/V tile once for the query heads sharing it: the same bits,
+        // faster (patches/0014)
+        ggml_cpu_set_flash_attn_shared_kv_tiles(1);
     });
 }
 

@@ -8,6 +8,8 @@ Gemma 3 270M, final logits compared bit for bit. Raw llama.cpp behaviour is prob
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -119,6 +121,18 @@ def upstream_decode_attention():
 def upstream_small_batches():
     """ggml's own kernels for batches of 2-16 rows (patches/0006 off) for the duration of a test."""
     yield from ggml_setting("row_invariant_batch", 0)
+
+
+def test_shared_kv_tiles_give_the_bits_of_upstreams_prefill_loop(gemma):
+    """patches/0014 (flash attention's K/V tiles converted once for Gemma's four query heads) on a
+    prompt of three chunks past the sliding window, with another session's cells below it."""
+    text = " ".join(f"Row {i}: item {i * 31 % 97} costs {i * 7 % 13} units." for i in range(160))
+    prompt = gemma.tokenize(text)[:1500]
+    assert len(prompt) == 1500
+    shared = logits_after(gemma, prompt, (600, 1100), cells_before=70, schedule="canonical")
+    with contextlib.contextmanager(ggml_setting)("flash_attn_shared_kv_tiles", 0):
+        upstream = logits_after(gemma, prompt, (600, 1100), cells_before=70, schedule="canonical")
+    assert same(shared, upstream)
 
 
 DECODE_SPLIT = (511,)  # the last token alone: one query over 512+ cells, the decode path

@@ -1,33 +1,42 @@
 #!/usr/bin/env python3
-"""The sliding-window view (patches/0013) against llama.cpp's whole-cache view, side by side in one run.
+"""Our attention paths against llama.cpp's, side by side in one run: the same bits, the time.
 
-    python benchmarks/swa_view.py [--tokens 11264] [--points 1024,4096,8192,10240] [--gen 48]
-                                  [--repeats 2] [--threads 2]
+    python benchmarks/attention_paths.py [--path swa-view|shared-kv-tiles] [--tokens 11264]
+                                         [--points 1024,4096,8192,10240] [--gen 48] [--repeats 2]
+                                         [--threads 2]
+
+--path swa-view: the sliding-window view (patches/0013, the default of a canonical context)
+against `_set_swa_view(False)` (every sliding-window layer given the whole cache).
+--path shared-kv-tiles: flash attention's tiled prefill with each K/V tile converted once for the
+query heads that read it (patches/0014, on by default) against upstream's loop
+(`ggml_cpu_set_flash_attn_shared_kv_tiles(0)`).
 
 A session appends random tokens in 512-token chunks up to --tokens, then generates --gen tokens
-greedily; once with the view (the default of a canonical context) and once with
-`_set_swa_view(False)` (every sliding-window layer given the whole cache), alternating, --repeats
-times. Printed: the forward time per token of the chunks starting at --points, of the whole
-prefill, and of a generation pass at the end (a decode step, or a batch checking a memo draft),
-each the median over the repeats, with the ratio whole-cache ÷ view; and whether both views gave
-the same logits and tokens (they must: the view changes no bit,
-tests/integration/test_swa_view_gemma.py)."""
+greedily; once with our path and once with llama.cpp's, alternating, --repeats times. Printed: the
+forward time per token of the chunks starting at --points, of the whole prefill, and of a
+generation pass at the end (a decode step, or a batch checking a memo draft), each the median over
+the repeats, with the ratio llama.cpp's ÷ ours; and whether both gave the same logits and tokens
+(they must: tests/integration/test_swa_view_gemma.py, tests/test_flash_attn_shared_kv.py)."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import random
 import statistics
 
 import numpy as np
 
-from pyllamaopt import Context, Model
+from pyllamaopt import Context, Model, _core
 
 CHUNK = 512
 
 
-def run(model: Model, view: bool, tokens: list[int], gen: int, threads: int) -> dict:
+def run(model: Model, path: str, ours: bool, tokens: list[int], gen: int, threads: int) -> dict:
     with Context(model, n_ctx=len(tokens) + gen + CHUNK, n_batch=CHUNK, n_threads=threads) as ctx:
-        ctx._core._set_swa_view(view)
+        if path == "swa-view":
+            ctx._core._set_swa_view(ours)
+        else:  # a process-wide ggml setting
+            ctypes.CDLL(_core.__file__).ggml_cpu_set_flash_attn_shared_kv_tiles(int(ours))
         s = ctx.session()
         per_chunk = {}
         for pos in range(0, len(tokens), CHUNK):
@@ -45,6 +54,7 @@ def run(model: Model, view: bool, tokens: list[int], gen: int, threads: int) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--path", choices=("swa-view", "shared-kv-tiles"), default="swa-view")
     parser.add_argument("--model", default="gemma3-270m")
     parser.add_argument("--tokens", type=int, default=11264)
     parser.add_argument("--points", default="1024,4096,8192,10240")
@@ -57,24 +67,24 @@ def main() -> None:
     tokens = [model.bos_token] + [rng.randrange(1000, 200000) for _ in range(args.tokens - 1)]
     runs: dict[bool, list[dict]] = {True: [], False: []}
     for _ in range(args.repeats):
-        for view in (True, False):
-            runs[view].append(run(model, view, tokens, args.gen, args.threads))
+        for ours in (True, False):
+            runs[ours].append(run(model, args.path, ours, tokens, args.gen, args.threads))
 
-    def median(view: bool, pick) -> float:
-        return statistics.median(pick(r) for r in runs[view])
+    def median(ours: bool, pick) -> float:
+        return statistics.median(pick(r) for r in runs[ours])
 
     same = all(np.array_equal(a["logits"], b["logits"]) and a["tokens"] == b["tokens"]
                for a in runs[True] for b in runs[False])
     print(f"{model.description}; {args.threads} threads; {args.tokens} tokens in {CHUNK}-token chunks, "
-          f"{args.gen} generated; medians of {args.repeats}")
-    print(f"  {'':<32} {'view':>9} {'whole cache':>12} {'whole ÷ view':>13}")
+          f"{args.gen} generated; medians of {args.repeats}; {args.path}")
+    print(f"  {'':<32} {'ours':>9} {'llama.cpp':>12} {'theirs ÷ ours':>13}")
     rows = [(f"chunk at {p}, ms per token", lambda r, p=p: r["chunk_ms"][p]) for p in map(int, args.points.split(","))]
     rows += [(f"prefill of {args.tokens}, s", lambda r: r["prefill_s"]),
              (f"generation pass at {args.tokens}, ms", lambda r: r["step_ms"])]
     for label, pick in rows:
         on, off = median(True, pick), median(False, pick)
         print(f"  {label:<32} {on:>9.3f} {off:>12.3f} {off / on:>13.3f}")
-    print(f"  same logits and generated tokens in both views: {'yes' if same else 'NO'}")
+    print(f"  same logits and generated tokens on both paths: {'yes' if same else 'NO'}")
 
 
 if __name__ == "__main__":
