@@ -5,7 +5,7 @@ kernels (the same bits), side by side in one run: per weight type of Gemma 3 270
 whole llama_decode with every row's logits. With --prefill, stage 2 instead: prompt processing
 with upstream's kernels against every row computed like a decode step.
 
-    python benchmarks/row_kernels.py [--threads 2] [--context 1000] [--reps 7]
+    python benchmarks/row_kernels.py [--threads 2] [--context 1000] [--reps 7] [--swa-view]
     python benchmarks/row_kernels.py --prefill 512,4096 [--threads 2] [--reps 3]
 
 The program is tools/upstream/bench-row-kernels.cpp, built by tools/build_upstream.py from the
@@ -34,6 +34,8 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--prefill", help="comma-separated prompt lengths: stage 2's comparison instead")
     parser.add_argument("--skip-ops", action="store_true", help="only the whole llama_decode")
+    parser.add_argument("--swa-view", action="store_true",
+                        help="sliding-window layers given only their window's cells, as pyllamaopt runs (patches/0013)")
     args = parser.parse_args()
     program = build_upstream.build(("bench-row-kernels",)) / "bench-row-kernels"
     cmd = [str(program), "-m", str(models.resolve(args.model)), "--threads", str(args.threads),
@@ -42,6 +44,8 @@ def main() -> int:
         cmd += ["--prefill", args.prefill]
     if args.skip_ops:
         cmd.append("--skip-ops")
+    if args.swa_view:
+        cmd.append("--swa-view")
     return subprocess.run(cmd).returncode
 
 

@@ -164,7 +164,7 @@ struct gemma {
     llama_context *  ctx   = nullptr;
     std::vector<int> tokens;  // random ids, as llama-bench uses
 
-    gemma(const char * path, int n_threads, int n_ctx) {
+    gemma(const char * path, int n_threads, int n_ctx, bool swa_view = false) {
         model = llama_model_load_from_file(path, llama_model_default_params());
         if (!model) {
             fprintf(stderr, "cannot load %s\n", path);
@@ -180,6 +180,8 @@ struct gemma {
             fprintf(stderr, "cannot create a context\n");
             exit(1);
         }
+        // as pyllamaopt runs: sliding-window layers given only their window's cells (patches/0013)
+        llama_memory_set_swa_view(llama_get_memory(ctx), swa_view);
         const int    n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
         std::mt19937 rng(11);
         tokens.resize(n_ctx);
@@ -242,13 +244,13 @@ int bench_prefill(const char * model_path, int n_threads, const std::vector<int>
     return 0;
 }
 
-int bench_decode(const char * model_path, int n_threads, int n_context, int reps) {
-    gemma g(model_path, n_threads, n_context + 64);
+int bench_decode(const char * model_path, int n_threads, int n_context, int reps, bool swa_view) {
+    gemma g(model_path, n_threads, n_context + 64, swa_view);
     set_mode(kModes[0]);
     g.decode(0, n_context, false);  // the context, in upstream's prefill
     char title[160];
-    snprintf(title, sizeof title, "llama_decode of Gemma 3 270M, every row's logits, after %d tokens, %d threads",
-             n_context, n_threads);
+    snprintf(title, sizeof title, "llama_decode of Gemma 3 270M, every row's logits, after %d tokens, %d threads%s",
+             n_context, n_threads, swa_view ? ", sliding-window view" : "");
     print_header(title);
     for (int rows : kRows) {
         print_row(rows, time_modes(reps, [&] {
@@ -264,7 +266,7 @@ int bench_decode(const char * model_path, int n_threads, int n_context, int reps
 int main(int argc, char ** argv) {
     const char * model_path = nullptr;
     int          n_threads = 2, n_context = 1000, reps = 7;
-    bool         ops = true, decode = true;
+    bool         ops = true, decode = true, swa_view = false;
     std::vector<int> prefill;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -278,6 +280,8 @@ int main(int argc, char ** argv) {
             reps = atoi(argv[++i]);
         } else if (a == "--skip-ops") {
             ops = false;
+        } else if (a == "--swa-view") {
+            swa_view = true;
         } else if (a == "--skip-decode") {
             decode = false;
         } else if (a == "--prefill" && i + 1 < argc) {
@@ -289,7 +293,7 @@ int main(int argc, char ** argv) {
                 p += *p == ',';
             }
         } else {
-            fprintf(stderr, "usage: %s -m model.gguf [--threads N] [--context N] [--reps N] [--skip-ops] [--skip-decode] [--prefill N,M]\n", argv[0]);
+            fprintf(stderr, "usage: %s -m model.gguf [--threads N] [--context N] [--reps N] [--skip-ops] [--skip-decode] [--swa-view] [--prefill N,M]\n", argv[0]);
             return 2;
         }
     }
@@ -309,7 +313,7 @@ int main(int argc, char ** argv) {
         bench_ops(n_threads, reps);
     }
     if (decode && model_path) {
-        return bench_decode(model_path, n_threads, n_context, reps);
+        return bench_decode(model_path, n_threads, n_context, reps, swa_view);
     }
     return 0;
 }
