@@ -3,9 +3,11 @@ llama.cpp's test-backend-ops): with patches/0006's row-invariant batch on, every
 matrix product (the default model's weight types Q8_0, Q5_0, Q4_K, Q6_K, and F32, F16, Q4_0; batches
 of 2..64, 128 and 512 rows) and of flash attention (query rows against the one-row decode path,
 KV lengths across 64-cell tiles) is bitwise equal to the same row computed alone. With upstream's
-kernel choice the same program finds the rows that differ: the test can fail."""
+kernel choice the same program finds the rows that differ: the test can fail. The check runs on
+this machine's build and on builds for x86 with AVX2 only and for no SIMD at all."""
 from __future__ import annotations
 
+import platform
 import re
 import subprocess
 import sys
@@ -24,6 +26,24 @@ def program() -> Path:
     import build_upstream
 
     return build_upstream.build(("test-row-invariance",)) / "test-row-invariance"
+
+
+# ggml's x86 switches of the builds below; llama-cpu-flags.cmake turns on what /proc/cpuinfo reports
+SWITCHES = ("SSE42", "AVX", "AVX2", "FMA", "F16C", "BMI2")
+OTHER_CPUS = {
+    # most users' x86 machines: the AVX2 paths of the multi-row kernels and of tinyBLAS, no AVX-512
+    "avx2": (["-DGGML_NATIVE=OFF", *(f"-DGGML_{s}=ON" for s in SWITCHES)], {"avx2", "fma", "f16c", "bmi2"}),
+    # no SIMD at all: ggml's generic C kernels, run row by row in exact batches
+    "generic": (["-DGGML_NATIVE=OFF", *(f"-DGGML_{s}=OFF" for s in SWITCHES)], set()),
+}
+
+
+def cpu_flags() -> set[str]:
+    cpuinfo = Path("/proc/cpuinfo")
+    if platform.machine() not in ("x86_64", "AMD64") or not cpuinfo.exists():
+        return set()
+    flags = re.search(r"^flags\s*:(.*)$", cpuinfo.read_text(), re.M)
+    return set(flags.group(1).split()) if flags else set()
 
 
 def run(program: Path, *args: str) -> subprocess.CompletedProcess:
@@ -63,3 +83,24 @@ def test_upstream_kernels_change_rows(program):
     assert min(found["mul_mat q6_K k=2048 n=640"]) == 8
     assert min(found["flash_attn_ext d=256 heads=4/1 n_kv=300"]) == 2
     assert not any(name.startswith(("mul_mat q8_0", "mul_mat q5_0")) for name in found)
+
+
+@pytest.mark.parametrize("cpu", OTHER_CPUS)
+def test_every_row_equals_the_row_alone_on_other_cpus(cpu):
+    """The same check in a build for another CPU than this one's (ggml's explicit switches): the
+    kernels' AVX2 paths without AVX-512, and the generic C of a build without SIMD. Upstream's
+    kernel choice still changes rows there: the check can fail on each build."""
+    args, needed = OTHER_CPUS[cpu]
+    flags = cpu_flags()
+    if not flags or not needed <= flags:
+        pytest.skip(f"not an x86 machine with {sorted(needed) or 'x86-64'}: this build would not run here")
+    sys.path.insert(0, str(ROOT / "tools"))
+    import build_upstream
+
+    program = build_upstream.build(("test-row-invariance",), args) / "test-row-invariance"
+    result = run(program)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "PASS: 0 of 1678" in result.stdout
+    upstream = run(program, "--upstream", "--quick")
+    assert upstream.returncode == 1, upstream.stdout[-4000:] + upstream.stderr[-2000:]
+    assert differing(upstream.stdout)

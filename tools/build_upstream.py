@@ -25,9 +25,11 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("llama-simple-opt-numerics", "llama-bench")
 
 
-def build(targets: tuple[str, ...] = TARGETS) -> Path:
+def build(targets: tuple[str, ...] = TARGETS, cmake_args: list[str] | None = None) -> Path:
+    """cmake_args: CMake options of this build (default: $CMAKE_ARGS), e.g. other CPU switches."""
     tree = fetch_llama.prepare()
-    cmake_args = shlex.split(os.environ.get("CMAKE_ARGS", ""))
+    if cmake_args is None:
+        cmake_args = shlex.split(os.environ.get("CMAKE_ARGS", ""))
     recipe = (tree / fetch_llama.STAMP_NAME).read_text() + repr(cmake_args)
     recipe += (ROOT / "tools" / "upstream" / "CMakeLists.txt").read_text()
     recipe += (ROOT / "cmake" / "llama-cpu-flags.cmake").read_text()

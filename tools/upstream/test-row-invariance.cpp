@@ -62,10 +62,23 @@ struct cpu_backend {
     }
     ~cpu_backend() { ggml_backend_free(backend); }
 
-    // the buffer type llama.cpp gives such a weight here: the repacked layout for Q4_K (AVX2, rows % 8 == 0)
-    ggml_backend_buffer_type_t weight_buft(const ggml_tensor * w) const {
-        if (repack && w->type == GGML_TYPE_Q4_K && w->ne[1] % 8 == 0) {
-            return repack;
+    // the buffer type llama.cpp gives such a weight here (llama-model.cpp, weight_buft_supported): the
+    // repacked layout where the repack buffer takes the weight's matrix product (Q4_K with AVX2 and
+    // rows % 8 == 0; none in a build without SIMD), else the default
+    ggml_backend_buffer_type_t weight_buft(ggml_tensor * w) const {
+        if (repack) {
+            ggml_init_params      ip    = { ggml_tensor_overhead() * 2, nullptr, true };
+            ggml_context *        ctx   = ggml_init(ip);
+            ggml_tensor *         op    = ggml_mul_mat(ctx, w, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 1));
+            ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(repack, 0);
+            w->buffer                   = dummy;
+            const bool repacked         = ggml_backend_dev_supports_op(ggml_backend_get_device(backend), op);
+            w->buffer                   = nullptr;
+            ggml_backend_buffer_free(dummy);
+            ggml_free(ctx);
+            if (repacked) {
+                return repack;
+            }
         }
         return ggml_backend_get_default_buffer_type(backend);
     }
