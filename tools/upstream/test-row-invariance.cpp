@@ -156,19 +156,23 @@ struct mul_mat_case {
     }
 };
 
-// Flash attention as Gemma 3 270M runs it (head size 256, 4 query heads, 1 KV head, F16 KV cache,
-// causal mask): query rows at consecutive positions ending at the last KV cell.
+// Flash attention as Gemma 3 270M runs it (head size 256, 4 query heads, 1 KV head) or SmolLM2
+// (64, 9 query heads on 3 KV heads), F16 KV cache, causal mask: query rows at consecutive
+// positions ending at the last KV cell.
 struct flash_attn_case {
-    static constexpr int64_t d = 256, n_head = 4, n_head_kv = 1;
-    int64_t            n_kv;
-    std::vector<float> k, v;  // [n_kv][d]
+    int64_t            d, n_head, n_head_kv, n_kv;
+    std::vector<float> k, v;  // [n_head_kv][n_kv][d]
 
-    flash_attn_case(int64_t n_kv, std::mt19937 & rng) : n_kv(n_kv) {
-        k = random_floats(n_kv * d, rng, 1.0f);
-        v = random_floats(n_kv * d, rng, 1.0f);
+    flash_attn_case(int64_t d, int64_t n_head, int64_t n_head_kv, int64_t n_kv, std::mt19937 & rng) :
+        d(d), n_head(n_head), n_head_kv(n_head_kv), n_kv(n_kv) {
+        k = random_floats(n_head_kv * n_kv * d, rng, 1.0f);
+        v = random_floats(n_head_kv * n_kv * d, rng, 1.0f);
     }
 
-    std::string name() const { return "flash_attn_ext d=256 heads=4/1 n_kv=" + std::to_string(n_kv); }
+    std::string name() const {
+        return "flash_attn_ext d=" + std::to_string(d) + " heads=" + std::to_string(n_head) + "/" +
+               std::to_string(n_head_kv) + " n_kv=" + std::to_string(n_kv);
+    }
     int64_t row_len() const { return d * n_head; }
 
     // rows `first .. first+n_rows` of a batch whose last row sits at position n_kv - 1 (x holds
@@ -181,14 +185,14 @@ struct flash_attn_case {
         ggml_tensor *    vt  = ggml_new_tensor_3d(ctx, GGML_TYPE_F16, d, n_kv, n_head_kv);
         ggml_tensor *    m   = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, n_kv, n_rows);
         ggml_tensor *    qp  = ggml_permute(ctx, q, 0, 2, 1, 3);  // [d, rows, heads] as llama.cpp builds it
-        ggml_tensor *    out = ggml_flash_attn_ext(ctx, qp, kt, vt, m, 1.0f / 16.0f, 0.0f, 0.0f);
+        ggml_tensor *    out = ggml_flash_attn_ext(ctx, qp, kt, vt, m, 1.0f / sqrtf((float) d), 0.0f, 0.0f);
         ggml_flash_attn_ext_set_prec(out, GGML_PREC_F32);
         ggml_cgraph * gf = ggml_new_graph(ctx);
         ggml_build_forward_expand(gf, out);
         ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, cpu.backend);
 
         ggml_backend_tensor_set(q, q_all + first * n_head * d, 0, ggml_nbytes(q));
-        std::vector<ggml_fp16_t> h(n_kv * d);
+        std::vector<ggml_fp16_t> h(k.size());
         ggml_fp32_to_fp16_row(k.data(), h.data(), h.size());
         ggml_backend_tensor_set(kt, h.data(), 0, ggml_nbytes(kt));
         ggml_fp32_to_fp16_row(v.data(), h.data(), h.size());
@@ -300,8 +304,13 @@ int main(int argc, char ** argv) {
     }
 
     // KV lengths of 1..12 tiles, not multiples of the tile, so the rows' last cells cross tiles
-    for (int64_t n_kv : { 100, 300, 700 }) {
-        flash_attn_case          fa(n_kv, rng);
+    struct fa_shape {
+        int64_t d, n_head, n_head_kv, n_kv;
+    };
+    for (const fa_shape & shape : { fa_shape{ 256, 4, 1, 100 }, fa_shape{ 256, 4, 1, 300 }, fa_shape{ 256, 4, 1, 700 },
+                                    fa_shape{ 64, 9, 3, 300 } }) {
+        flash_attn_case          fa(shape.d, shape.n_head, shape.n_head_kv, shape.n_kv, rng);
+        const int64_t            n_kv  = shape.n_kv;
         const int64_t            total = std::min<int64_t>(opt.quick ? 17 : 64, n_kv);
         const std::vector<float> q     = random_floats(total * fa.row_len(), rng, 1.0f);
         std::vector<float>       alone(total * fa.row_len());
