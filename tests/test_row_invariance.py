@@ -1,10 +1,11 @@
 """Batch invariance of ggml's CPU kernels (tools/upstream/test-row-invariance.cpp, in the style of
 llama.cpp's test-backend-ops): with patches/0006's row-invariant batch on, every row of a
-matrix product (the default model's weight types Q8_0, Q5_0, Q4_K, Q6_K, and F32, F16, Q4_0; batches
-of 2..64, 128 and 512 rows) and of flash attention (query rows against the one-row decode path,
-KV lengths across 64-cell tiles, Gemma 3's and SmolLM2's head layouts) is bitwise equal to the same row computed alone. With upstream's
-kernel choice the same program finds the rows that differ: the test can fail. The check runs on
-this machine's build and on builds for x86 with AVX2 only and for no SIMD at all."""
+matrix product (the default model's weight types Q8_0, Q5_0, Q4_K, Q6_K, and F32, F16, Q4_0;
+batches of 2..64, 128 and 512 rows) and of flash attention (query rows against the one-row
+decode path, KV lengths across 64-cell tiles, Gemma 3's and SmolLM2's head layouts) is bitwise
+equal to the same row computed alone. With upstream's kernel choice the same program finds the
+rows that differ: the test can fail. The check runs on this machine's build and on builds for
+x86 with AVX2 only and for no SIMD at all."""
 from __future__ import annotations
 
 import platform
