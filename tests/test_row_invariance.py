@@ -21,12 +21,17 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def program() -> Path:
+def build_program(cmake_args: list[str] | None = None) -> Path:
+    """The check program, built from the pinned tree (cmake_args: another CPU's switches)."""
     sys.path.insert(0, str(ROOT / "tools"))
     import build_upstream
 
-    return build_upstream.build(("test-row-invariance",)) / "test-row-invariance"
+    return build_upstream.build(("test-row-invariance",), cmake_args) / "test-row-invariance"
+
+
+@pytest.fixture(scope="module")
+def program() -> Path:
+    return build_program()
 
 
 # ggml's x86 switches of the builds below; llama-cpu-flags.cmake turns on what /proc/cpuinfo reports
@@ -95,10 +100,7 @@ def test_every_row_equals_the_row_alone_on_other_cpus(cpu):
     flags = cpu_flags()
     if not flags or not needed <= flags:
         pytest.skip(f"not an x86 machine with {sorted(needed) or 'x86-64'}: this build would not run here")
-    sys.path.insert(0, str(ROOT / "tools"))
-    import build_upstream
-
-    program = build_upstream.build(("test-row-invariance",), args) / "test-row-invariance"
+    program = build_program(args)
     result = run(program)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "PASS: 0 of 1804" in result.stdout
