@@ -16,7 +16,7 @@
                     (tools/build_upstream.py), one slot, its prompt cache, token ids over HTTP
   llama-server-ngram  the same, drafting from n-grams of its context (--spec-type ngram-mod)
 
-    python benchmarks/agent_trace.py [--shapes append,reasoning,workspace,edits,shared,fresh] [--turns 22]
+    python benchmarks/agent_trace.py [--shapes append,reasoning,workspace,edits,header,shared,fresh] [--turns 22]
                                      [--engines off,exact,exact-no-memo,exact-own-memo,tier2,tier2@0.1,
                                                  keep-generated,
                                                  llama-cpp-python,llama-server,llama-server-ngram]
@@ -25,7 +25,9 @@
 Shapes (benchmarks/agent_trace_data.py): append-only history; re-rendered history whose earlier
 answers lose their reasoning block; a workspace file after the system prompt, edited every
 3 turns; three workspace files whose edits every 3 turns change line lengths at several places
-(everything after each edit shifts); 8 sessions sharing the system prompt, interleaved; unrelated
+(everything after each edit shifts); a per-request header as the system prompt's first line
+(every request differs a few tokens after its start: llama.cpp #19494; the server benchmark's
+(b)); 8 sessions sharing the system prompt, interleaved; unrelated
 fresh prompts (no reuse possible: the overhead check). Every turn the client re-sends the whole
 conversation and the engine generates up to --gen tokens (greedy); the script's own answers
 continue the history, so all engines see the same prompts. --n-ctx sets the KV cells of each
@@ -177,7 +179,7 @@ def workload(model: Model, shape: str, n_turns: int) -> list[tuple[int, list[int
     """(session id, prompt tokens) in the order a client sends them."""
     system = data.system_prompt()
     tok = lambda text: model.tokenize(text, special=True)  # noqa: E731
-    if shape in ("append", "reasoning", "workspace", "edits"):
+    if shape in ("append", "reasoning", "workspace", "edits", "header"):
         turns = data.turns(n_turns)
         return [(0, tok(data.render(system, turns[:i], turns[i], shape=shape, workspace_version=i // 3)))
                 for i in range(n_turns)]

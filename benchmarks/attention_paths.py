@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Our attention paths against llama.cpp's, side by side in one run: the same bits, the time.
+"""Our attention and weight paths against llama.cpp's, side by side in one run: the same bits, the time.
 
-    python benchmarks/attention_paths.py [--path swa-view|shared-kv-tiles] [--tokens 11264]
+    python benchmarks/attention_paths.py [--path swa-view|shared-kv-tiles|q5_0-as-q8_0] [--tokens 11264]
                                          [--points 1024,4096,8192,10240] [--gen 48] [--repeats 2]
                                          [--threads 2]
 
@@ -10,13 +10,16 @@ against `_set_swa_view(False)` (every sliding-window layer given the whole cache
 --path shared-kv-tiles: flash attention's tiled prefill with each K/V tile converted once for the
 query heads that read it (patches/0014, on by default) against upstream's loop
 (`ggml_cpu_set_flash_attn_shared_kv_tiles(0)`).
+--path q5_0-as-q8_0: Q5_0 weights held as Q8_0 blocks (patches/0016, on by default) against Q5_0
+as llama.cpp holds it (a second copy of the model loaded after `_set_q5_0_widened(False)`).
 
 A session appends random tokens in 512-token chunks up to --tokens, then generates --gen tokens
 greedily; once with our path and once with llama.cpp's, alternating, --repeats times. Printed: the
 forward time per token of the chunks starting at --points, of the whole prefill, and of a
 generation pass at the end (a decode step, or a batch checking a memo draft), each the median over
 the repeats, with the ratio llama.cpp's ÷ ours; and whether both gave the same logits and tokens
-(they must: tests/integration/test_swa_view_gemma.py, tests/test_flash_attn_shared_kv.py)."""
+(they must: tests/integration/test_swa_view_gemma.py, tests/test_flash_attn_shared_kv.py,
+tests/test_q5_0_as_q8_0.py)."""
 from __future__ import annotations
 
 import argparse
@@ -35,7 +38,7 @@ def run(model: Model, path: str, ours: bool, tokens: list[int], gen: int, thread
     with Context(model, n_ctx=len(tokens) + gen + CHUNK, n_batch=CHUNK, n_threads=threads) as ctx:
         if path == "swa-view":
             ctx._core._set_swa_view(ours)
-        else:  # a process-wide ggml setting
+        elif path == "shared-kv-tiles":  # a process-wide ggml setting
             ctypes.CDLL(_core.__file__).ggml_cpu_set_flash_attn_shared_kv_tiles(int(ours))
         s = ctx.session()
         per_chunk = {}
@@ -54,7 +57,7 @@ def run(model: Model, path: str, ours: bool, tokens: list[int], gen: int, thread
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--path", choices=("swa-view", "shared-kv-tiles"), default="swa-view")
+    parser.add_argument("--path", choices=("swa-view", "shared-kv-tiles", "q5_0-as-q8_0"), default="swa-view")
     parser.add_argument("--model", default="gemma3-270m")
     parser.add_argument("--tokens", type=int, default=11264)
     parser.add_argument("--points", default="1024,4096,8192,10240")
@@ -62,13 +65,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    model = Model(args.model)
+    models = {True: Model(args.model)}
+    if args.path == "q5_0-as-q8_0":  # decided when a model's weights are placed
+        _core._set_q5_0_widened(False)
+        models[False] = Model(args.model)
+        _core._set_q5_0_widened(True)
+    else:
+        models[False] = models[True]
+    model = models[True]
     rng = random.Random(1)
     tokens = [model.bos_token] + [rng.randrange(1000, 200000) for _ in range(args.tokens - 1)]
     runs: dict[bool, list[dict]] = {True: [], False: []}
     for _ in range(args.repeats):
         for ours in (True, False):
-            runs[ours].append(run(model, args.path, ours, tokens, args.gen, args.threads))
+            runs[ours].append(run(models[ours], args.path, ours, tokens, args.gen, args.threads))
 
     def median(ours: bool, pick) -> float:
         return statistics.median(pick(r) for r in runs[ours])

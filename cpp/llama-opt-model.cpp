@@ -23,7 +23,15 @@ static void backend_init() {
         // prefill attention converts each K/V tile once for the query heads sharing it: the same bits,
         // faster (patches/0014)
         ggml_cpu_set_flash_attn_shared_kv_tiles(1);
+        // Q5_0 weights held as Q8_0 blocks with the same integers: the same bits, Q8_0's faster
+        // kernels (patches/0016); before any model is loaded, since it decides where weights go
+        ggml_cpu_set_q5_0_widened(1);
     });
+}
+
+void llama_opt_set_q5_0_widened(bool on) {
+    backend_init();  // which turns it on
+    ggml_cpu_set_q5_0_widened(on ? 1 : 0);
 }
 
 // Checks what llama.cpp would report only as "failed to load": missing, a folder,

@@ -21,6 +21,10 @@ struct llama_opt_model_params {
     std::function<bool(float)> on_progress;
 };
 
+// Q5_0 weights held as Q8_0 blocks (patches/0016, on by default) for the models loaded after this
+// call; off only to measure the difference side by side.
+void llama_opt_set_q5_0_widened(bool on);
+
 class llama_opt_model {
 public:
     // Throws llama_opt_error(model_load) with a message that says what to do.

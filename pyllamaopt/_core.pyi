@@ -613,6 +613,10 @@ class PersistStore:
     @property
     def dir(self) -> str:
         ...
+def _set_q5_0_widened(on: bool) -> None:
+    """
+    Q5_0 weights held as Q8_0 (patches/0016, the default) in models loaded after this call; off only for side-by-side measurement.
+    """
 def build_info() -> _BuildInfo:
     """
     What this build is made of: versions, the pinned llama.cpp, CPU features in use.

@@ -7,21 +7,15 @@ mathematics, other bits) fails 66 of its 162 checks."""
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from upstream_programs import build_program
 
 pytestmark = pytest.mark.slow
 
 
 def test_the_shared_kv_tiles_give_upstreams_bits():
-    sys.path.insert(0, str(ROOT / "tools"))
-    import build_upstream
-
-    program = build_upstream.build(("test-flash-attn-shared-kv",)) / "test-flash-attn-shared-kv"
+    program = build_program("test-flash-attn-shared-kv")
     result = subprocess.run([str(program)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "PASS: 0 of 162" in result.stdout

@@ -8,48 +8,19 @@ rows that differ: the test can fail. The check runs on this machine's build and 
 x86 with AVX2 only and for no SIMD at all."""
 from __future__ import annotations
 
-import platform
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from upstream_programs import OTHER_CPUS, build_for_other_cpu, build_program
 
 pytestmark = pytest.mark.slow
 
 
-def build_program(cmake_args: list[str] | None = None) -> Path:
-    """The check program, built from the pinned tree (cmake_args: another CPU's switches)."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    import build_upstream
-
-    return build_upstream.build(("test-row-invariance",), cmake_args) / "test-row-invariance"
-
-
 @pytest.fixture(scope="module")
 def program() -> Path:
-    return build_program()
-
-
-# ggml's x86 switches of the builds below; llama-cpu-flags.cmake turns on what /proc/cpuinfo reports
-SWITCHES = ("SSE42", "AVX", "AVX2", "FMA", "F16C", "BMI2")
-OTHER_CPUS = {
-    # most users' x86 machines: the AVX2 paths of the multi-row kernels and of tinyBLAS, no AVX-512
-    "avx2": (["-DGGML_NATIVE=OFF", *(f"-DGGML_{s}=ON" for s in SWITCHES)], {"avx2", "fma", "f16c", "bmi2"}),
-    # no SIMD at all: ggml's generic C kernels, run row by row in exact batches
-    "generic": (["-DGGML_NATIVE=OFF", *(f"-DGGML_{s}=OFF" for s in SWITCHES)], set()),
-}
-
-
-def cpu_flags() -> set[str]:
-    cpuinfo = Path("/proc/cpuinfo")
-    if platform.machine() not in ("x86_64", "AMD64") or not cpuinfo.exists():
-        return set()
-    flags = re.search(r"^flags\s*:(.*)$", cpuinfo.read_text(), re.M)
-    return set(flags.group(1).split()) if flags else set()
+    return build_program("test-row-invariance")
 
 
 def run(program: Path, *args: str) -> subprocess.CompletedProcess:
@@ -96,11 +67,7 @@ def test_every_row_equals_the_row_alone_on_other_cpus(cpu):
     """The same check in a build for another CPU than this one's (ggml's explicit switches): the
     kernels' AVX2 paths without AVX-512, and the generic C of a build without SIMD. Upstream's
     kernel choice still changes rows there: the check can fail on each build."""
-    args, needed = OTHER_CPUS[cpu]
-    flags = cpu_flags()
-    if not flags or not needed <= flags:
-        pytest.skip(f"not an x86 machine with {sorted(needed) or 'x86-64'}: this build would not run here")
-    program = build_program(args)
+    program = build_for_other_cpu("test-row-invariance", cpu)
     result = run(program)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "PASS: 0 of 1804" in result.stdout

@@ -3,6 +3,7 @@
 #include "bindings.h"
 
 #include "llama-opt-log.h"
+#include "llama-opt-model.h"
 #include "llama.h"
 
 #ifndef PYLLAMAOPT_VERSION
@@ -26,6 +27,9 @@ PYBIND11_MODULE(_core, m) {
 
     m.def("set_verbose", &llama_opt_log_set_verbose, py::arg("verbose"),
           "Print llama.cpp's log to stderr (default: silent; warnings are kept for error messages).");
+    m.def("_set_q5_0_widened", &llama_opt_set_q5_0_widened, py::arg("on"),
+          "Q5_0 weights held as Q8_0 (patches/0016, the default) in models loaded after this call; off "
+          "only for side-by-side measurement.");
     m.def("build_info", [] {
         py::dict info;
         info["version"]            = PYLLAMAOPT_VERSION;

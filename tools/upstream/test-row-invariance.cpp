@@ -8,14 +8,15 @@
 //
 // Default: ggml_cpu_set_row_invariant_batch(512) (patches/0006) with the multi-row kernels of
 // patches/0009 (--one-row-kernels: without them, row by row), the flash-attention KV tile of
-// patches/0003; exit 0 iff every row of every case equals its one-row result. --upstream: the
-// row-invariant batch at 0 (upstream's kernel choice by batch size), to show that the test
+// patches/0003 and Q5_0 weights held as Q8_0 (patches/0016); exit 0 iff every row of every case equals its one-row result. --upstream: the
+// row-invariant batch at 0 (upstream's kernel choice by batch size; Q5_0 as Q5_0), to show that the test
 // fails where upstream's kernels change the bits. Each differing (case, batch) is printed as
 // "DIFF <case> rows=<n> differing=<k> max_abs=<x>".
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "weight-placement.h"
 
 #include <algorithm>
 #include <cmath>
@@ -44,44 +45,13 @@ std::vector<float> random_floats(size_t n, std::mt19937 & rng, float scale) {
     return v;
 }
 
-// The CPU backend and, for types that llama.cpp stores repacked (Q4_K on AVX2), the repack buffer type.
+// The CPU backend, and the buffer type llama.cpp gives each weight.
 struct cpu_backend {
-    ggml_backend_t             backend = nullptr;
-    ggml_backend_buffer_type_t repack  = nullptr;
+    ggml_backend_t backend = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
 
-    cpu_backend() {
-        backend = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
-        ggml_backend_dev_t dev = ggml_backend_get_device(backend);
-        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
-        auto get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
-        for (ggml_backend_buffer_type_t * b = get_extra ? get_extra(dev) : nullptr; b && *b; ++b) {
-            if (strcmp(ggml_backend_buft_name(*b), "CPU_REPACK") == 0) {
-                repack = *b;
-            }
-        }
-    }
     ~cpu_backend() { ggml_backend_free(backend); }
 
-    // the buffer type llama.cpp gives such a weight here (llama-model.cpp, weight_buft_supported): the
-    // repacked layout where the repack buffer takes the weight's matrix product (Q4_K with AVX2 and
-    // rows % 8 == 0; none in a build without SIMD), else the default
-    ggml_backend_buffer_type_t weight_buft(ggml_tensor * w) const {
-        if (repack) {
-            ggml_init_params      ip    = { ggml_tensor_overhead() * 2, nullptr, true };
-            ggml_context *        ctx   = ggml_init(ip);
-            ggml_tensor *         op    = ggml_mul_mat(ctx, w, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 1));
-            ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(repack, 0);
-            w->buffer                   = dummy;
-            const bool repacked         = ggml_backend_dev_supports_op(ggml_backend_get_device(backend), op);
-            w->buffer                   = nullptr;
-            ggml_backend_buffer_free(dummy);
-            ggml_free(ctx);
-            if (repacked) {
-                return repack;
-            }
-        }
-        return ggml_backend_get_default_buffer_type(backend);
-    }
+    ggml_backend_buffer_type_t weight_buft(ggml_tensor * w) const { return weight_placement(backend, w); }
 };
 
 struct compare_result {
@@ -264,6 +234,7 @@ int main(int argc, char ** argv) {
     const int64_t              max_rows = sizes.back();
     ggml_cpu_set_row_invariant_batch(opt.upstream ? 0 : (int) max_rows);
     ggml_cpu_set_row_invariant_kernels(opt.one_row_kernels ? 0 : 1);
+    ggml_cpu_set_q5_0_widened(opt.upstream ? 0 : 1);  // Q5_0 weights as pyllamaopt holds them (patches/0016)
 
     cpu_backend  cpu;
     std::mt19937 rng(1234);
