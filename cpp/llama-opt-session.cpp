@@ -407,7 +407,15 @@ llama_opt_memo_draft llama_opt_session::find_draft() const {
     if (!cfg.memo_enabled) {
         return {};
     }
-    const auto max_tokens = (uint32_t) std::min<size_t>(cfg.memo_draft_max, room());
+    auto max_tokens = (uint32_t) std::min<size_t>(cfg.memo_draft_max, room());
+    if (output_budget_ > 0) {
+        // row j of the check gives the logits of the output's token (generated + 1 + j): none past the budget
+        const size_t generated = tokens_.size() - std::min(output_begin_, tokens_.size());
+        max_tokens = (uint32_t) std::min<size_t>(max_tokens, output_budget_ > generated + 1 ? output_budget_ - generated - 1 : 0);
+    }
+    if (max_tokens == 0) {
+        return {};
+    }
     llama_opt_memo_draft draft = llama_opt_memo_find(tokens_.data(), tokens_.size(), max_tokens);
     if (cfg.memo_shared) {
         ctx_->memo_outputs().improve(tokens_.data(), tokens_.size(), max_tokens, draft);
@@ -854,6 +862,7 @@ void llama_opt_session::set_sampling(const llama_opt_sampling & sampling) {
 void llama_opt_session::set_grammar(const std::string & gbnf, uint32_t max_tokens) {
     lock_t lock(ctx_->mutex());
     sampler_.set_grammar(gbnf, max_tokens);
+    output_budget_ = max_tokens;
 }
 
 llama_token llama_opt_session::next_token() {
@@ -928,6 +937,7 @@ void llama_opt_session::end_turn() {
     memo_.release();
     publish_output();
     generating_ = false;  // logits() after the turn computes the pending token alone
+    output_budget_ = 0;   // the next generation passes its own (set_grammar)
     if (sampler_.constrained()) {  // the generation it constrained is over
         const llama_opt_sampler::grammar_report report = sampler_.end_generation();
         count(&llama_opt_stats::schema_check_us, report.check_us);

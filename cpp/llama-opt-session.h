@@ -109,7 +109,8 @@ public:
     // Constrains the following next_token() calls to a GBNF grammar ("": none). Throws
     // llama_opt_error(grammar) if it does not parse. With schema_skip_enabled, a token the
     // grammar forces is taken without computing logits (llama-opt-grammar). max_tokens: the
-    // output's budget (0: none), which the grammar keeps to with schema_fit_max_tokens.
+    // output's budget (0: none), which the grammar keeps to with schema_fit_max_tokens and memo
+    // drafts stop at (rows past the output's last token would compute logits no one reads).
     void set_grammar(const std::string & gbnf, uint32_t max_tokens = 0);
 
     // Computes the KV of a pending (last sampled) token if any, then samples the next token
@@ -245,6 +246,7 @@ private:
     llama_opt_memo_check               memo_;             // a draft being checked: its cells lie beyond n_evaluated_
     bool                               generating_ = false;  // a turn's generation is on: drafts pay off only then
     size_t                             output_begin_ = 0;     // where the turn's generated tokens begin in tokens_
+    uint32_t                           output_budget_ = 0;    // set_grammar's max_tokens: the most this turn generates
     llama_opt_stats                    stats_;
     llama_opt_stats                    turn_start_;
     // Tier 2: positions without KV (sorted, disjoint), the KV rows of pruned blocks (by block),

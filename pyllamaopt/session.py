@@ -91,10 +91,12 @@ class Generation(Iterator[Token]):
         self._steps.close()
 
     def _run(self, max_tokens: int | None, stop: list[str], sampling: _core.Sampling) -> Generator[Token, None, None]:
-        core = self.session._core
-        if self.session._configured_for is not self._tag:  # another generation of the session came between
+        session = self.session
+        core = session._core
+        if session._configured_for is not self._tag:  # another generation of the session came between
             core.set_sampling(sampling)
             core.set_grammar(self._grammar, _budget(max_tokens, core.room))
+            session._configured_for = self._tag
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         full = ""  # all text decoded so far; self.text is the part released
         if max_tokens == 0:
@@ -140,6 +142,7 @@ class Generation(Iterator[Token]):
                 if self.finish_reason is None:  # abandoned by the caller
                     self.finish_reason = "interrupted"
             core.end_turn()
+            session._configured_for = None  # the turn's end dropped its grammar and budget
             with contextlib.suppress(ReferenceError):
                 if self._on_finish:
                     self._on_finish(self)

@@ -130,6 +130,28 @@ def test_drafts_from_another_sessions_output(tiny_model, prompt_seed):
     assert shared[4] == off[4]  # no draft's cells left behind
 
 
+@pytest.mark.parametrize("max_tokens", [1, 2, 5, 9])
+def test_drafts_stop_at_the_outputs_last_token(tiny_model, max_tokens):
+    """Row j of a draft's check gives the logits of the output's token j + 1 after the pending one:
+    rows past max_tokens would be computed for no one. A second session asked what the first
+    answered confirms every drafted token (memo_shared), so with drafts cut at the budget the turn
+    computes each position of its output once, the last token left pending as in plain decoding:
+    max_tokens - 1 rows (without the cut, the last check drafted memo_draft_max tokens)."""
+    prompt = text_tokens(tiny_model, 120, seed=5)
+    with context(tiny_model) as ctx:
+        first = ctx.session()
+        first.append(prompt)
+        answer = ids(first.generate(N_GEN))
+        second = ctx.session()
+        second.append(prompt)
+        before = second.stats
+        tokens = ids(second.generate(max_tokens))
+        spent = second.stats - before
+    assert tokens == answer[:max_tokens]
+    assert spent.memo_tokens_skipped == max(0, max_tokens - 2)  # all but the first step's token came drafted
+    assert spent.tokens_decoded == max_tokens - 1
+
+
 def test_draft_length_is_validated():
     from pyllamaopt import OptConfig, ConfigError
 

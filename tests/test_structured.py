@@ -49,6 +49,24 @@ def test_fast_masking_picks_what_full_masking_picks(tiny_model, name):
             assert reason == "length"
 
 
+def test_generations_made_before_either_runs_keep_their_own_grammars(tiny_model):
+    """The session is configured for the generation that runs (sampling, grammar, budget), however
+    generations made earlier ran in between: the end of a turn drops the grammar, so the next one
+    sets its own again."""
+    grammar, pattern = GRAMMARS["words"]
+    with Context(tiny_model, n_ctx=1024, n_batch=256, n_threads=2, config=OptConfig(env={})) as ctx:
+        s = ctx.session()
+        s.append_text(PROMPTS[0])
+        free = s.generate(3)
+        constrained = s.generate(40, grammar=grammar)
+        assert len(list(free)) == 3
+        list(constrained)
+    assert constrained.finish_reason in ("eos", "length")
+    assert re.match(r"(the|a) (code|file|test)", constrained.text), constrained.text
+    if constrained.finish_reason == "eos":
+        assert re.fullmatch(pattern, constrained.text), constrained.text
+
+
 @pytest.mark.parametrize("fit", [False, True], ids=["plain", "fit"])
 def test_seeded_sampling_draws_from_what_full_masking_gives(tiny_model, fit):
     """Sampling takes the top-k allowed tokens from the model's favourites when they hold k allowed

@@ -37,9 +37,11 @@ def test_memo_is_exact_on_gemma(gemma, sampling):
     assert stats_on.forward_passes < stats_off.forward_passes
 
 
-def generate_beside_a_cached_sequence(gemma, n_ctx, memo):
+def generate_beside_a_cached_sequence(gemma, n_ctx, memo, stop):
     """A closed session's 448 tokens stay cached (7 blocks at cells 0-447); the copying session's
-    prompt and 95 generated tokens then fill the 768 cells of a 768-token context."""
+    prompt and 95 generated tokens then fill the 768 cells of a 768-token context. The output ends
+    at a stop string, not at max_tokens: drafts stop at max_tokens (the turn's last token), so only
+    an output that ends otherwise has drafts reaching past the cells its tokens use."""
     prompt = copy_prompt(gemma)
     with Context(gemma, n_ctx=n_ctx, n_threads=2, config=OptConfig(env={}, memo_enabled=memo)) as ctx:
         cached = ctx.session()
@@ -47,16 +49,23 @@ def generate_beside_a_cached_sequence(gemma, n_ctx, memo):
         cached.close()
         s = ctx.session()
         s.append(prompt)
-        tokens = [t.id for t in s.generate(95)]
+        tokens = [t.id for t in s.generate(None, stop=[stop])]
         return tokens, s.stats, ctx.stats.dedup_sequences_evicted
 
 
 def test_a_draft_never_evicts_other_sequences(gemma):
     """A draft's rows need cells beyond the next token's; with none free the step goes on as a
     plain decode step instead of evicting the cached sequence a plain step would not need."""
-    tokens_off, _, evicted_off = generate_beside_a_cached_sequence(gemma, 768, memo=False)
-    tokens_on, stats_on, evicted_on = generate_beside_a_cached_sequence(gemma, 768, memo=True)
-    _, stats_roomy, _ = generate_beside_a_cached_sequence(gemma, 1024, memo=True)
+    with Context(gemma, n_ctx=2048, n_threads=2, config=OptConfig(env={}, memo_enabled=False)) as ctx:
+        s = ctx.session()
+        s.append(copy_prompt(gemma))
+        text = s.generate_text(95)
+    stop = text[-12:]  # the output's first 95 tokens end with it, and it occurs nowhere before
+    assert text.find(stop) == len(text) - 12
+    tokens_off, _, evicted_off = generate_beside_a_cached_sequence(gemma, 768, False, stop)
+    tokens_on, stats_on, evicted_on = generate_beside_a_cached_sequence(gemma, 768, True, stop)
+    _, stats_roomy, _ = generate_beside_a_cached_sequence(gemma, 1024, True, stop)
+    assert len(tokens_on) == len(tokens_off) == 95
     assert tokens_on == tokens_off
     assert evicted_on == evicted_off == 0
     assert stats_roomy.memo_hits == stats_roomy.memo_lookups  # with room every draft is checked

@@ -14,6 +14,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "check-common.h"
 
 #include <cmath>
 #include <cstdio>
@@ -41,15 +42,6 @@ struct fa_case {
         return buf;
     }
 };
-
-std::vector<float> random_floats(size_t n, std::mt19937 & rng) {
-    std::normal_distribution<float> dist(0.0f, 1.0f);
-    std::vector<float> v(n);
-    for (float & x : v) {
-        x = dist(rng);
-    }
-    return v;
-}
 
 void set_floats(ggml_tensor * t, const std::vector<float> & values) {
     if (t->type == GGML_TYPE_F32) {
@@ -114,11 +106,7 @@ std::vector<float> run(ggml_backend_t backend, const fa_case & c, uint32_t seed,
 }  // namespace
 
 int main() {
-    ggml_log_set([](ggml_log_level level, const char * text, void *) {
-        if (level >= GGML_LOG_LEVEL_WARN) {
-            fputs(text, stderr);
-        }
-    }, nullptr);
+    log_warnings_only();
     ggml_backend_t backend = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
 
     std::vector<fa_case> cases;

@@ -13,7 +13,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
-#include "weight-placement.h"
+#include "check-common.h"
 
 #include <cstdio>
 #include <cstring>
@@ -24,15 +24,6 @@
 namespace {
 
 constexpr int kRowInvariantBatch = 16;  // pyllamaopt's LLAMA_OPT_ROW_INVARIANT_BATCH
-
-std::vector<float> random_floats(size_t n, std::mt19937 & rng, float scale) {
-    std::normal_distribution<float> dist(0.0f, scale);
-    std::vector<float> v(n);
-    for (float & x : v) {
-        x = dist(rng);
-    }
-    return v;
-}
 
 // out = W x with W (Q5_0, k x n) in `buft`, for n_rows rows of x
 std::vector<float> run(ggml_backend_t backend, ggml_backend_buffer_type_t buft, const std::vector<uint8_t> & q5,
@@ -63,11 +54,7 @@ std::vector<float> run(ggml_backend_t backend, ggml_backend_buffer_type_t buft, 
 }  // namespace
 
 int main() {
-    ggml_log_set([](ggml_log_level level, const char * text, void *) {
-        if (level >= GGML_LOG_LEVEL_WARN) {
-            fputs(text, stderr);
-        }
-    }, nullptr);
+    log_warnings_only();
     ggml_backend_t backend = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
     ggml_backend_buffer_type_t plain = ggml_backend_get_default_buffer_type(backend);
 

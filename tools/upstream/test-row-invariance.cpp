@@ -16,7 +16,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
-#include "weight-placement.h"
+#include "check-common.h"
 
 #include <algorithm>
 #include <cmath>
@@ -35,15 +35,6 @@ struct options {
     bool quick           = false;
     bool one_row_kernels = false;
 };
-
-std::vector<float> random_floats(size_t n, std::mt19937 & rng, float scale) {
-    std::normal_distribution<float> dist(0.0f, scale);
-    std::vector<float> v(n);
-    for (float & x : v) {
-        x = dist(rng);
-    }
-    return v;
-}
 
 // The CPU backend, and the buffer type llama.cpp gives each weight.
 struct cpu_backend {
@@ -224,11 +215,7 @@ int main(int argc, char ** argv) {
             return 2;
         }
     }
-    ggml_log_set([](ggml_log_level level, const char * text, void *) {
-        if (level >= GGML_LOG_LEVEL_WARN) {
-            fputs(text, stderr);
-        }
-    }, nullptr);
+    log_warnings_only();
     ggml_cpu_set_flash_attn_kv_tile(kFaKvTile);
     const std::vector<int64_t> sizes    = batch_sizes(opt);
     const int64_t              max_rows = sizes.back();

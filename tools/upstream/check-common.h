@@ -1,11 +1,34 @@
-// The buffer type llama.cpp gives a weight (llama-model.cpp, weight_buft_supported): the first of
-// the CPU backend's extra buffer types that takes the weight's matrix product (repacked Q4_K on
-// AVX2, Q5_0 held as Q8_0 with patches/0016 on; none in a build without SIMD), else the default.
+// What the check programs of tools/upstream share.
 #pragma once
 
 #include "ggml-backend.h"
 #include "ggml.h"
 
+#include <cstdio>
+#include <random>
+#include <vector>
+
+inline std::vector<float> random_floats(size_t n, std::mt19937 & rng, float scale = 1.0f) {
+    std::normal_distribution<float> dist(0.0f, scale);
+    std::vector<float>              v(n);
+    for (float & x : v) {
+        x = dist(rng);
+    }
+    return v;
+}
+
+// ggml's log: warnings and errors only
+inline void log_warnings_only() {
+    ggml_log_set([](ggml_log_level level, const char * text, void *) {
+        if (level >= GGML_LOG_LEVEL_WARN) {
+            fputs(text, stderr);
+        }
+    }, nullptr);
+}
+
+// The buffer type llama.cpp gives a weight (llama-model.cpp, weight_buft_supported): the first of
+// the CPU backend's extra buffer types that takes the weight's matrix product (repacked Q4_K on
+// AVX2, Q5_0 held as Q8_0 with patches/0016 on; none in a build without SIMD), else the default.
 inline ggml_backend_buffer_type_t weight_placement(ggml_backend_t backend, ggml_tensor * w) {
     ggml_backend_dev_t dev       = ggml_backend_get_device(backend);
     auto               get_extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
