@@ -98,6 +98,16 @@ def test_history_goes_on_exactly_after_a_checked_draft(tiny_model, live_draft):
     assert on[6] == off[6]
 
 
+def asked_again(ctx, prompt):
+    """A session's answer to the prompt (N_GEN tokens), and a second session given the same prompt."""
+    first = ctx.session()
+    first.append(prompt)
+    answer = ids(first.generate(N_GEN))
+    second = ctx.session()
+    second.append(prompt)
+    return answer, second
+
+
 @pytest.mark.parametrize("prompt_seed", [5, 6])
 def test_drafts_from_another_sessions_output(tiny_model, prompt_seed):
     """memo_shared: a session of the context asked what another one answered before (a request
@@ -107,11 +117,7 @@ def test_drafts_from_another_sessions_output(tiny_model, prompt_seed):
     runs = {}
     for name, config in {"off": {"memo_enabled": False}, "own": {"memo_shared": False}, "shared": {}}.items():
         with context(tiny_model, **config) as ctx:
-            first = ctx.session()
-            first.append(prompt)
-            answer = ids(first.generate(N_GEN))
-            second = ctx.session()
-            second.append(prompt)
+            answer, second = asked_again(ctx, prompt)
             before = second.stats
             tokens, logits = [], []
             for token in second.generate(N_GEN):
@@ -139,11 +145,7 @@ def test_drafts_stop_at_the_outputs_last_token(tiny_model, max_tokens):
     max_tokens - 1 rows (without the cut, the last check drafted memo_draft_max tokens)."""
     prompt = text_tokens(tiny_model, 120, seed=5)
     with context(tiny_model) as ctx:
-        first = ctx.session()
-        first.append(prompt)
-        answer = ids(first.generate(N_GEN))
-        second = ctx.session()
-        second.append(prompt)
+        answer, second = asked_again(ctx, prompt)
         before = second.stats
         tokens = ids(second.generate(max_tokens))
         spent = second.stats - before
