@@ -64,12 +64,13 @@ print("same bits:", same)
 
 
 @pytest.mark.integration
-def test_pyllamaopt_loads_q5_0_weights_widened_with_the_same_bits(gemma_path):
+def test_pyllamaopt_loads_q5_0_weights_widened_with_the_same_bits(gemma_path, tmp_path):
     """In a process of its own (the switch is process-wide): pyllamaopt's Gemma holds its Q5_0
     weights in the widened buffer (llama.cpp's load log, verbose on); turned off, the next model
     loads without it while the first keeps working; both give the same logits and tokens."""
+    # (run outside the source tree: `python -c` imports from its working directory first)
     result = subprocess.run([sys.executable, "-c", PROBE, str(gemma_path)], capture_output=True, text=True,
-                            timeout=600)
+                            timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     before, after = result.stderr.split("--- switch off")
     assert "CPU_Q5_0_AS_Q8_0 model buffer size" in before
