@@ -150,7 +150,7 @@ def test_drafts_stop_at_the_outputs_last_token(tiny_model, max_tokens):
         tokens = ids(second.generate(max_tokens))
         spent = second.stats - before
     assert tokens == answer[:max_tokens]
-    assert spent.memo_tokens_skipped == max(0, max_tokens - 2)  # all but the first step's token came drafted
+    assert spent.memo_tokens_skipped == max(0, max_tokens - 2)  # all but the first (prompt) and last (last row)
     assert spent.tokens_decoded == max_tokens - 1
 
 
