@@ -5,7 +5,9 @@ and the committed stubs are what grpcio-tools generates from the .proto."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import filecmp
+import json
 import os
 import shutil
 import subprocess
@@ -408,19 +410,128 @@ TYPESCRIPT = ROOT / "sdks" / "typescript"
 
 
 def test_typescript_sdk(served, tiny_model_path, tmp_path):
-    """sdks/typescript's own tests (node --test) against this module's server and one with a short
-    --session-ttl (3 s), over HTTP/JSON."""
+    """sdks/typescript's own tests (node --test), each over HTTP/JSON and over gRPC, against this module's
+    server, one with a short --session-ttl (3 s) and one with an API key."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not on PATH: the TypeScript SDK's tests need Node 20+")
-    short_ttl = start_server(tiny_model_path, tmp_path, "--session-ttl", "3")
+    short_ttl, short_ttl_grpc = grpc_server(tiny_model_path, tmp_path, "--session-ttl", "3")
+    keyed, keyed_grpc = grpc_server(tiny_model_path, tmp_path, "--api-key", "sesame")
     try:
         run = subprocess.run([node, "--test", "test/"], cwd=TYPESCRIPT, capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "PYLLAMAOPT_URL": served[0].url, "PYLLAMAOPT_TTL_URL": short_ttl.url})
+                             env={**os.environ, "PYLLAMAOPT_URL": served[0].url, "PYLLAMAOPT_GRPC_URL": served[1],
+                                  "PYLLAMAOPT_TTL_URL": short_ttl.url, "PYLLAMAOPT_TTL_GRPC_URL": short_ttl_grpc,
+                                  "PYLLAMAOPT_KEY_URL": keyed.url, "PYLLAMAOPT_KEY_GRPC_URL": keyed_grpc})
     finally:
         stop_server(short_ttl)
+        stop_server(keyed)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "# pass 5" in run.stdout, run.stdout  # every test ran
+    assert "# pass 16" in run.stdout, run.stdout  # every test ran: 7 over each transport, 2 more
+
+
+# Node's side of test_typescript_protobuf_...: the message descriptions of sdks/typescript/src/protobuf.js,
+# and the bytes it encodes and the values it decodes for the JSON on stdin
+NODE_PROTOBUF = """
+import { MESSAGES, decode, encode } from "./src/protobuf.js";
+let input = "";
+for await (const chunk of process.stdin) input += chunk;
+const { encodeThese, decodeThese } = JSON.parse(input);
+const described = (type) => typeof type === "object" ? type.name : type;
+console.log(JSON.stringify({
+  messages: Object.fromEntries(Object.values(MESSAGES).map((m) => [m.name, m.fields.map((f) =>
+    ({ no: f.no, name: f.name, type: described(f.type), repeated: !!f.repeated, optional: !!f.optional }))])),
+  encoded: encodeThese.map(([type, value]) => Buffer.from(encode(MESSAGES[type], value)).toString("base64")),
+  decoded: decodeThese.map(([type, bytes]) => decode(MESSAGES[type], Buffer.from(bytes, "base64"))),
+}));
+"""
+
+
+def test_typescript_protobuf_matches_the_proto_and_pythons_protobuf():
+    """The TypeScript SDK's own protobuf codec (no npm here: no protobufjs) describes every message of
+    runtime.proto as its compiled descriptors do, and its bytes are the protobuf library's both ways:
+    negative and 64-bit integers, floats, optional fields set to 0, oneofs, maps, packed repeats, UTF-8."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not on PATH")
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    from pyllamaopt.v1 import runtime_pb2 as pb
+
+    scalar = {F.TYPE_INT32: "int32", F.TYPE_INT64: "int64", F.TYPE_BOOL: "bool", F.TYPE_STRING: "string",
+              F.TYPE_FLOAT: "float"}
+
+    def described(field: F) -> dict[str, object]:
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            key, value = field.message_type.fields
+            kind = f"map<{scalar[key.type]},{scalar[value.type]}>"
+        else:
+            kind = field.message_type.name if field.message_type is not None else scalar[field.type]
+        return {"no": field.number, "name": field.name, "type": kind,
+                "repeated": field.is_repeated and not kind.startswith("map<"),
+                "optional": field.containing_oneof is not None}  # proto3 optional, or a oneof member
+
+    requests = [
+        pb.CreateSessionRequest(tokens=[0, 1, 262143, -2, 2**31 - 1]),
+        pb.AppendTokensRequest(session_id="s-1", tokens=[5]),
+        pb.SyncRequest(session_id="s-2"),
+        pb.TokenizeRequest(text="héllo ✓ <start_of_turn>", add_bos=True, special=False),
+        pb.GenerateRequest(session_id="g", max_tokens=0, temperature=0.5, top_k=40, seed=2**32 - 2, stop=["\n", "é"],
+                           json_schema='{"type": "object"}'),
+        pb.GenerateRequest(session_id="g", top_p=0.0, min_p=0.25, grammar='root ::= "a"'),
+        pb.CloseSessionRequest(session_id="x"),
+    ]
+    answers = [
+        pb.SessionInfo(session_id="s", n_tokens=3, tokens=[7, -1, 300], kv_bytes=2**40 + 3, approx_from=0,
+                       generating=True, busy="generating", stats={"tokens_prefilled": 12, "big": 2**50}),
+        pb.SessionInfo(session_id="t"),
+        pb.GenerateResponse(token=pb.Token(id=262143, text="✓")),
+        pb.GenerateResponse(done=pb.Done(finish_reason="stop", usage=pb.Usage(prompt_tokens=3, approximate=True),
+                                         stop_string="")),
+        pb.GenerateResponse(done=pb.Done(finish_reason="length")),
+        pb.TokenizeResponse(tokens=[2, 651]),
+        pb.CloseSessionResponse(),
+    ]
+
+    def as_js(message) -> dict[str, object]:
+        """A message as protobuf.js decodes it: every field, unset ones at their default (null where present)."""
+        out: dict[str, object] = {}
+        for field in message.DESCRIPTOR.fields:
+            value = getattr(message, field.name)
+            if field.message_type is not None and field.message_type.GetOptions().map_entry:
+                out[field.name] = dict(value)
+            elif field.is_repeated:
+                out[field.name] = list(value)
+            elif field.has_presence and not message.HasField(field.name):
+                out[field.name] = None
+            elif field.message_type is not None:
+                out[field.name] = as_js(value)
+            else:
+                out[field.name] = value
+        return out
+
+    def js_value(message) -> dict[str, object]:
+        return {k: v for k, v in as_js(message).items() if v is not None}
+
+    stdin = json.dumps({"encodeThese": [[m.DESCRIPTOR.name, js_value(m)] for m in requests],
+                        "decodeThese": [[m.DESCRIPTOR.name, base64.b64encode(m.SerializeToString()).decode()]
+                                        for m in answers]})
+    run = subprocess.run([node, "--input-type=module", "-e", NODE_PROTOBUF], cwd=TYPESCRIPT, input=stdin,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+
+    expected = {m.name: [described(f) for f in m.fields] for m in pb.DESCRIPTOR.message_types_by_name.values()}
+    assert out["messages"] == expected
+    for message, encoded in zip(requests, out["encoded"], strict=True):
+        parsed = type(message).FromString(base64.b64decode(encoded))
+        assert parsed == message, f"{message.DESCRIPTOR.name}: {parsed} != {message}"
+        assert base64.b64decode(encoded) == message.SerializeToString()  # the same bytes, field for field
+    for message, decoded in zip(answers, out["decoded"], strict=True):
+        want = as_js(message)
+        for name, value in want.items():  # floats come back as float32, as sent
+            if isinstance(value, float):
+                want[name] = pytest.approx(value, rel=1e-7)
+        assert decoded == want, message.DESCRIPTOR.name
 
 
 def test_typescript_sdk_types():

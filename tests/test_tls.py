@@ -104,15 +104,18 @@ try {
 """
 
 
-def test_typescript_sdk_over_https(tls_server):
-    """Node's fetch takes an https URL as is; a self-signed certificate is trusted with NODE_EXTRA_CA_CERTS."""
+@pytest.mark.parametrize("transport", ["https", "grpcs"])
+def test_typescript_sdk_over_tls(tls_server, transport):
+    """The TypeScript SDK over HTTPS (Node's fetch) and gRPC over TLS (Node's HTTP/2): a self-signed
+    certificate is trusted with NODE_EXTRA_CA_CERTS, and refused without it."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not on PATH: the TypeScript SDK needs Node 20+")
-    server, _, cert = tls_server
+    server, address, cert = tls_server
+    url = server.url if transport == "https" else f"grpcs://{address}"
 
     def run(env: dict[str, str]) -> str:
-        done = subprocess.run([node, "--input-type=module", "-e", TYPESCRIPT_CLIENT, server.url],
+        done = subprocess.run([node, "--input-type=module", "-e", TYPESCRIPT_CLIENT, url],
                               cwd=ROOT / "sdks" / "typescript", capture_output=True, text=True, timeout=120,
                               env={**{k: v for k, v in os.environ.items() if k != "NODE_EXTRA_CA_CERTS"}, **env})
         assert done.returncode == 0, done.stderr

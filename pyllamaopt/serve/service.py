@@ -192,6 +192,11 @@ class DoneEvent:
         ``schema_error`` says why not); else nothing."""
         return {} if self.schema is None else {"schema_valid": self.schema.valid, "schema_error": self.schema.error}
 
+    def session_fields(self) -> dict[str, Any]:
+        """The end of a session's generation over HTTP: as the gRPC ``Done`` message, with the schema fields."""
+        return {"finish_reason": self.finish_reason, "usage": self.usage.as_dict(), "stop_string": self.stop_string,
+                **self.schema_fields()}
+
     def extension(self) -> dict[str, Any]:
         """What an answer's ``pyllamaopt`` field says: the usage and the schema fields."""
         return {**self.usage.as_dict(), **self.schema_fields()}

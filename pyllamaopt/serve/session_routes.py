@@ -5,7 +5,8 @@
     POST   /v1/sessions/{id}/sync        {"tokens": [...]}  set history (our extension)
     POST   /v1/sessions/{id}/fork                           -> {"session_id": "..."} (our extension)
     POST   /v1/sessions/{id}/generate    sampling fields as OpenAI names them, "grammar"; "stream": SSE of
-                                         {"token", "text"} events, then {"finish_reason", "usage"}
+                                         {"token", "text"} events, then {"finish_reason", "usage",
+                                         "stop_string"}
     GET    /v1/sessions/{id}                                GetSessionInfo
     DELETE /v1/sessions/{id}                                CloseSession
     POST   /v1/tokenize                  {"text", "add_bos", "special"} -> {"tokens": [...]} (Tokenize)
@@ -74,12 +75,11 @@ async def generate(session_id: str, body: SessionGenerateRequest, request: Reque
         def chunk(event: Event) -> list[dict[str, Any]]:
             if isinstance(event, TokenEvent):
                 return [{"token": event.id, "text": event.text}]
-            return [{"finish_reason": event.finish_reason, "usage": event.usage.as_dict(), **event.schema_fields()}]
+            return [event.session_fields()]
 
         return sse(events, chunk, error_body, done_line=False)
     tokens, text, done = await collect(events)
-    return {"tokens": tokens, "text": text, "finish_reason": done.finish_reason, "usage": done.usage.as_dict(),
-            **done.schema_fields()}
+    return {"tokens": tokens, "text": text, **done.session_fields()}
 
 
 @tokenizer_router.post("/v1/tokenize")

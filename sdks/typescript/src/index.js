@@ -1,15 +1,15 @@
-// Client of `pyllamaopt serve`'s session protocol (specification 003 §2.2) for Node 20+, over its
-// HTTP/JSON transport (/v1/sessions) with Node's own fetch and streams: no dependencies.
+// Client of `pyllamaopt serve`'s session protocol (specification 003 §2.2) for Node 20+, over gRPC
+// (its --grpc-port; ./grpc.js, Node's HTTP/2) or its HTTP/JSON routes (/v1/sessions; ./http.js, Node's
+// fetch): no dependencies. The URL picks the transport; the sessions behave the same over both.
 //
 //   import { Client } from "pyllamaopt-client";
-//   const client = new Client("http://127.0.0.1:8080");
+//   const client = new Client("127.0.0.1:50051");  // or "http://127.0.0.1:8080"
 //   const session = await client.createSession({ tokens: promptIds });
 //   await session.append(moreIds);
 //   for await (const t of session.generate({ maxTokens: 64 })) process.stdout.write(t.text);
 //   await session.close();
 //
-// Errors are the pyllamaopt exception classes of the Python package (errors.py), by the name the
-// server sends (error.pyllamaopt_error), else by HTTP status.
+// Errors are the pyllamaopt exception classes of the Python package (./errors.js).
 
 /** @typedef {{ id: number, text: string }} Token */
 
@@ -51,58 +51,30 @@
  * @property {AbortSignal} [signal]  aborting it cancels the generation
  */
 
-/** Base class of every error of this client. */
-export class PyllamaoptError extends Error {
-  /**
-   * @param {string} message
-   * @param {number | null} status  the HTTP status (null: no answer)
-   * @param {string | null} type  the server's error type ("not_found_error", ...)
-   */
-  constructor(message, status = null, type = null) {
-    super(message);
-    this.name = new.target.name;
-    this.status = status;
-    this.type = type;
-  }
-}
-export class InvalidArgumentError extends PyllamaoptError {}
-export class InvalidTokenError extends PyllamaoptError {}
-export class GrammarError extends PyllamaoptError {}
-export class ContextOverflowError extends PyllamaoptError {}
-/** The session was never created, or was closed, expired or evicted: create a new one. */
-export class SessionClosedError extends PyllamaoptError {}
-export class SessionEvictedError extends SessionClosedError {}
-/** Errors only a server gives. */
-export class ServerError extends PyllamaoptError {}
-/** A generation (or prefill) is in progress on the session: retry when it ends. */
-export class SessionBusyError extends ServerError {}
-/** The server has no room now: retry later. */
-export class ServerOverloadedError extends ServerError {}
-/** 003 §2.8: the session's KV was found inconsistent (a bug); it was closed. */
-export class InvariantViolationError extends ServerError {}
-export class AuthenticationError extends ServerError {}
+import { InvalidArgumentError, SessionBusyError, SessionClosedError } from "./errors.js";
+import { GrpcTransport } from "./grpc.js";
+import { HttpTransport } from "./http.js";
 
-/** @type {Record<string, typeof PyllamaoptError>} */
-const BY_NAME = {
-  InvalidArgumentError, InvalidTokenError, GrammarError, ContextOverflowError, SessionClosedError,
-  SessionEvictedError, SessionBusyError, ServerOverloadedError, InvariantViolationError, AuthenticationError,
-};
-/** @type {Record<number, typeof PyllamaoptError>} */
-const BY_STATUS = {
-  400: InvalidArgumentError, 401: AuthenticationError, 404: SessionClosedError, 409: SessionBusyError,
-  500: InvariantViolationError, 503: ServerOverloadedError,
-};
+export * from "./errors.js";
 
 /**
- * @param {number} status
- * @param {any} body
- * @returns {PyllamaoptError}
+ * An event of a generation, as a transport reads it.
+ * @typedef {{ token: Token } | { done: { finishReason: string, usage: Usage, stopString: string | null } }} GenerateEvent
  */
-function toError(status, body) {
-  const error = (body && body.error) || {};
-  const cls = BY_NAME[error.pyllamaopt_error] || BY_STATUS[status] || ServerError;
-  return new cls(error.message || `HTTP ${status}`, status, error.type || null);
-}
+
+/**
+ * What the client needs of a transport: the session protocol's calls (HttpTransport, GrpcTransport).
+ * @typedef {object} Transport
+ * @property {(tokens: number[]) => Promise<string>} createSession
+ * @property {(text: string, addBos: boolean, special: boolean) => Promise<number[]>} tokenize
+ * @property {(id: string, tokens: number[]) => Promise<void>} append
+ * @property {(id: string, tokens: number[]) => Promise<void>} sync
+ * @property {(id: string) => Promise<string>} fork
+ * @property {(id: string) => Promise<SessionInfo>} info
+ * @property {(id: string) => Promise<void>} close
+ * @property {(id: string, options: GenerateOptions, signal: AbortSignal) => AsyncGenerator<GenerateEvent, void, undefined>} generate
+ * @property {() => void} disconnect
+ */
 
 // seconds after a cancel during which the session's "busy" answers are retried (the server stops the
 // generation a moment later, between two steps)
@@ -111,15 +83,20 @@ const sleep = (/** @type {number} */ ms) => new Promise((resolve) => setTimeout(
 
 export class Client {
   /**
-   * @param {string} url  the server, e.g. "http://127.0.0.1:8080", or "https://..." for one started with
-   *   --tls-cert (a private CA or self-signed certificate: start node with NODE_EXTRA_CA_CERTS=cert.pem)
+   * @param {string} url  the server: "http://127.0.0.1:8080" (its HTTP/JSON routes), "grpc://127.0.0.1:50051"
+   *   or "127.0.0.1:50051" (its --grpc-port); "https://..." or "grpcs://..." for one started with --tls-cert (a
+   *   private CA or self-signed certificate: start node with NODE_EXTRA_CA_CERTS=cert.pem)
    * @param {{ apiKey?: string }} [options]  apiKey: the server's --api-key
    */
   constructor(url, options = {}) {
-    this.url = url.replace(/\/+$/, "");
-    /** @type {Record<string, string>} */
-    this.headers = { "content-type": "application/json" };
-    if (options.apiKey) this.headers.authorization = `Bearer ${options.apiKey}`;
+    const scheme = /^([a-z]+):\/\//.exec(url);
+    const rest = scheme ? url.slice(scheme[0].length) : url;
+    const name = scheme ? scheme[1] : "grpc";
+    /** @type {Transport} */
+    this.transport =
+      name === "http" || name === "https" ? new HttpTransport(url, options.apiKey)
+      : name === "grpc" || name === "grpcs" ? new GrpcTransport(`${name === "grpcs" ? "https" : "http"}://${rest.replace(/\/+$/, "")}`, options.apiKey)
+      : invalidUrl(url);
   }
 
   /**
@@ -128,8 +105,7 @@ export class Client {
    * @returns {Promise<RemoteSession>}
    */
   async createSession(options = {}) {
-    const body = await this.request("POST", "/v1/sessions", { tokens: options.tokens || [] });
-    return new RemoteSession(this, body.session_id);
+    return new RemoteSession(this, await this.transport.createSession(options.tokens || []));
   }
 
   /**
@@ -149,50 +125,19 @@ export class Client {
    * @returns {Promise<number[]>}
    */
   async tokenize(text, options = {}) {
-    const body = await this.request("POST", "/v1/tokenize",
-      { text, add_bos: options.addBos || false, special: options.special || false });
-    return body.tokens;
+    return await this.transport.tokenize(text, options.addBos || false, options.special || false);
   }
 
-  /**
-   * @param {string} method
-   * @param {string} path
-   * @param {object} [body]
-   * @param {AbortSignal} [signal]
-   * @returns {Promise<any>}
-   */
-  async request(method, path, body, signal) {
-    const response = await this.fetch(method, path, body, signal);
-    const text = await response.text();
-    return text ? JSON.parse(text) : {};
+  /** Closes the gRPC connection (a later call opens another); over HTTP, nothing to do. */
+  close() {
+    this.transport.disconnect();
   }
+}
 
-  /**
-   * The response of a request that succeeded (its body unread), else the error it answered.
-   * @param {string} method
-   * @param {string} path
-   * @param {object} [body]
-   * @param {AbortSignal} [signal]
-   * @returns {Promise<Response>}
-   */
-  async fetch(method, path, body, signal) {
-    let response;
-    try {
-      response = await fetch(this.url + path, {
-        method, headers: this.headers, body: body === undefined ? undefined : JSON.stringify(body), signal,
-      });
-    } catch (err) {
-      if (err instanceof Error && err.name === "AbortError") throw err;
-      throw new ServerError(`cannot reach ${this.url}: ${err instanceof Error ? err.message : err}`);
-    }
-    if (!response.ok) {
-      const text = await response.text();
-      let parsed = null;
-      try { parsed = JSON.parse(text); } catch { /* not JSON */ }
-      throw toError(response.status, parsed);
-    }
-    return response;
-  }
+/** @param {string} url @returns {never} */
+function invalidUrl(url) {
+  throw new InvalidArgumentError(`${url}: the server's URL starts with http://, https:// (HTTP/JSON), grpc:// or ` +
+    "grpcs:// (gRPC), or is host:port (gRPC)");
 }
 
 /** A session on the server: the in-process Session's methods (append, sync, fork, generate, close). */
@@ -210,15 +155,14 @@ export class RemoteSession {
 
   /**
    * A call of this session's, its "busy" answers retried right after this object cancelled a generation.
-   * @param {string} method
-   * @param {string} path
-   * @param {object} [body]
-   * @returns {Promise<any>}
+   * @template T
+   * @param {(transport: Transport) => Promise<T>} call
+   * @returns {Promise<T>}
    */
-  async call(method, path, body) {
+  async call(call) {
     for (;;) {
       try {
-        return await this.client.request(method, `/v1/sessions/${encodeURIComponent(this.id)}${path}`, body);
+        return await call(this.client.transport);
       } catch (err) {
         if (!(err instanceof SessionBusyError) || !this.settling()) throw err;
       }
@@ -236,7 +180,7 @@ export class RemoteSession {
    * @returns {Promise<void>}
    */
   async append(tokens) {
-    await this.call("POST", "/tokens", { tokens });
+    await this.call((t) => t.append(this.id, tokens));
   }
 
   /**
@@ -245,18 +189,17 @@ export class RemoteSession {
    * @returns {Promise<void>}
    */
   async sync(tokens) {
-    await this.call("POST", "/sync", { tokens });
+    await this.call((t) => t.sync(this.id, tokens));
   }
 
   /** A new session with the same history, sharing its KV. @returns {Promise<RemoteSession>} */
   async fork() {
-    const body = await this.call("POST", "/fork");
-    return new RemoteSession(this.client, body.session_id);
+    return new RemoteSession(this.client, await this.call((t) => t.fork(this.id)));
   }
 
   /** @returns {Promise<SessionInfo>} */
   async info() {
-    return await this.call("GET", "");
+    return await this.call((t) => t.info(this.id));
   }
 
   /**
@@ -286,14 +229,17 @@ export class RemoteSession {
     if (this.closed) return;
     this.closed = true;
     try {
-      await this.call("DELETE", "");
+      await this.call((t) => t.close(this.id));
     } catch (err) {
       if (!(err instanceof SessionClosedError)) throw err;
     }
   }
 }
 
-/** One generation: an async iterable of tokens; afterwards `tokens`, `text`, `finishReason`, `usage`. */
+/**
+ * One generation: an async iterable of tokens; afterwards `tokens`, `text`, `finishReason`, `usage`,
+ * `stopString`.
+ */
 export class RemoteGeneration {
   /**
    * @param {RemoteSession} session
@@ -309,26 +255,11 @@ export class RemoteGeneration {
     this.finishReason = null;
     /** @type {Usage | null} */
     this.usage = null;
+    /** @type {string | null} the stop string that ended it (finishReason "stop") */
+    this.stopString = null;
     this.failed = false; // the request ended in an error
     this.controller = new AbortController();
     if (options.signal) options.signal.addEventListener("abort", () => this.cancel(), { once: true });
-  }
-
-  body() {
-    const o = this.options;
-    /** @type {Record<string, unknown>} */
-    const body = { stream: true, max_tokens: o.maxTokens === undefined ? 256 : o.maxTokens };
-    if (o.temperature !== undefined) body.temperature = o.temperature;
-    if (o.topP !== undefined) body.top_p = o.topP;
-    if (o.topK !== undefined) body.top_k = o.topK;
-    if (o.minP !== undefined) body.min_p = o.minP;
-    if (o.seed !== undefined) body.seed = o.seed;
-    if (o.stop !== undefined) body.stop = o.stop;
-    if (o.grammar !== undefined) body.grammar = o.grammar;
-    if (o.jsonSchema !== undefined) {
-      body.response_format = { type: "json_schema", json_schema: { schema: o.jsonSchema } };
-    }
-    return body;
   }
 
   /** Stops the generation on the server (finishReason "interrupted" unless it was over). */
@@ -354,43 +285,27 @@ export class RemoteGeneration {
 
   /** @returns {AsyncGenerator<Token, void, undefined>} */
   async *events() {
-    const path = `/v1/sessions/${encodeURIComponent(this.session.id)}/generate`;
-    let response;
-    for (;;) {
+    let started = false;
+    for (;;) { // a "busy" answer before the first event is retried right after a cancel of this session's
       try {
-        response = await this.session.client.fetch("POST", path, this.body(), this.controller.signal);
-        break;
-      } catch (err) {
-        if (!(err instanceof SessionBusyError) || !this.session.settling()) throw err;
-      }
-      await sleep(10);
-    }
-    if (!response.body) throw new ServerError("the server's answer has no body");
-    const reader = response.body.getReader();
-    const decoder = new TextDecoder();
-    let buffered = "";
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      buffered += decoder.decode(value, { stream: true });
-      let end;
-      while ((end = buffered.indexOf("\n\n")) >= 0) {
-        const event = buffered.slice(0, end);
-        buffered = buffered.slice(end + 2);
-        for (const line of event.split("\n")) {
-          if (!line.startsWith("data: ")) continue;
-          const data = JSON.parse(line.slice(6));
-          if (data.error) throw toError(200, data); // after the stream started: the last event
-          if (data.finish_reason !== undefined) {
-            this.finishReason = data.finish_reason;
-            this.usage = data.usage;
+        const transport = this.session.client.transport;
+        for await (const event of transport.generate(this.session.id, this.options, this.controller.signal)) {
+          started = true;
+          if ("done" in event) {
+            this.finishReason = event.done.finishReason;
+            this.usage = event.done.usage;
+            this.stopString = event.done.stopString;
           } else {
-            this.tokens.push(data.token);
-            this.text += data.text;
-            yield { id: data.token, text: data.text };
+            this.tokens.push(event.token.id);
+            this.text += event.token.text;
+            yield event.token;
           }
         }
+        return;
+      } catch (err) {
+        if (started || !(err instanceof SessionBusyError) || !this.session.settling()) throw err;
       }
+      await sleep(10);
     }
   }
 }
