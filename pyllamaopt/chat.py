@@ -236,14 +236,18 @@ class Chat:
         messages are marked for sparse attention over tool results (``sparse_attn_enabled``,
         Tier 2, off by default: without it the marks change nothing)."""
         self.messages.append({"role": role, "content": content})
-        tools = {i: [(0, len(m["content"]))] for i, m in enumerate(self.messages) if m["role"] == "tool"}
-        prompt, marked = self.template.render_marked(self.messages, tools, add_generation_prompt=True)
-        model = self.session.context.model
-        tokens = model.tokenize(prompt, add_bos=False, special=True)
-        self.session.sync(tokens, tool_spans=token_spans(model, prompt, tokens, marked) if marked else ())
-        return self.session.generate(
-            **generate_kwargs,
-            on_finish=lambda g: self.messages.append({"role": "assistant", "content": g.text}))
+        try:
+            tools = {i: [(0, len(m["content"]))] for i, m in enumerate(self.messages) if m["role"] == "tool"}
+            prompt, marked = self.template.render_marked(self.messages, tools, add_generation_prompt=True)
+            model = self.session.context.model
+            tokens = model.tokenize(prompt, add_bos=False, special=True)
+            self.session.sync(tokens, tool_spans=token_spans(model, prompt, tokens, marked) if marked else ())
+            return self.session.generate(
+                **generate_kwargs,
+                on_finish=lambda g: self.messages.append({"role": "assistant", "content": g.text}))
+        except BaseException:  # (Ctrl-C in the prefill too) a turn that could not start leaves no message
+            self.messages.pop()
+            raise
 
     def send(self, content: str, *, role: str = "user", **generate_kwargs: Any) -> str:
         """Add a message (see stream) and return the whole reply."""

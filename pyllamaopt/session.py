@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from . import _core
-from .errors import ContextOverflowError, InvalidArgumentError
+from .errors import ContextOverflowError, InvalidArgumentError, SessionBusyError
 from .model import check_token_ids
 from .stats import Stats
 from .tokens import Token
@@ -93,12 +93,15 @@ class Generation(Iterator[Token]):
     def _run(self, max_tokens: int | None, stop: list[str], sampling: _core.Sampling) -> Generator[Token, None, None]:
         session = self.session
         core = session._core
+        session._check_not_generating()
+        session._running = self._tag
         if session._configured_for is not self._tag:  # another generation of the session came between
             core.set_sampling(sampling)
             core.set_grammar(self._grammar, _budget(max_tokens, core.room))
             session._configured_for = self._tag
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         full = ""  # all text decoded so far; self.text is the part released
+        start = len(core.tokens)
         if max_tokens == 0:
             self.finish_reason = "length"
         elif core.room == 0:
@@ -136,6 +139,14 @@ class Generation(Iterator[Token]):
                 yield Token(token, piece)
         except KeyboardInterrupt:
             self.finish_reason = "interrupted"
+            # Ctrl-C lands inside core.step() (it runs without the GIL) after the step committed its
+            # token to the history: the generation keeps what the history has
+            missing = core.tokens[start + len(self.tokens):]
+            if missing:
+                model = session.context.model._core
+                self.tokens.extend(missing)
+                full += decoder.decode(b"".join(model.token_piece(t, False) for t in missing), final=True)
+                self.text = full
             raise
         finally:
             with contextlib.suppress(ReferenceError):  # (the caller dropped the generation: only end the turn)
@@ -143,6 +154,7 @@ class Generation(Iterator[Token]):
                     self.finish_reason = "interrupted"
             core.end_turn()
             session._configured_for = None  # the turn's end dropped its grammar and budget
+            session._running = None
             with contextlib.suppress(ReferenceError):
                 if self._on_finish:
                     self._on_finish(self)
@@ -185,6 +197,14 @@ class Session:
         # the tag of the generation whose sampling and grammar the engine holds (not the generation:
         # that would be a cycle, see Generation.__init__)
         self._configured_for: object | None = None
+        self._running: object | None = None  # the tag of the generation started and not ended
+
+    def _check_not_generating(self) -> None:
+        """SessionBusyError while a generation of this session is under way (both would take the
+        turn: the second's grammar and budget would replace the first's mid-output)."""
+        if self._running is not None:
+            raise SessionBusyError("a generation of this session is in progress: iterate it to its end or "
+                                   "close() it before starting another")
 
     # history
 
@@ -368,6 +388,7 @@ class Session:
             grammar = schema.gbnf
         if grammar is not None and (not isinstance(grammar, str) or not grammar.strip()):
             raise InvalidArgumentError("grammar must be a non-empty GBNF string")
+        self._check_not_generating()
         # parsed now, once: a bad grammar fails before generating
         self._core.set_grammar(grammar or "", _budget(max_tokens, self._core.room))
         self._core.set_sampling(sampling)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from pyllamaopt import Chat, ChatTemplate, ChatTemplateError
+from pyllamaopt import Chat, ChatTemplate, ChatTemplateError, ContextOverflowError, InvalidArgumentError
 from pyllamaopt.chat import BUILTIN_TEMPLATES
 
 MESSAGES = [
@@ -62,6 +62,25 @@ def test_conversation_reuses_the_previous_turns(tiny_context):
     block = tiny_context.block_size
     assert spent.diff_tokens_unchanged >= 3 * block  # the earlier turns were not computed again
     assert spent.tokens_prefilled < chat.session.n_tokens - 3 * block
+
+
+def test_a_turn_that_cannot_start_leaves_the_conversation_as_it_was(tiny_context):
+    """A message that does not fit the context, or a bad argument, fails its turn and leaves no
+    message behind (it stayed, without a reply, and every later turn failed: roles must alternate)."""
+    template = ChatTemplate("{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
+                            "{{ raise_exception('roles must alternate') }}{% endif %}{{ m.role }}: {{ m.content }}\n"
+                            "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+    chat = Chat(tiny_context.session(), template=template)
+    chat.send("hello world", max_tokens=4)
+    before = list(chat.messages)
+    with pytest.raises(ContextOverflowError):
+        chat.send("the code " * 2000, max_tokens=4)
+    assert chat.messages == before
+    with pytest.raises(InvalidArgumentError):
+        chat.send("the code", max_tokens=4, temperature=-1)
+    assert chat.messages == before
+    reply = chat.send("the code", max_tokens=4)
+    assert chat.messages == [*before, {"role": "user", "content": "the code"}, {"role": "assistant", "content": reply}]
 
 
 # --- hostile templates (issue 20): a template comes with the model file, so it may be anyone's ----

@@ -15,6 +15,7 @@ from pyllamaopt import (
     InvalidArgumentError,
     InvalidTokenError,
     OptConfig,
+    SessionBusyError,
     SessionClosedError,
 )
 
@@ -276,23 +277,58 @@ def ctrl_c_raises():
 
 
 def test_ctrl_c_during_generation_leaves_the_session_usable(tiny_model, ctrl_c_raises):
-    with Context(tiny_model, n_ctx=4096, n_batch=64, n_threads=2) as ctx:
+    """Ctrl-C mid-generation: the generation ends 'interrupted' holding every token the history got
+    (the interrupt lands inside the step, after it committed its token: without taking it, the
+    generation was one token short of the history), and the session goes on."""
+    # one decode step per token (memo drafts off: a step that takes a checked draft does no work)
+    with Context(tiny_model, n_ctx=32768, n_batch=64, n_threads=2, config=OptConfig(memo_enabled=False)) as ctx:
         s = ctx.session()
         s.append_text(PROMPT)
-        g = s.generate(None)
         main = threading.main_thread().ident
-        timer = threading.Timer(0.2, lambda: signal.pthread_kill(main, signal.SIGINT))
-        timer.start()
-        with pytest.raises(KeyboardInterrupt):
-            for _ in g:
-                pass
-        timer.join()
-        assert g.finish_reason == "interrupted"
-        assert 0 < len(g.tokens) < 4000, "the interrupt should arrive mid-generation"
+        for _ in range(5):  # most of a step's time is in the engine: most tries test the case
+            start = s.n_tokens
+            g = s.generate(None)
+            timer = threading.Timer(0.2, lambda: signal.pthread_kill(main, signal.SIGINT))
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                for _ in g:
+                    pass
+            timer.join()
+            assert g.finish_reason == "interrupted"
+            assert 0 < len(g.tokens) < s.context.n_ctx - start, "the interrupt should arrive mid-generation"
+            assert g.tokens == s.tokens[start:]
+            pieces = b"".join(tiny_model._core.token_piece(t, False) for t in g.tokens)
+            assert g.text == pieces.decode("utf-8", "replace")
         n = s.n_tokens
         s.append_text(" paris")
         assert len(list(s.generate(5))) == 5
         assert s.n_tokens == n + len(s.context.model.tokenize(" paris", add_bos=False)) + 5
+
+
+def test_one_generation_of_a_session_at_a_time(tiny_context):
+    """A second generation of a session while one is under way is refused (SessionBusyError), at
+    generate() or at its first token if it was made before: both would take the turn, and the
+    second's grammar and budget replaced the first's mid-output. Afterwards both run as alone."""
+    s = tiny_context.session()
+    s.append_text(PROMPT)
+    start = s.n_tokens
+    alone = s.generate(12, grammar='root ::= "yes" | "no"')
+    expected = [t.text for t in alone]
+    s.sync(s.tokens[:start])
+    made_before = s.generate(3)
+    first = s.generate(12, grammar='root ::= "yes" | "no"')
+    pieces = [next(first).text]
+    with pytest.raises(SessionBusyError, match="in progress"):
+        s.generate(3)
+    with pytest.raises(SessionBusyError, match="in progress"):
+        next(made_before)
+    pieces += [t.text for t in first]  # its grammar held to the end
+    assert pieces == expected and first.finish_reason == alone.finish_reason
+    assert len(list(s.generate(3))) == 3  # the turn is over: a new generation runs
+    late = s.generate(2)
+    next(late)
+    late.close()  # closed mid-way: the turn ends
+    assert len(list(s.generate(2))) == 2
 
 
 def test_per_turn_statistics_on_stderr(tiny_model, monkeypatch, capfd):

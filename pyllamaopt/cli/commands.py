@@ -10,6 +10,7 @@ from .. import build_info, features, fields
 from ..chat import Chat
 from ..config import CLI_VARIABLES, OptConfig
 from ..context import Context
+from ..errors import ContextOverflowError
 from ..model import Model
 from ..persist import PersistStore
 from ..session import Generation
@@ -84,6 +85,8 @@ def chat(args: argparse.Namespace) -> int:
                 _stream(conversation.stream(line, **_sampling(args)))
             except KeyboardInterrupt:
                 print("\n(interrupted; the session goes on)", file=sys.stderr)
+            except ContextOverflowError as exc:
+                print(f"(that message does not fit: {exc}; the conversation is as before it)", file=sys.stderr)
     return 0
 
 
