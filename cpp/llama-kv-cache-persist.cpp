@@ -281,6 +281,11 @@ llama_opt_persist_store::match llama_opt_persist_store::find(const llama_opt_per
                                                              const std::vector<uint64_t> & chain,
                                                              const llama_token * tokens, size_t max_blocks) const {
     match best;
+    std::string why;
+    if (!llama_opt_persist_check_dir(dir_, why)) {  // checked when the context was made: it may have changed
+        best.miss = llama_opt_persist_miss::unsafe_dir;
+        return best;
+    }
     bool  foreign = false;  // these tokens are stored, for another model or build
     for (const std::string & name : dir_files(dir_)) {
         if (!ends_with(name, SUFFIX) || starts_with(name, TMP_PREFIX)) {
@@ -525,10 +530,23 @@ bool llama_opt_persist_store::remove(const std::string & path) const {
     return unlink(path.c_str()) == 0;
 }
 
-uint64_t llama_opt_file_hash(const std::string & path, const std::string & memo_dir) {
+bool llama_opt_same_file_version(const struct stat & a, const struct stat & b) {
+    return a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_size == b.st_size &&
+           a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec &&
+           a.st_ctim.tv_sec == b.st_ctim.tv_sec && a.st_ctim.tv_nsec == b.st_ctim.tv_nsec;
+}
+
+uint64_t llama_opt_file_hash(const std::string & path, const std::string & memo_dir, const struct stat & loaded) {
+    const auto changed = [&] {
+        return std::runtime_error(path + " is no longer the file the model was loaded from (replaced or written since): "
+                                  "load the model again");
+    };
     struct stat st;
     if (stat(path.c_str(), &st) != 0) {
         throw std::runtime_error(errno_text("cannot read " + path));
+    }
+    if (!llama_opt_same_file_version(st, loaded)) {
+        throw changed();
     }
     char key[4096 + 128];
     snprintf(key, sizeof(key), "%llu %llu %lld.%09ld %lld.%09ld %s", (unsigned long long) st.st_ino,
@@ -558,6 +576,9 @@ uint64_t llama_opt_file_hash(const std::string & path, const std::string & memo_
     fd_guard in{ open(path.c_str(), O_RDONLY | O_CLOEXEC) };
     if (in.fd < 0) {
         throw std::runtime_error(errno_text("cannot read " + path));
+    }
+    if (fstat(in.fd, &st) != 0 || !llama_opt_same_file_version(st, loaded)) {
+        throw changed();  // replaced between the stat above and the open
     }
     std::vector<uint8_t> buf(1 << 23);
     uint64_t h = 0;

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <sys/stat.h>
 #include <vector>
 
 // Fast 64-bit checksum of bytes (word-wise multiply-rotate; any change of one 8-byte word
@@ -56,7 +57,8 @@ struct llama_opt_persist_entry {
 };
 
 // Why a lookup or a load gave nothing.
-enum class llama_opt_persist_miss { none, not_stored, incompatible, corrupt };
+// unsafe_dir: the directory became writable by others (or not ours) since it was checked: not read
+enum class llama_opt_persist_miss { none, not_stored, incompatible, corrupt, unsafe_dir };
 
 class llama_opt_persist_store {
 public:
@@ -131,6 +133,11 @@ std::string llama_opt_persist_default_dir();
 // The checksum of a file's whole content (the model's identity: its weights and metadata, not
 // its name). Remembered in memo_dir/file-hashes by (path, inode, size, mtime, ctime), so that a
 // large model is read once per version, not once per process. ctime is there because tools
-// that copy a file may restore its mtime, but nothing can set ctime back. Throws std::runtime_error if the
-// file cannot be read.
-uint64_t llama_opt_file_hash(const std::string & path, const std::string & memo_dir);
+// that copy a file may restore its mtime, but nothing can set ctime back. `loaded`: the file as the
+// model was loaded from it (its stat); a file at `path` that is no longer that one (replaced, or
+// written since) throws, as its content would name KV computed with other weights. Throws
+// std::runtime_error if the file cannot be read.
+uint64_t llama_opt_file_hash(const std::string & path, const std::string & memo_dir, const struct stat & loaded);
+
+// Whether two stats are of the same file in the same version (device, inode, size, mtime, ctime).
+bool llama_opt_same_file_version(const struct stat & a, const struct stat & b);

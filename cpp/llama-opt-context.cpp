@@ -188,7 +188,7 @@ void llama_opt_context::open_persist_store() {
         throw llama_opt_error(llama_opt_errc::config, "persist_dir: " + why, "persist_dir");
     }
     try {
-        persist_layout_.model_hash = llama_opt_file_hash(model_->path(), dir);
+        persist_layout_.model_hash = llama_opt_file_hash(model_->path(), dir, model_->file_stat());
     } catch (const std::exception & e) {
         llama_free(ctx_);
         ctx_ = nullptr;

@@ -63,6 +63,9 @@ static void check_model_file(const std::string & path) {
 llama_opt_model::llama_opt_model(const std::string & path, const llama_opt_model_params & params) : path_(path) {
     backend_init();
     check_model_file(path);
+    if (stat(path.c_str(), &file_stat_) != 0) {
+        throw llama_opt_error(llama_opt_errc::model_load, "cannot read model '" + path + "': " + std::strerror(errno), path);
+    }
 
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers       = 0;
@@ -171,7 +174,10 @@ uint64_t llama_opt_model::size_bytes() const  { return llama_model_size(model_);
 llama_token llama_opt_model::bos() const                    { return llama_vocab_bos(vocab_); }
 llama_token llama_opt_model::eos() const                    { return llama_vocab_eos(vocab_); }
 bool        llama_opt_model::add_bos() const                { return llama_vocab_get_add_bos(vocab_); }
-bool        llama_opt_model::is_eog(llama_token token) const { return llama_vocab_is_eog(vocab_, token); }
+bool llama_opt_model::is_eog(llama_token token) const {
+    check_tokens(&token, 1);
+    return llama_vocab_is_eog(vocab_, token);
+}
 
 std::shared_ptr<llama_opt_grammar_vocab> llama_opt_model::grammar_vocab() const {
     std::call_once(grammar_vocab_once_, [this] { grammar_vocab_ = std::make_shared<llama_opt_grammar_vocab>(vocab_); });

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <sys/stat.h>
 #include <vector>
 
 struct llama_model;
@@ -37,6 +38,9 @@ public:
     llama_model *       get() const { return model_; }
     const llama_vocab * vocab() const { return vocab_; }
     const std::string & path() const { return path_; }
+    // The file as it was when loading began: whoever keys data by the file's content (the
+    // persistent KV cache) checks that the file at path() is still this one.
+    const struct stat & file_stat() const { return file_stat_; }
 
     std::vector<llama_token> tokenize(const std::string & text, bool add_special, bool parse_special) const;
     std::string              token_piece(llama_token token, bool special) const;  // raw bytes
@@ -73,6 +77,7 @@ public:
 
 private:
     std::string         path_;
+    struct stat         file_stat_ {};
     llama_model *       model_ = nullptr;
     const llama_vocab * vocab_ = nullptr;
 

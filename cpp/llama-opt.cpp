@@ -248,6 +248,9 @@ void llama_opt_settings::set(const std::string & name, const std::string & text,
             break;
         }
         case llama_opt_value_kind::uint: {
+            if (t.size() > 1 && t[0] == '-' && t.find_first_not_of("0123456789", 1) == std::string::npos) {
+                check_range(-1.0);  // whole, but below every field's range: say which range
+            }
             if (t.empty() || t.find_first_not_of("0123456789") != std::string::npos) {
                 fail("expected a whole number");
             }

@@ -75,6 +75,35 @@ def switches_without_effect(config: OptConfig) -> list[Feature]:
 _FIELDS = {f.name: f for f in fields()}
 
 
+def _config_error(message: str, variable: str) -> ConfigError:
+    error = ConfigError(message)
+    error.variable = variable
+    return error
+
+
+def _is_text(value: str) -> bool:
+    """Whether the engine can take it: a str whose characters are all Unicode scalars (a variable
+    or a path that was not valid UTF-8 comes to Python with lone surrogates in it)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _opt_variables(environment: Mapping[str, str]) -> dict[str, str]:
+    """The LLAMA_OPT_* variables (the engine reads no others: the rest of the environment, secrets
+    included, never reaches it or its messages)."""
+    chosen = {}
+    for name, value in environment.items():
+        if name.startswith("LLAMA_OPT_"):
+            if not (_is_text(name) and _is_text(value)):
+                raise _config_error(f"{name.encode('utf-8', 'replace').decode()}: its value is not valid UTF-8 "
+                                    "text; set it again in UTF-8, or unset it", name)
+            chosen[name] = value
+    return chosen
+
+
 def _as_text(field: Field, value: Any) -> str:
     """Check a Python value's type for `field` and turn it into the engine's text form."""
     if field.type == "bool":
@@ -87,8 +116,11 @@ def _as_text(field: Field, value: Any) -> str:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return repr(float(value))
     elif isinstance(value, (str, os.PathLike)):
-        return os.fspath(value)
-    raise ConfigError(f"{field.name}={value!r}: expected a value of type {field.type}")
+        text = os.fspath(value)
+        if isinstance(text, str) and _is_text(text) and "\0" not in text:
+            return os.path.expanduser(text)  # both text options are paths: "~/kv" is the home's, as in a shell
+        raise _config_error(f"{field.name}={value!r}: not valid UTF-8 text (or holds a NUL character)", field.name)
+    raise _config_error(f"{field.name}={value!r}: expected a value of type {field.type}", field.name)
 
 
 class OptConfig:
@@ -104,7 +136,7 @@ class OptConfig:
 
     def __init__(self, env: Mapping[str, str] | None = None, **values: Any) -> None:
         environment = os.environ if env is None else env
-        self._settings = _core.Settings.from_env(dict(environment), list(CLI_VARIABLES))
+        self._settings = _core.Settings.from_env(_opt_variables(environment), list(CLI_VARIABLES))
         for name, value in values.items():
             self.set(name, value)
 
@@ -114,13 +146,13 @@ class OptConfig:
         if field is None:
             close = difflib.get_close_matches(name, _FIELDS, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown configuration option {name!r}{hint}")
+            raise _config_error(f"unknown configuration option {name!r}{hint}", name)
         self._settings.set(name, _as_text(field, value), "argument")
 
     def source(self, name: str) -> str:
         """Where the value came from: 'default', 'environment' or 'argument'."""
         if name not in _FIELDS:
-            raise ConfigError(f"unknown configuration option {name!r}")
+            raise _config_error(f"unknown configuration option {name!r}", name)
         return self._settings.source_of(name)
 
     def as_dict(self) -> dict[str, Any]:

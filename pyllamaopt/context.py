@@ -50,6 +50,9 @@ class Context:
         if profile not in (None, "time", "facts"):
             raise InvalidArgumentError(f"profile must be None, 'time' or 'facts', got {profile!r}")
         self.model = model if isinstance(model, Model) else Model(model)
+        if config is not None and not isinstance(config, OptConfig):
+            raise InvalidArgumentError(f"config must be an OptConfig (OptConfig(**options) for a dict), "
+                                       f"not {type(config).__name__}")
         self.config = config if config is not None else OptConfig()
         for feature in switches_without_effect(self.config):
             warnings.warn(f"{feature.enabled_field}=1 {feature.no_effect}", stacklevel=2)

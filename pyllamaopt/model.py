@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,15 @@ def check_token_ids(tokens: Iterable[Any]) -> list[int]:
             raise InvalidTokenError(f"token id {t} at index {i} is outside the vocabulary")
         out.append(t)
     return out
+
+
+def _unicode_scalars(text: str) -> str:
+    """`text` with each lone surrogate (bytes that were not UTF-8, decoded with surrogateescape, or a
+    JSON "\\ud800") replaced by U+FFFD, as a UTF-8 decoder with errors="replace" would have."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _ProgressBar:
@@ -86,7 +96,7 @@ class Model:
         ``special`` parses special-token text such as ``<start_of_turn>``."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, not {type(text).__name__}")
-        return self._core.tokenize(text, add_bos, special)
+        return self._core.tokenize(_unicode_scalars(text), add_bos, special)
 
     def detokenize(self, tokens: Sequence[int], *, special: bool = False) -> str:
         """Text of `tokens`; ``special`` renders special tokens as text."""
@@ -98,7 +108,7 @@ class Model:
 
     def is_eog(self, token: int) -> bool:
         """Whether `token` ends generation (EOS, end-of-turn...)."""
-        return self._core.is_eog(token)
+        return self._core.is_eog(check_token_ids([token])[0])
 
     # metadata
 

@@ -10,6 +10,8 @@ prompt starts with a stored prefix. The file format is in docs/persist-format.md
 """
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import time
 from dataclasses import dataclass
@@ -43,6 +45,11 @@ class PersistEntry:
     def age(self) -> float:
         """Seconds since it was last written or used."""
         return time.time() - self.mtime
+
+
+def _positive(value: object) -> bool:
+    """A finite number > 0 (not a bool)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 class PersistStore:
@@ -90,14 +97,16 @@ class PersistStore:
         """Removes unreadable entries, entries unused for ``max_age`` seconds, then the least
         recently used ones until at most ``max_mb`` MiB remain, and leftovers of interrupted
         saves. Returns the number of files removed."""
-        if max_age is not None and max_age <= 0:
+        if max_age is not None and not _positive(max_age):
             raise InvalidArgumentError(f"max_age={max_age!r}: give a positive number of seconds, "
                                        "or None to keep entries of any age")
-        if max_mb is not None and max_mb < 0:
+        if max_mb is not None and not (_positive(max_mb) or max_mb == 0):
             raise InvalidArgumentError(f"max_mb={max_mb!r}: give a size in MiB >= 0 (0 removes every entry), "
                                        "or None for no size limit")
-        max_bytes = 0 if max_mb is None else max(1, int(max_mb * 2**20))
-        return self._core.cleanup(int(max_age or 0), max_bytes)
+        # whole seconds up (0.5 s is not "no limit"), bytes within what the engine's integers hold
+        age = 0 if max_age is None else min(math.ceil(max_age), 2**63 - 1)
+        max_bytes = 0 if max_mb is None else max(1, min(int(max_mb * 2**20), 2**64 - 1))
+        return self._core.cleanup(age, max_bytes)
 
     def clear(self) -> int:
         """Removes every entry. Returns the number removed."""

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from . import _core
-from .errors import ContextOverflowError, InvalidArgumentError, SessionBusyError
+from .errors import (ContextOverflowError, InvalidArgumentError, SessionBusyError, SessionClosedError,
+                     SessionEvictedError)
 from .model import check_token_ids
 from .stats import Stats
 from .tokens import Token
@@ -337,7 +338,7 @@ class Session:
 
     def generate(self, max_tokens: int | None = 256, *, temperature: float = 0.0, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, seed: int | None = None,
-                 stop: str | Sequence[str] = (), grammar: str | None = None,
+                 stop: str | Sequence[str] | None = (), grammar: str | None = None,
                  json_schema: dict | bool | SchemaGrammar | None = None, strict: bool = True,
                  on_finish: Callable[[Generation], None] | None = None) -> Generation:
         """Stream generated tokens (greedy unless ``temperature`` > 0).
@@ -371,7 +372,12 @@ class Session:
         if seed is not None and not (isinstance(seed, int) and 0 <= seed < 0xFFFFFFFF):
             raise InvalidArgumentError(f"seed must be an integer in [0, 2**32 - 1), got {seed!r}")
         _check_sampling(temperature, top_k, top_p, min_p)
-        stops = [stop] if isinstance(stop, str) else list(stop)
+        if self.evicted:  # said now, not at the first token
+            raise SessionEvictedError("the session was idle when the KV cache ran out of room and its KV was "
+                                      "evicted: open a new session and append its history again")
+        if self.closed:
+            raise SessionClosedError("the session is closed (or its context is): open a new one")
+        stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
         if any(not isinstance(s, str) or not s for s in stops):
             raise InvalidArgumentError("stop must be a non-empty string or a list of them")
         sampling = _core.Sampling()

@@ -112,3 +112,57 @@ def test_cache_ls_verify_clean(tiny_model, tmp_path):
     assert removed.returncode == 0 and "1 entries left, 1 bad (removed)" in removed.stdout
     assert "removed 1 file(s); 0 entries left" in run("cache", "clean", "--all", "--dir", str(kv)).stdout
     assert run("cache", "clean", "--max-age", "-1", "--dir", str(kv)).returncode != 0
+    assert run("cache", "clean", "--max-mb", "1e30", "--dir", str(kv)).returncode == 0  # a size beyond any disk
+    for limit in (["--max-age", "nan"], ["--max-age", "inf"], ["--max-mb", "nan"], ["--max-mb", "inf"],
+                  ["--max-age", "1e305"]):  # (1e305 days: more seconds than a float holds)
+        refused = run("cache", "clean", *limit, "--dir", str(kv))
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr, (limit, refused.stderr)
+        assert f"{limit[0]} must be" in refused.stderr or "max_age" in refused.stderr, refused.stderr
+
+
+def test_a_commands_variables_are_read_only_by_that_command(tiny_model_path):
+    """LLAMA_OPT_THREADS and the serve variables are checked by the commands that use them: a bad
+    one does not break --help or `config`, and the command that uses it names it."""
+    bad = {"LLAMA_OPT_THREADS": "abc", "LLAMA_OPT_SERVE_PORT": "99999"}
+    assert run("--help", env=bad).returncode == 0
+    assert run("config", env=bad).returncode == 0
+    refused = run("run", "--model", str(tiny_model_path), "-n", "2", "hi", env=bad)
+    assert refused.returncode != 0 and "LLAMA_OPT_THREADS=abc: expected a positive whole number" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert run("run", "--model", str(tiny_model_path), "-t", "2", "-n", "2", "hi", env=bad).returncode == 0
+    port = run("serve", "--model", str(tiny_model_path), env={"LLAMA_OPT_SERVE_PORT": "99999"})
+    assert port.returncode != 0 and "LLAMA_OPT_SERVE_PORT=99999: expected a port number" in port.stderr
+
+
+def test_serve_options_out_of_range_are_refused_before_the_model_loads(tmp_path):
+    for args, message in ((["--port", "99999"], "--port must be a port number"),
+                          (["--session-ttl", "nan"], "--session-ttl must be a positive number"),
+                          (["--session-ttl", "-1"], "--session-ttl must be a positive number")):
+        refused = run("serve", "--model", str(tmp_path / "absent.gguf"), *args)
+        assert refused.returncode != 0 and message in refused.stderr, (args, refused.stderr)
+
+
+def test_verbose_takes_the_engines_spellings(tiny_model_path):
+    def log_lines(value):
+        done = run("run", "--model", str(tiny_model_path), "-t", "2", "-n", "2", "hi", env={"LLAMA_OPT_VERBOSE": value})
+        return done.returncode, done.stderr.count("\n")
+
+    quiet = log_lines("0")[1]
+    for value in ("1", "true", "yes", "on"):
+        rc, lines = log_lines(value)
+        assert rc == 0 and lines > quiet + 20, (value, lines, quiet)
+    for value in ("off", "false"):
+        assert log_lines(value) == (0, quiet)
+    refused = run("run", "--model", str(tiny_model_path), "hi", env={"LLAMA_OPT_VERBOSE": "banana"})
+    assert refused.returncode != 0 and "LLAMA_OPT_VERBOSE=banana: expected 1/0" in refused.stderr
+
+
+def test_variables_fill_only_what_the_command_line_left_unset(monkeypatch):
+    from pyllamaopt.cli import build_parser, fill_defaults_from_environment
+
+    monkeypatch.setenv("LLAMA_OPT_SERVE_SESSION_TTL", "0.5")
+    monkeypatch.setenv("LLAMA_OPT_SERVE_MAX_SESSIONS", "3")
+    monkeypatch.delenv("LLAMA_OPT_SERVE_PORT", raising=False)
+    args = build_parser().parse_args(["serve", "--max-sessions", "5"])
+    fill_defaults_from_environment(args)
+    assert (args.session_ttl, args.max_sessions, args.port, args.grpc_port) == (0.5, 5, 8080, None)

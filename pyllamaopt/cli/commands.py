@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from typing import TypedDict
@@ -10,7 +11,7 @@ from .. import build_info, features, fields
 from ..chat import Chat
 from ..config import CLI_VARIABLES, OptConfig
 from ..context import Context
-from ..errors import ContextOverflowError
+from ..errors import ContextOverflowError, InvalidArgumentError
 from ..model import Model
 from ..persist import PersistStore
 from ..session import Generation
@@ -181,12 +182,15 @@ def cache(args: argparse.Namespace) -> int:
         hint = " (removed)" if args.remove else " (`pyllamaopt cache verify --remove` removes them)"
         print(f"{len(store.entries())} entries left, {len(problems)} bad" + (hint if problems else ""))
         return 1 if problems and not args.remove else 0
-    if args.max_age is not None and args.max_age <= 0:
+    if args.max_age is not None and not (math.isfinite(args.max_age) and args.max_age > 0):
         raise SystemExit("pyllamaopt: error: --max-age must be a positive number of days")
-    if args.max_mb is not None and args.max_mb < 0:
-        raise SystemExit("pyllamaopt: error: --max-mb must be >= 0")
-    removed = store.clear() if args.all else store.clean(
-        max_age=None if args.max_age is None else args.max_age * 86400, max_mb=args.max_mb)
+    if args.max_mb is not None and not (math.isfinite(args.max_mb) and args.max_mb >= 0):
+        raise SystemExit("pyllamaopt: error: --max-mb must be a number >= 0")
+    try:
+        removed = store.clear() if args.all else store.clean(
+            max_age=None if args.max_age is None else args.max_age * 86400, max_mb=args.max_mb)
+    except InvalidArgumentError as exc:  # days beyond what seconds can count
+        raise SystemExit(f"pyllamaopt: error: {exc}") from None
     print(f"removed {removed} file(s); {len(store.entries())} entries left in {store.directory}")
     return 0
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
+import math
 import ssl
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -61,8 +62,10 @@ class ServeSettings:
                              "give --api-key (or LLAMA_OPT_SERVE_API_KEY), or bind 127.0.0.1")
         if not 1 <= self.max_sessions <= 200:
             raise SystemExit("pyllamaopt serve: --max-sessions must be between 1 and 200")
-        if self.session_ttl <= 0:
+        if not (math.isfinite(self.session_ttl) and self.session_ttl > 0):  # (nan: sessions never expired)
             raise SystemExit("pyllamaopt serve: --session-ttl must be a positive number of seconds")
+        if not 0 < self.port < 65536:
+            raise SystemExit("pyllamaopt serve: --port must be a port number (1-65535)")
         if self.grpc_port is not None and (not 0 < self.grpc_port < 65536 or self.grpc_port == self.port):
             raise SystemExit("pyllamaopt serve: --grpc-port must be a port number other than --port")
         if bool(self.tls_cert) != bool(self.tls_key):

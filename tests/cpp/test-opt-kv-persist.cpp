@@ -189,22 +189,42 @@ static void test_cleanup_by_size_removes_least_recently_used() {
     CHECK(store.cleanup(60, 0) == 1);     // the other one is 9-10 minutes old
 }
 
+static struct stat stat_of(const std::string & file) {
+    struct stat st {};
+    CHECK(stat(file.c_str(), &st) == 0);
+    return st;
+}
+
+// the hash of the file at `file` as a model loaded now would have it
+static uint64_t hash_of(const std::string & file, const std::string & dir) {
+    return llama_opt_file_hash(file, dir, stat_of(file));
+}
+
+static bool throws_changed(const std::string & file, const std::string & dir, const struct stat & loaded) {
+    try {
+        llama_opt_file_hash(file, dir, loaded);
+    } catch (const std::runtime_error & e) {
+        return std::string(e.what()).find("no longer the file the model was loaded from") != std::string::npos;
+    }
+    return false;
+}
+
 static void test_file_hash_is_remembered_per_file_version() {
     const std::string dir  = fresh_dir("kv");
     const std::string file = dir + ".model";
     std::ofstream(file) << "weights v1";
-    const uint64_t h1 = llama_opt_file_hash(file, dir);
+    const uint64_t h1 = hash_of(file, dir);
     CHECK(h1 == llama_opt_checksum("weights v1", 10, 0));
     std::ifstream memo(dir + "/file-hashes");
     std::string line;
     CHECK(std::getline(memo, line) && line.find(file) != std::string::npos);
-    CHECK(llama_opt_file_hash(file, dir) == h1);  // from the memo
+    CHECK(hash_of(file, dir) == h1);  // from the memo
     std::ofstream(file) << "weights v2";          // a new version: size or mtime differ
     CHECK(system(("touch -d '1 minute ago' " + file).c_str()) == 0);
-    CHECK(llama_opt_file_hash(file, dir) == llama_opt_checksum("weights v2", 10, 0));
+    CHECK(hash_of(file, dir) == llama_opt_checksum("weights v2", 10, 0));
     bool thrown = false;
     try {
-        llama_opt_file_hash(dir + "/missing", dir);
+        llama_opt_file_hash(dir + "/missing", dir, stat_of(file));
     } catch (const std::runtime_error &) {
         thrown = true;
     }
@@ -228,18 +248,35 @@ static void test_the_budget_keeps_the_entry_just_saved() {
     CHECK(store.list().size() == 2);
 }
 
+static void test_a_file_changed_since_the_model_loaded_is_not_hashed() {
+    const std::string dir  = fresh_dir("kv");
+    const std::string file = dir + ".model";
+    std::ofstream(file) << "weights v1";
+    const struct stat loaded = stat_of(file);
+    CHECK(llama_opt_file_hash(file, dir, loaded) == llama_opt_checksum("weights v1", 10, 0));
+    const std::string update = dir + ".update";
+    std::ofstream(update) << "weights v2";
+    CHECK(rename(update.c_str(), file.c_str()) == 0);  // replaced, as a download or an update would
+    CHECK(throws_changed(file, dir, loaded));
+    const struct stat replaced = stat_of(file);
+    usleep(20000);
+    std::ofstream(file) << "weights v3";  // written in place: the same inode
+    CHECK(throws_changed(file, dir, replaced));
+    CHECK(hash_of(file, dir) == llama_opt_checksum("weights v3", 10, 0));
+}
+
 static void test_a_file_rewritten_with_its_mtime_restored_is_hashed_again() {
     const std::string dir  = fresh_dir("kv");
     const std::string file = dir + ".model";
     std::ofstream(file) << "weights v1";
     struct stat before;
     stat(file.c_str(), &before);
-    CHECK(llama_opt_file_hash(file, dir) == llama_opt_checksum("weights v1", 10, 0));
+    CHECK(hash_of(file, dir) == llama_opt_checksum("weights v1", 10, 0));
     usleep(20000);
     std::ofstream(file) << "weights v2";  // same size, same inode
     const struct timespec times[2] = { before.st_atim, before.st_mtim };
     CHECK(utimensat(AT_FDCWD, file.c_str(), times, 0) == 0);  // as cp -p or rsync -t would
-    CHECK(llama_opt_file_hash(file, dir) == llama_opt_checksum("weights v2", 10, 0));
+    CHECK(hash_of(file, dir) == llama_opt_checksum("weights v2", 10, 0));
 }
 
 static void test_permissions_and_links() {  // issue 20
@@ -255,6 +292,8 @@ static void test_permissions_and_links() {  // issue 20
     chmod(dir.c_str(), 0775);
     CHECK(!llama_opt_persist_check_dir(dir, why) && why.find("chmod 700 " + dir) != std::string::npos);
     CHECK(!store.save(layout(), c.tokens, c.chain, c.rows.data(), why));  // refused before writing
+    const auto refused = store.find(layout(), c.chain, c.tokens.data(), 3);  // and not read
+    CHECK(refused.n_blocks == 0 && refused.miss == llama_opt_persist_miss::unsafe_dir);
     chmod(dir.c_str(), 0755);
     CHECK(llama_opt_persist_check_dir(dir, why) && stat(dir.c_str(), &st) == 0 && (st.st_mode & 0777) == 0700);
     CHECK(!llama_opt_persist_check_dir(entries[0].path, why) && why.find("not a directory") != std::string::npos);
@@ -311,6 +350,7 @@ int main() {
     test_permissions_and_links();
     test_the_budget_keeps_the_entry_just_saved();
     test_a_file_rewritten_with_its_mtime_restored_is_hashed_again();
+    test_a_file_changed_since_the_model_loaded_is_not_hashed();
     test_file_hash_is_remembered_per_file_version();
     test_round_trip_of_any_prefix();
     test_another_model_is_a_miss();
