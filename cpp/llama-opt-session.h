@@ -15,6 +15,7 @@
 #include "llama-opt.h"
 #include "llama.h"
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -142,6 +143,10 @@ public:
     void discard();
     bool closed() const;   // closed itself, evicted, or its context was closed
     bool evicted() const { return evicted_; }
+    // Pinned: the context never evicts this session's KV for room, as during its generation (a
+    // server pins a request's session from its prompt to its answer).
+    bool pinned() const { return pinned_; }
+    void set_pinned(bool pinned) { pinned_ = pinned; }
 
     std::vector<llama_token>         tokens() const;  // a copy, taken under the context's lock
     size_t                           n_evaluated() const { return n_evaluated_; }
@@ -163,7 +168,7 @@ public:
 private:
     void on_evicted() override;          // the context took our KV
     void on_kv_leaving() override;  // saves to the disk tier, never throws
-    bool in_use() const override { return generating_; }
+    bool in_use() const override { return generating_ || pinned_; }
 
     void check_open() const;
     void count(uint64_t llama_opt_stats::* counter, uint64_t n);  // ours and the context's statistics
@@ -245,6 +250,7 @@ private:
     llama_opt_sampler                  sampler_;
     llama_opt_memo_check               memo_;             // a draft being checked: its cells lie beyond n_evaluated_
     bool                               generating_ = false;  // a turn's generation is on: drafts pay off only then
+    std::atomic<bool>                  pinned_{ false };     // set_pinned (read by evictions on any thread)
     size_t                             output_begin_ = 0;     // where the turn's generated tokens begin in tokens_
     uint32_t                           output_budget_ = 0;    // set_grammar's max_tokens: the most this turn generates
     llama_opt_stats                    stats_;

@@ -11,7 +11,6 @@ prompt starts with a stored prefix. The file format is in docs/persist-format.md
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import time
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ class PersistEntry:
 
 def _positive(value: object) -> bool:
     """A finite number > 0 (not a bool)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 class PersistStore:

@@ -437,6 +437,16 @@ class Session:
         """The KV cache needed room while this session was idle, and its KV was dropped."""
         return self._core.evicted
 
+    @property
+    def pinned(self) -> bool:
+        """While True, the KV cache never evicts this session for room (as during a generation);
+        another session that needs room then gets ContextOverflowError instead."""
+        return self._core.pinned
+
+    @pinned.setter
+    def pinned(self, value: bool) -> None:
+        self._core.pinned = bool(value)
+
     def close(self) -> None:
         """Free the session's KV cells. Using it afterwards raises SessionClosedError."""
         self._core.close()

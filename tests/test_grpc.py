@@ -178,6 +178,10 @@ def test_every_status_code_is_its_exception(client):
         client.session(closed.id).append([3])
     with pytest.raises(SessionClosedError):
         list(client.session(closed.id).generate(2))
+    with client.create_session() as empty:  # nothing to generate after (it was UNKNOWN)
+        with pytest.raises(InvalidArgumentError, match="no history") as e:
+            list(empty.generate(2))
+        assert code(e) == "INVALID_ARGUMENT"
 
     with client.create_session(tokens=LONG_PROMPT[:40]) as session:
         # INVALID_ARGUMENT: a token outside the vocabulary, a bad sampling value, a bad schema; the session unchanged

@@ -26,7 +26,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pyllamaopt import Context, OptConfig, Session
+from pyllamaopt import ChatTemplate, Context, Model, OptConfig, Session
 from pyllamaopt.serve.metrics import Metrics
 from pyllamaopt.serve.scheduler import STREAM_AHEAD, Scheduler
 from pyllamaopt.serve.service import (Busy, DoneEvent, GenerateParams, InvariantViolation, NotFound, Overloaded,
@@ -502,6 +502,32 @@ def test_sparse_tool_results_is_a_server_option_that_marks_tool_messages(tmp_pat
     assert on_next["cached_tokens"] >= on["prompt_tokens"] - 64  # the session with holes continues
 
 
+def test_anthropic_continues_a_prefilled_assistant_message(tmp_path, tiny_model_path):
+    """The real anthropic client: a last assistant message is continued (its text ends the prompt,
+    the reply is what follows it), as Anthropic's API does; the same text as a raw completion of
+    that prompt. A server with an API key answers an unauthorized /v1/messages in Anthropic's error
+    shape."""
+    model = write_tiny_llama(tmp_path / "tiny-chatml.gguf", chat_template=CHATML)
+    s = start_server(model, tmp_path, env={"LLAMA_OPT_SERVE_API_KEY": "sesame"})
+    try:
+        client = anthropic.Anthropic(base_url=s.url, api_key="sesame", max_retries=0)
+        messages = [{"role": "user", "content": "the capital of france is"}, {"role": "assistant", "content": "paris"}]
+        reply = client.messages.create(model="m", max_tokens=6, messages=messages)
+        template = ChatTemplate(CHATML)
+        rendered = template.render(messages, add_generation_prompt=False)
+        raw = rendered[:rendered.rindex("paris") + len("paris")]
+        tokens = Model(str(model)).tokenize(raw, add_bos=False, special=True)
+        expected = s.client(api_key="sesame").completions.create(model="m", prompt=tokens, max_tokens=6)
+        assert reply.content[0].text == expected.choices[0].text
+        assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == len(tokens)
+        with pytest.raises(anthropic.AuthenticationError) as refused:
+            anthropic.Anthropic(base_url=s.url, api_key="wrong", max_retries=0).messages.create(
+                model="m", max_tokens=2, messages=messages[:1])
+        assert refused.value.body["type"] == "error" and refused.value.body["error"]["type"] == "authentication_error"
+    finally:
+        stop_server(s)
+
+
 def test_refused_tier2_plans_are_counted_in_the_metrics(tiny_model):
     """A Tier-2 plan that cannot work (here: flash attention off, V stored transposed) is refused
     before computing; the request gets exact mode's answer, and the metrics count the reason."""
@@ -600,6 +626,94 @@ def test_a_generating_session_is_never_evicted_a_prompt_that_needs_its_room_wait
     asyncio.run(scenario())
 
 
+def test_a_prompt_between_its_pieces_is_not_evicted_for_another_prompts_room(tiny_model):
+    """Two long prompts at once, computed in alternating pieces, in a KV cache with room for one:
+    a prompt between its pieces is not idle (Session.pinned), so the one that finds no room is a
+    503 to retry and the other is answered; the KV cache evicted the other's session instead, and
+    its client got a 404 (or a 500)."""
+    async def scenario() -> None:
+        with Context(tiny_model, n_ctx=1024, n_threads=2, n_seq_max=4) as ctx:
+            scheduler = Scheduler()
+            service = Service(ctx, scheduler, Metrics(), max_sessions=2, session_ttl=60)
+            prompts = [[10 + (i * 7 + k) % 500 for i in range(700)] for k in (0, 1)]
+
+            async def answer(prompt: list[int]) -> list[Any] | Exception:
+                try:
+                    return [e async for e in service.complete(prompt, GenerateParams(max_tokens=4))]
+                except Exception as exc:  # noqa: BLE001 (which one is the point)
+                    return exc
+
+            outcomes = await asyncio.gather(answer(prompts[0]), answer(prompts[1]))
+            refused = [i for i, o in enumerate(outcomes) if isinstance(o, Overloaded)]
+            assert len(refused) == 1, outcomes
+            answered = 1 - refused[0]
+            events = outcomes[answered]
+            assert isinstance(events, list) and isinstance(events[-1], DoneEvent), events
+            assert [e.id for e in events[:-1]] == local_greedy(tiny_model, prompts[answered], 4)
+            assert ctx.stats.sessions_evicted == 0
+            retried = prompts[refused[0]]
+            again = [e async for e in service.complete(retried, GenerateParams(max_tokens=4))]
+            assert [e.id for e in again[:-1]] == local_greedy(tiny_model, retried, 4)
+            scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_generating_on_an_empty_session_is_a_400(server):
+    sid = server.request("POST", "/v1/sessions", {"tokens": []})[1]["session_id"]
+    status, out = server.request("POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 2})
+    assert status == 400 and "no history to generate after" in out["error"]["message"], out
+    assert server.request("POST", f"/v1/sessions/{sid}/tokens", {"tokens": [5, 6]})[0] == 200
+    assert server.request("POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 2})[0] == 200
+    server.request("DELETE", f"/v1/sessions/{sid}")
+
+
+def test_a_chunked_body_beyond_the_limit_is_a_413(server):
+    """The body limit holds for bodies without a Content-Length too (they were read whole)."""
+    import http.client
+
+    host, port = server.url.removeprefix("http://").split(":")
+    piece = b"x" * 2**20
+
+    def send(megabytes: int) -> tuple[int, dict]:
+        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        connection.request("POST", "/v1/completions", body=(piece for _ in range(megabytes)),
+                           headers={"content-type": "application/json"}, encode_chunked=True)
+        response = connection.getresponse()
+        out = json.loads(response.read() or b"{}")
+        connection.close()
+        return response.status, out
+
+    status, out = send(17)
+    assert status == 413 and "larger than" in out["error"]["message"], out
+    assert send(1)[0] == 400  # under the limit: read, and not JSON
+    chunked_json = http.client.HTTPConnection(host, int(port), timeout=60)
+    chunked_json.request("POST", "/v1/completions", body=iter([b'{"prompt": [5, 6], ', b'"max_tokens": 2}']),
+                         headers={"content-type": "application/json"}, encode_chunked=True)
+    answer = chunked_json.getresponse()
+    assert answer.status == 200 and json.loads(answer.read())["usage"]["completion_tokens"] == 2
+    chunked_json.close()
+
+
+def test_time_to_first_token_counts_the_prompt(tiny_model):
+    """The metric measures what a client waits for: from the request to its first token, the
+    prompt's computation included (it started after the prompt)."""
+    async def scenario() -> None:
+        with Context(tiny_model, n_ctx=4096, n_threads=2) as ctx:
+            scheduler = Scheduler()
+            metrics = Metrics()
+            service = Service(ctx, scheduler, metrics, max_sessions=2, session_ttl=60)
+            events = [e async for e in service.complete([10 + i % 500 for i in range(3000)], GenerateParams(max_tokens=2))]
+            assert isinstance(events[-1], DoneEvent)
+            samples = {s.name: s.value for family in text_string_to_metric_families(metrics.exposition().decode())
+                       for s in family.samples}
+            prefill = samples["generate_prefill_duration_seconds_sum"]
+            assert prefill > 0 and samples["pyllamaopt_time_to_first_token_seconds_sum"] >= prefill
+            scheduler.stop()
+
+    asyncio.run(scenario())
+
+
 def test_closed_and_unknown_sessions_are_not_found(server):
     sid = server.request("POST", "/v1/sessions", {"tokens": [1, 2, 3]})[1]["session_id"]
     assert server.request("DELETE", f"/v1/sessions/{sid}")[0] == 204
@@ -635,6 +749,11 @@ def test_the_least_recently_used_idle_session_goes_first(server):
     ("/v1/sessions", {"tokens": [-1]}, None, 400, "outside the vocabulary"),
     ("/v1/sessions", {"tokens": "abc"}, None, 400, "body.tokens:"),
     ("/v1/sessions", {"tokens": [1], "extra": 1}, None, 400, "body.extra:"),
+    ("/v1/completions", {"prompt": []}, None, 400, "the prompt is empty"),
+    ("/v1/completions", {"prompt": [], "stream": True}, None, 400, "the prompt is empty"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 2}, None, 400, "log-probabilities are not served"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, None, 400,
+     "log-probabilities are not served"),
 ])
 def test_bad_input_is_a_4xx_with_a_message_and_the_server_lives_on(server, path, body, raw, status, message):
     got, out = server.request("POST", path, body, raw=raw)

@@ -399,3 +399,19 @@ def test_generate_defaults_are_the_engines_defaults():
     assert params["seed"].default is None and engine.seed is None  # None: random
     engine.seed = 7
     assert engine.seed == 7
+
+
+def test_a_pinned_session_is_not_evicted_for_room(tiny_model):
+    """Session.pinned: while set, another session that needs the KV cache's room gets
+    ContextOverflowError instead of evicting it (as while it generates); unpinned, it is evictable."""
+    with Context(tiny_model, n_ctx=512, n_threads=2, n_seq_max=3, config=OptConfig(env={}, dedup_enabled=False)) as ctx:
+        kept, other = ctx.session(), ctx.session()
+        kept.append([10 + i % 300 for i in range(400)])
+        kept.pinned = True
+        with pytest.raises(ContextOverflowError):
+            other.append([20 + i % 300 for i in range(400)])
+        assert not kept.evicted and kept.n_tokens == 400 and other.n_tokens == 0
+        assert len(list(kept.generate(3))) == 3
+        kept.pinned = False
+        other.append([20 + i % 300 for i in range(400)])
+        assert kept.evicted and other.n_tokens == 400

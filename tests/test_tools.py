@@ -217,3 +217,37 @@ def test_a_template_that_takes_tools_gets_them():
     text = prompt(template, [Turn("user", "hi")], TOOLS, ToolChoice(), GenerateParams()).text
     assert text.startswith("<tools>get_weather;move;</tools>[system]Reply with one JSON object")
     assert '"description"' not in text  # not listed twice
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_a_last_assistant_message_is_continued_when_asked(name):
+    """Anthropic's prefill: the prompt ends with the last assistant message's text, its turn left
+    open (no end of turn, no new turn); an empty one is a new turn; what cannot be continued is a 400."""
+    template = TEMPLATES[name]
+    turns = [Turn("user", "Say hello"), Turn("assistant", "Hel")]
+    text = prompt(template, turns, [], ToolChoice(), GenerateParams(), continue_last=True).text
+    closed = template.render([{"role": "user", "content": "Say hello"}, {"role": "assistant", "content": "Hel"}],
+                             add_generation_prompt=False)
+    assert text.endswith("Hel") and closed.startswith(text) and len(closed) > len(text)
+    fresh = prompt(template, turns[:1], [], ToolChoice(), GenerateParams(), continue_last=True).text
+    assert prompt(template, [*turns[:1], Turn("assistant", "")], [], ToolChoice(), GenerateParams(),
+                  continue_last=True).text == fresh
+    assert prompt(template, turns, [], ToolChoice(), GenerateParams()).text != text  # OpenAI: a new turn
+    with pytest.raises(BadRequest, match="trailing whitespace"):
+        prompt(template, [turns[0], Turn("assistant", "Hel ")], [], ToolChoice(), GenerateParams(), continue_last=True)
+    with pytest.raises(BadRequest, match="cannot be combined with tools"):
+        prompt(template, turns, [WEATHER], ToolChoice(), GenerateParams(), continue_last=True)
+    call = Turn("assistant", "", [ToolCall("toolu_1", "get_weather", '{"city":"Oslo"}')])
+    with pytest.raises(BadRequest, match="send its result"):
+        prompt(template, [turns[0], call], [WEATHER], ToolChoice(), GenerateParams(), continue_last=True)
+
+
+def test_a_model_without_a_template_is_a_bad_request_with_tool_results_marked_too():
+    """--sparse-tool-results renders with marks: a model without a chat template is the same 400
+    as without the option (it was an AttributeError, a 500)."""
+    from pyllamaopt.serve.app import _NoTemplate
+
+    for marked in (False, True):
+        with pytest.raises(BadRequest, match="no chat template here"):
+            prompt(_NoTemplate("no chat template here"), [Turn("user", "hi")], [], ToolChoice(), GenerateParams(),
+                   mark_tool_results=marked)

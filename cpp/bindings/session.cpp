@@ -85,6 +85,7 @@ void register_session(py::module_ & m) {
                  return py::array_t<float>((py::ssize_t) l.size(), l.data());
              })
         .def_property_readonly("closed", &llama_opt_session::closed)
+        .def_property("pinned", &llama_opt_session::pinned, &llama_opt_session::set_pinned)
         .def_property_readonly("tokens", &llama_opt_session::tokens)
         .def_property_readonly("n_evaluated", &llama_opt_session::n_evaluated)
         .def_property_readonly("n_canonical", &llama_opt_session::n_canonical)

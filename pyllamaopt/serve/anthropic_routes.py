@@ -146,7 +146,7 @@ async def messages(body: MessagesRequest, request: Request) -> Any:
     params = body.params(service.context.n_ctx)
     tools, choice = _tools(body)
     prompt = tool_prompt(request.app.state.chat_template, turns, tools, choice, params,
-                         mark_tool_results=service.sparse_tool_results)
+                         mark_tool_results=service.sparse_tool_results, continue_last=True)
     tokens, tool_results = prompt_tokens(service.model, prompt)
     events = await started(service.complete(tokens, params, tool_spans=tool_results))
     message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",

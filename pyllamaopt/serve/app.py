@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse
 from ..chat import ChatTemplate
 from ..config import OptConfig
 from ..context import Context
-from ..errors import ChatTemplateError
+from ..errors import AuthenticationError, ChatTemplateError
 from ..model import Model
 from ..session import Session
 from . import anthropic_routes, openai_routes, session_routes
@@ -139,11 +139,11 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return await service.health()
+        return service.health()
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        await service.health()  # refreshes the gauges
+        service.health()  # the queue's depth now
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     def error_response(request: Request, exc: ServiceError) -> JSONResponse:
@@ -164,15 +164,32 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
     @app.middleware("http")
     async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         if settings.api_key and request.url.path not in ("/health",) and not _authorized(request, settings.api_key):
-            return JSONResponse({"error": {"message": "missing or wrong API key: send 'Authorization: Bearer KEY' "
-                                           "or 'x-api-key: KEY'", "type": "authentication_error"}}, status_code=401)
+            return error_response(request, _Refused("missing or wrong API key: send 'Authorization: Bearer KEY' "
+                                                    "or 'x-api-key: KEY'", 401, "authentication_error"))
+        too_large = _Refused(f"request body larger than {settings.max_body_bytes} bytes", 413, "invalid_request_error")
         length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
-            return JSONResponse({"error": {"message": f"request body larger than {settings.max_body_bytes} bytes",
-                                           "type": "invalid_request_error"}}, status_code=413)
+        if length is not None:
+            if length.isdigit() and int(length) > settings.max_body_bytes:
+                return error_response(request, too_large)
+        elif request.method in ("POST", "PUT", "PATCH"):  # chunked: counted as it comes
+            chunks, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > settings.max_body_bytes:
+                    return error_response(request, too_large)
+                chunks.append(chunk)
+            request._body = b"".join(chunks)  # what the route reads (Starlette replays a body read here)
         return await call_next(request)
 
     return app
+
+
+class _Refused(ServiceError):
+    """A request the guard refuses before any route, in the error shape of the route it was for."""
+
+    def __init__(self, message: str, status: int, kind: str) -> None:
+        super().__init__(message, AuthenticationError if status == 401 else None)
+        self.status, self.kind = status, kind
 
 
 def _authorized(request: Request, key: str) -> bool:
@@ -193,6 +210,9 @@ class _NoTemplate:
 
     def render(self, *args: Any, **kwargs: Any) -> str:
         raise ChatTemplateError(self.why)
+
+    def render_marked(self, *args: Any, **kwargs: Any) -> tuple[str, dict[int, list[tuple[int, int]]]]:
+        raise ChatTemplateError(self.why)  # (--sparse-tool-results renders this way)
 
 
 async def _expire_idle(service: Service, every: float) -> None:

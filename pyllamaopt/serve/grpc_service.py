@@ -21,8 +21,8 @@ from pydantic import ValidationError
 from ..v1 import runtime_pb2 as pb
 from ..v1 import runtime_pb2_grpc
 from .schemas import SessionGenerateRequest
-from .service import (BadRequest, Busy, ContextFull, DoneEvent, Event, InvariantViolation, NotFound, Overloaded,
-                      Service, ServiceError, SessionsFull)
+from .service import (BadRequest, Busy, ContextFull, DoneEvent, Event, InternalError, InvariantViolation, NotFound,
+                      Overloaded, Service, ServiceError, SessionsFull)
 
 T = TypeVar("T")
 
@@ -35,6 +35,7 @@ STATUS: dict[type[ServiceError], grpc.StatusCode] = {
     NotFound: grpc.StatusCode.NOT_FOUND,
     Busy: grpc.StatusCode.ABORTED,
     InvariantViolation: grpc.StatusCode.FAILED_PRECONDITION,
+    InternalError: grpc.StatusCode.INTERNAL,
 }
 ERROR_KEY = "pyllamaopt-error"
 

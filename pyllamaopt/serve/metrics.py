@@ -58,7 +58,7 @@ class Metrics:
         self.queue_depth = Gauge("pyllamaopt_queue_depth", "Calls and generations waiting for the scheduler",
                                  registry=r)
         self.time_to_first_token_seconds = Histogram(
-            "pyllamaopt_time_to_first_token_seconds", "From a generation's start to its first token",
+            "pyllamaopt_time_to_first_token_seconds", "From a request (or a session's generate) to its first token",
             buckets=_LATENCY_BUCKETS, registry=r)
         self.inter_token_latency_seconds = Histogram(
             "pyllamaopt_inter_token_latency_seconds", "Between two tokens of a generation",

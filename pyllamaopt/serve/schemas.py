@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .service import BadRequest, GenerateParams
 
@@ -84,7 +84,22 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(Sampling):
+class _NoLogprobs(_Body):
+    """Log-probabilities are refused with a 400 rather than answered null: a client that asks for
+    them relies on them (the engine keeps no per-token log-probabilities; echo and n > 1 likewise)."""
+
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _refused(cls, value: bool | int | None) -> None:
+        if value:  # (false, 0 and null ask for nothing)
+            raise ValueError("log-probabilities are not served by this server: leave logprobs and top_logprobs out")
+        return None
+
+
+class ChatCompletionRequest(Sampling, _NoLogprobs):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=0)
@@ -98,7 +113,7 @@ class ChatCompletionRequest(Sampling):
     parallel_tool_calls: bool | None = None
 
 
-class CompletionRequest(Sampling):
+class CompletionRequest(Sampling, _NoLogprobs):
     model: str | None = None
     prompt: str | list[int]
     max_tokens: int | None = Field(16, ge=0)

@@ -45,6 +45,7 @@ from ..errors import (
     InvalidTokenError,
     InvariantViolationError,
     PyllamaoptError,
+    ServerError,
     ServerOverloadedError,
     SessionBusyError,
     SessionClosedError,
@@ -119,6 +120,14 @@ class Overloaded(ServiceError):
     status = 503
     kind = "overloaded_error"
     error = ServerOverloadedError
+
+
+class InternalError(ServiceError):
+    """A failure no request should cause (a bug): reported as a 500, with the traceback on stderr."""
+
+    status = 500
+    kind = "api_error"
+    error = ServerError
 
 
 class InvariantViolation(ServiceError):
@@ -234,6 +243,8 @@ class Service:
         self._idle: list[Session] = []  # request sessions kept after their answer, most recent last
         self._schemas: collections.OrderedDict[tuple[str, bool], SchemaGrammar] = collections.OrderedDict()
         self._prefilling: list[_Prefill] = []  # in the order they started
+        self._health: dict[str, Any] = {}
+        self._update_gauges()
 
     @property
     def sparse_tool_results(self) -> bool:
@@ -246,21 +257,27 @@ class Service:
                  tool_spans: Sequence[tuple[int, int]] = ()) -> AsyncGenerator[Event, None]:
         """Generates after `tokens` (see the module's docstring); `tool_spans`: the tool results
         among them, for sparse attention (``Session.sync``)."""
+        accepted = time.perf_counter()  # time to first token counts the prompt's wait and computation
+
         def answer(session: Session) -> Iterator[Any]:
             before = session.stats
-            try:
-                yield PENDING  # see _started
-                yield from self._prefill(session, tokens, sync=True, tool_spans=tool_spans)
-            except GeneratorExit:  # the client left: what was computed stays usable
-                self._keep_idle(session)
-                raise
-            except BaseException:
-                session.close()
-                raise
-            self._verify(session)
-            yield from self._generation(session, len(tokens), params, before, done=self._keep_idle)
+            with _pinned(session):  # from the prompt to the answer: another prompt's room is a 503, not this
+                try:
+                    yield PENDING  # see _started
+                    yield from self._prefill(session, tokens, sync=True, tool_spans=tool_spans)
+                except GeneratorExit:  # the client left: what was computed stays usable
+                    self._keep_idle(session)
+                    raise
+                except BaseException:
+                    session.close()
+                    raise
+                self._verify(session)
+                yield from self._generation(session, len(tokens), params, before, done=self._keep_idle,
+                                            started=accepted)
 
         def start() -> tuple[Iterator[Any], Any]:
+            if not tokens:
+                raise BadRequest("the prompt is empty: give at least one token (or a message with text)")
             session = self._request_session(tokens)
             return _started(answer(session)), session
 
@@ -271,7 +288,7 @@ class Service:
     async def create_session(self, tokens: list[int]) -> str:
         def create() -> Iterator[Any]:
             self._make_room()
-            session = self.context.session()
+            session = self._free_sequence(self.context.session)
             session_id = secrets.token_urlsafe(18)
             entry = self._sessions[session_id] = _Entry(session, busy="prefilling")
             try:
@@ -300,7 +317,7 @@ class Service:
             entry = self._entry(session_id, idle=True)
             self._make_room(keep=session_id)
             new_id = secrets.token_urlsafe(18)
-            self._sessions[new_id] = _Entry(entry.session.fork())
+            self._sessions[new_id] = _Entry(self._free_sequence(entry.session.fork))
             self.metrics.session_total.labels(outcome="created").inc()
             self._update_gauges()
             return new_id
@@ -321,6 +338,8 @@ class Service:
         """One generation at a time per session: a second one is refused (Busy) until it ends."""
         def start() -> tuple[Iterator[Event], Any]:
             entry = self._entry(session_id, idle=True)
+            if entry.session.n_tokens == 0:
+                raise BadRequest(f"session {session_id!r} has no history to generate after: append tokens first")
             entry.busy = "generating"
             return _started(self._generation(entry.session, 0, params, entry.session.stats, entry=entry)), entry.session
 
@@ -342,13 +361,11 @@ class Service:
 
         return await self._run(expire)
 
-    async def health(self) -> dict[str, Any]:
-        def health() -> dict[str, Any]:
-            self._update_gauges()
-            return {"status": "ok", "sessions": len(self._sessions), "kv_cells_used": self.context.kv_cells_used,
-                    "n_ctx": self.context.n_ctx}
-
-        return await self._run(health)
+    def health(self) -> dict[str, Any]:
+        """At once, from the figures of the scheduler's last change (not behind a long prompt in
+        progress: a liveness probe waited for all of it)."""
+        self.metrics.queue_depth.set(self.scheduler.queue_depth())
+        return dict(self._health)
 
     def close_all(self) -> int:
         """Closes every session (on the scheduler thread; with persistence on they are saved);
@@ -445,41 +462,42 @@ class Service:
         whole = sync and (bool(self.context.config.diff_reuse_shifted) or bool(marked))
         spent, first = 0.0, True
         me = self._start_prefill(target, done)
-        try:
-            while True:
-                while self._led(me):
+        with _pinned(session):
+            try:
+                while True:
+                    while self._led(me):
+                        yield PENDING
+                    # what the leaders computed comes from the pool in this piece (at its end a chunk is computed again)
+                    start = max(done, self._covered(me) // self.context.block_size * self.context.block_size)
+                    end = self._next_end(me, start, whole)
+                    started = time.perf_counter()
+                    try:
+                        if sync and first:  # drops what differs
+                            _typed_errors(lambda: session.sync(target[:end], tool_spans=tool_spans if marked else ()))
+                        else:
+                            _typed_errors(lambda: session.append(target[done:end]))
+                    except ContextFull:
+                        if len(target) > self.context.n_ctx:
+                            raise
+                        # it fits the context: the cells are held by prompts and generations in progress (pinned)
+                        raise Overloaded("the KV cache is full with the KV of prompts and generations in progress; retry when "
+                                         "they end, or start the server with a larger --n-ctx") from None
+                    spent += time.perf_counter() - started
+                    done, first = end, False
+                    me.done = done
+                    if done == len(target):
+                        break
                     yield PENDING
-                # what the leaders computed comes from the pool in this piece (at its end a chunk is computed again)
-                start = max(done, self._covered(me) // self.context.block_size * self.context.block_size)
-                end = self._next_end(me, start, whole)
-                started = time.perf_counter()
-                try:
-                    if sync and first:  # drops what differs
-                        _typed_errors(lambda: session.sync(target[:end], tool_spans=tool_spans if marked else ()))
-                    else:
-                        _typed_errors(lambda: session.append(target[done:end]))
-                except ContextFull:
-                    if len(target) > self.context.n_ctx:
-                        raise
-                    # it fits the context: the cells are held by generations in progress (never evicted)
-                    raise Overloaded("the KV cache is full with the KV of generations in progress; retry when "
-                                     "they end, or start the server with a larger --n-ctx") from None
-                spent += time.perf_counter() - started
-                done, first = end, False
-                me.done = done
-                if done == len(target):
-                    break
-                yield PENDING
-        except BaseException:
-            if not sync and not session.closed and session.n_tokens != len(old):
-                with contextlib.suppress(Exception):
-                    session.sync(old)
-            raise
-        finally:
-            self._prefilling.remove(me)
-            self.metrics.generate_prefill_tokens.observe(len(tokens))
-            self.metrics.generate_prefill_duration_seconds.observe(spent)
-            self.metrics.count_shift_fallbacks(session.stats - before)
+            except BaseException:
+                if not sync and not session.closed and session.n_tokens != len(old):
+                    with contextlib.suppress(Exception):
+                        session.sync(old)
+                raise
+            finally:
+                self._prefilling.remove(me)
+                self.metrics.generate_prefill_tokens.observe(len(tokens))
+                self.metrics.generate_prefill_duration_seconds.observe(spent)
+                self.metrics.count_shift_fallbacks(session.stats - before)
 
     def _verify(self, session: Session, entry: _Entry | None = None, *, grew_from: int | None = None) -> None:
         """The anomaly invariants (003 §2.8) after an operation: INV-1, the session's KV is what its
@@ -557,9 +575,14 @@ class Service:
             return self._idle.pop(i)
         if self._idle and self.context.config.diff_reuse_shifted:  # Tier 2: changed near the start
             return self._idle.pop()
+        return self._free_sequence(self.context.session)
+
+    def _free_sequence(self, new_session: Callable[[], Session]) -> Session:
+        """A new session from `new_session` (a context's, or a fork), closing idle request sessions
+        while every sequence of the context is taken."""
         while True:
             try:
-                return self.context.session()
+                return new_session()
             except ContextOverflowError:
                 if not self._idle:
                     raise Overloaded("every sequence of the context is in use by other requests and sessions; "
@@ -574,48 +597,51 @@ class Service:
             self._idle.pop(0).close()
 
     def _generation(self, session: Session, prompt_tokens: int, params: GenerateParams, before: Stats, *,
-                    entry: _Entry | None = None, done: Callable[[Session], None] | None = None) -> Iterator[Any]:
+                    entry: _Entry | None = None, done: Callable[[Session], None] | None = None,
+                    started: float | None = None) -> Iterator[Any]:
         """The events of one generation (after a first PENDING); `before`: the session's counters before
-        this request."""
-        started = time.perf_counter()
+        this request; `started`: when the request came (time to first token), else now."""
+        started = time.perf_counter() if started is None else started
         history = session.n_tokens
         self.metrics.session_history_tokens.observe(history)
         generation = None
-        try:
-            yield PENDING  # see _started
-            schema = None if params.json_schema is None else _typed_errors(lambda: self._compiled(params))
-            generation = _typed_errors(lambda: session.generate(params.max_tokens, json_schema=schema,
-                                                                **params.kwargs()))
-            last = None
-            for token in generation:
-                now = time.perf_counter()
-                if last is None:
-                    self.metrics.time_to_first_token_seconds.observe(now - started)
-                else:
-                    self.metrics.inter_token_latency_seconds.observe(now - last)
-                last = now
-                yield TokenEvent(token.id, token.text)
-            self._verify(session, entry, grew_from=history)
-            stats = session.stats - before
-            usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=len(generation.tokens),
-                          computed=stats.tokens_prefilled,
-                          restored=stats.persist_tokens_restored, drafted=stats.memo_tokens_skipped,
-                          forced=stats.schema_tokens_inferred, approximate=session.approx_from is not None,
-                          sparse_dropped=stats.sparse_tokens_dropped)
-            self.metrics.count_usage(usage)
-            check = None if schema is None else SchemaCheck(generation.schema_valid, generation.schema_error)
-            yield DoneEvent(generation.finish_reason or "stop", usage, generation.stop_string, check)
-        finally:
-            if generation is not None:
-                # a request cancelled mid-stream: the turn ends now (the session becomes evictable
-                # again), not when the garbage collector finds the generation (it is a cycle)
-                generation.close()
-            if entry is not None:
-                entry.busy = None
-                entry.last_used = time.monotonic()
-            if done is not None:
-                done(session)
-            self._update_gauges()
+        with _pinned(session):
+            try:
+                yield PENDING  # see _started
+                schema = None if params.json_schema is None else _typed_errors(lambda: self._compiled(params))
+                generation = _typed_errors(lambda: session.generate(params.max_tokens, json_schema=schema,
+                                                                    **params.kwargs()))
+                last = None
+                steps = iter(generation)
+                while (token := _typed_errors(lambda: next(steps, None))) is not None:
+                    now = time.perf_counter()
+                    if last is None:
+                        self.metrics.time_to_first_token_seconds.observe(now - started)
+                    else:
+                        self.metrics.inter_token_latency_seconds.observe(now - last)
+                    last = now
+                    yield TokenEvent(token.id, token.text)
+                self._verify(session, entry, grew_from=history)
+                stats = session.stats - before
+                usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=len(generation.tokens),
+                              computed=stats.tokens_prefilled,
+                              restored=stats.persist_tokens_restored, drafted=stats.memo_tokens_skipped,
+                              forced=stats.schema_tokens_inferred, approximate=session.approx_from is not None,
+                              sparse_dropped=stats.sparse_tokens_dropped)
+                self.metrics.count_usage(usage)
+                check = None if schema is None else SchemaCheck(generation.schema_valid, generation.schema_error)
+                yield DoneEvent(generation.finish_reason or "stop", usage, generation.stop_string, check)
+            finally:
+                if generation is not None:
+                    # a request cancelled mid-stream: the turn ends now (the session becomes evictable
+                    # again), not when the garbage collector finds the generation (it is a cycle)
+                    generation.close()
+                if entry is not None:
+                    entry.busy = None
+                    entry.last_used = time.monotonic()
+                if done is not None:
+                    done(session)
+                self._update_gauges()
 
     def _compiled(self, params: GenerateParams) -> SchemaGrammar:
         """The request's JSON Schema compiled (strict as the request says), from the cache if an
@@ -638,9 +664,13 @@ class Service:
         return compiled
 
     def _update_gauges(self) -> None:
+        """On the scheduler thread, after each change: the gauges, and what /health says."""
+        cells = self.context.kv_cells_used
         self.metrics.session_active.set(len(self._sessions))
-        self.metrics.session_kv_live_bytes.set(self.context.kv_cells_used * self.model.kv_bytes_per_token)
+        self.metrics.session_kv_live_bytes.set(cells * self.model.kv_bytes_per_token)
         self.metrics.queue_depth.set(self.scheduler.queue_depth())
+        self._health = {"status": "ok", "sessions": len(self._sessions), "kv_cells_used": cells,
+                        "n_ctx": self.context.n_ctx}
 
 
 async def _done_last(events: AsyncGenerator[Event, None]) -> AsyncGenerator[Event, None]:
@@ -655,6 +685,19 @@ async def _done_last(events: AsyncGenerator[Event, None]) -> AsyncGenerator[Even
                 yield event
     if done is not None:
         yield done
+
+
+@contextlib.contextmanager
+def _pinned(session: Session) -> Iterator[None]:
+    """The session's KV is not evicted for room meanwhile (Session.pinned), as it is not idle: a
+    prompt that needs the room gets 503 (Overloaded), not this session its 404 or 500."""
+    was = session.pinned
+    session.pinned = True
+    try:
+        yield
+    finally:
+        if not session.closed:
+            session.pinned = was
 
 
 def _started(steps: Iterator[Any]) -> Iterator[Any]:

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
+import traceback
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from .service import DoneEvent, Event, ServiceError, TokenEvent
+from .service import DoneEvent, Event, InternalError, ServiceError, TokenEvent
 
 
 async def started(events: AsyncGenerator[Event, None]) -> AsyncGenerator[Event, None]:
@@ -61,6 +63,9 @@ def sse(events: AsyncGenerator[Event, None], chunk: Callable[[Event], list[dict[
                         yield line(payload)
             except ServiceError as exc:  # after the response started: the error is the last event
                 yield line(error_shape(exc))
+            except Exception as exc:  # a bug: the client still gets an error event, not a cut stream
+                traceback.print_exc(file=sys.stderr)
+                yield line(error_shape(InternalError(f"internal error: {type(exc).__name__}: {exc}")))
             if done_line:
                 yield "data: [DONE]\n\n"
 

@@ -144,11 +144,16 @@ def new_call_id(prefix: str) -> str:
 # the prompt
 
 def prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool], choice: ToolChoice,
-           params: GenerateParams, *, mark_tool_results: bool = False) -> Prompt:
+           params: GenerateParams, *, mark_tool_results: bool = False, continue_last: bool = False) -> Prompt:
     """The rendered prompt; with tools, `params` gets the reply's grammar; with
     `mark_tool_results`, where the tool results' contents are in it (for sparse attention over
-    tool results). Every error is a BadRequest."""
+    tool results); with `continue_last`, a last assistant turn is continued (Anthropic's prefill:
+    its text ends the prompt, no new turn opened). Every error is a BadRequest."""
     _check_tools(tools)
+    prefill = _prefill(turns) if continue_last else None
+    if prefill is not None and tools:
+        raise BadRequest("a last assistant message (a prefill to continue) cannot be combined with tools: the "
+                         "reply's format is the tool-calling one; send the request without it")
     generic = bool(tools)
     if generic:
         if params.json_schema is not None or params.grammar is not None:
@@ -167,13 +172,38 @@ def prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool],
             messages.insert(0, {"role": "system", "content": system})
             results.insert(0, [])
     extra: dict[str, Any] = {"tools": [{"type": "function", "function": _definition(t)} for t in tools]} if native else {}
+    if prefill == "":  # nothing to continue: the reply is a new turn
+        messages, results = messages[:-1], results[:-1]
+    marked: list[tuple[int, int]] = []
     try:
-        if not mark_tool_results:
-            return Prompt(template.render(messages, **extra), generic)
-        text, marked = template.render_marked(messages, dict(enumerate(results)), **extra)
-        return Prompt(text, generic, marked)
+        if mark_tool_results:
+            text, marked = template.render_marked(messages, dict(enumerate(results)),
+                                                  add_generation_prompt=not prefill, **extra)
+        else:
+            text = template.render(messages, add_generation_prompt=not prefill, **extra)
     except ChatTemplateError as exc:
         raise BadRequest(str(exc)) from None
+    if prefill:
+        at = text.rfind(prefill)
+        if at < 0:
+            raise BadRequest("the chat template changes the last assistant message's text, so the reply cannot "
+                             "continue it; send the request without it")
+        text = text[:at + len(prefill)]  # what the template puts after the turn (its end) is left out
+        marked = [(a, b) for a, b in marked if b <= len(text)]
+    return Prompt(text, generic, marked)
+
+
+def _prefill(turns: Sequence[Turn]) -> str | None:
+    """The text of a last assistant turn to continue ("" if it has none), else None."""
+    if not turns or turns[-1].role != "assistant":
+        return None
+    last = turns[-1]
+    if last.calls:
+        raise BadRequest("the last message is an assistant's tool call: send its result (a user message with a "
+                         "tool_result block) to continue")
+    if last.text != last.text.rstrip():
+        raise BadRequest("final assistant content cannot end with trailing whitespace")  # (as Anthropic's API)
+    return last.text
 
 
 def prompt_tokens(model: Model, prompt: Prompt) -> tuple[list[int], list[tuple[int, int]]]:
