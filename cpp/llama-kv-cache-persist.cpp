@@ -11,6 +11,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -78,10 +79,20 @@ bool llama_opt_persist_layout::operator==(const llama_opt_persist_layout & o) co
 }
 
 std::string llama_opt_persist_default_dir() {
-    const char * xdg  = getenv("XDG_CACHE_HOME");
+    const char * xdg = getenv("XDG_CACHE_HOME");
+    if (xdg && xdg[0] == '/') {  // the XDG spec: a relative path is ignored
+        return std::string(xdg) + "/pyllamaopt/kv";
+    }
     const char * home = getenv("HOME");
-    const std::string base = xdg && *xdg ? xdg : std::string(home && *home ? home : "/tmp") + "/.cache";
-    return base + "/pyllamaopt/kv";
+    std::string  base = home && home[0] == '/' ? home : "";
+    if (base.empty()) {  // a service without HOME: the account's home
+        const passwd * pw = getpwuid(geteuid());
+        base = pw && pw->pw_dir && pw->pw_dir[0] == '/' ? pw->pw_dir : "";
+    }
+    if (base.empty() || base == "/") {  // no home of its own: not a directory others share (/tmp/.cache)
+        return "/tmp/pyllamaopt-" + std::to_string(geteuid()) + "/kv";
+    }
+    return base + "/.cache/pyllamaopt/kv";
 }
 
 namespace {

@@ -57,7 +57,8 @@ struct llama_opt_persist_entry {
 };
 
 // Why a lookup or a load gave nothing.
-// unsafe_dir: the directory became writable by others (or not ours) since it was checked: not read
+// unsafe_dir: the directory became writable by others (or not ours, or not a directory) since it
+// was checked: not read (a plain miss; the next save says why)
 enum class llama_opt_persist_miss { none, not_stored, incompatible, corrupt, unsafe_dir };
 
 class llama_opt_persist_store {
@@ -127,7 +128,8 @@ bool llama_opt_persist_check_dir(const std::string & dir, std::string & why);
 // Creates dir (0700) if it is missing, then llama_opt_persist_check_dir.
 bool llama_opt_persist_prepare_dir(const std::string & dir, std::string & why);
 
-// The default directory: $XDG_CACHE_HOME/pyllamaopt/kv, else ~/.cache/pyllamaopt/kv.
+// The default directory: $XDG_CACHE_HOME/pyllamaopt/kv (an absolute one), else ~/.cache/pyllamaopt/kv
+// ($HOME, else the account's home), else /tmp/pyllamaopt-<uid>/kv.
 std::string llama_opt_persist_default_dir();
 
 // The checksum of a file's whole content (the model's identity: its weights and metadata, not

@@ -791,9 +791,7 @@ void llama_opt_session::restore_from_disk(size_t end) {
     }
     const llama_opt_persist_store::match m = store->find(layout, persist_chain(want), tokens_.data(), want);
     if (m.n_blocks <= own) {
-        if (m.miss == llama_opt_persist_miss::unsafe_dir) {
-            count(&llama_opt_stats::persist_errors, 1);
-        } else if (m.miss == llama_opt_persist_miss::incompatible) {
+        if (m.miss == llama_opt_persist_miss::incompatible) {
             count(&llama_opt_stats::persist_misses_incompatible, 1);
         } else if (m.n_blocks == 0) {
             count(&llama_opt_stats::persist_misses, 1);

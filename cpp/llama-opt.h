@@ -232,7 +232,7 @@ struct llama_opt_stats {
     uint64_t persist_misses              = 0;  // nothing stored for the prompt
     uint64_t persist_misses_incompatible = 0;  // stored, but for another model or build
     uint64_t persist_misses_corrupt      = 0;  // a stored entry failed its checksums (removed)
-    uint64_t persist_errors              = 0;  // saves that failed (disk full, not writable), lookups refused (a directory others can write)
+    uint64_t persist_errors              = 0;  // saves that failed (disk full, not writable)
     // Phase 3 - output memoization
     uint64_t memo_lookups               = 0;
     uint64_t memo_hits                  = 0;

@@ -1010,6 +1010,27 @@ def test_default_directory_comes_from_the_configuration(tmp_path, monkeypatch):
         PersistStore()
 
 
+def test_the_default_directory_is_never_one_others_share(tmp_path, monkeypatch):
+    """A relative XDG_CACHE_HOME is ignored (the XDG specification); without HOME, the account's
+    home; without either, a directory named for the user, not /tmp/.cache, which anyone could make
+    first (and then own: every context would refuse it)."""
+    import pwd
+
+    from pyllamaopt.persist import default_persist_dir
+
+    monkeypatch.delenv("LLAMA_OPT_PERSIST_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_persist_dir() == tmp_path / ".cache" / "pyllamaopt" / "kv"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.delenv("HOME")
+    account = pwd.getpwuid(os.geteuid()).pw_dir
+    expected = (Path(account) / ".cache" / "pyllamaopt" / "kv" if account not in ("", "/")
+                else Path(f"/tmp/pyllamaopt-{os.geteuid()}/kv"))
+    assert default_persist_dir() == expected
+    assert not str(default_persist_dir()).startswith("/tmp/.cache")
+
+
 # --- issue 20: permissions and symbolic links -------------------------------------------------
 
 def test_the_directory_is_private_and_entries_are_0600(tiny_model, tmp_path):
@@ -1045,8 +1066,8 @@ def test_a_directory_others_can_write_is_refused_with_the_chmod_hint(tiny_model,
 
 def test_a_directory_made_writable_by_others_is_not_read_either(tiny_model, tmp_path):
     """A context checks its directory when it is made and before every save; a lookup checks it
-    too: once others can write it they could plant entries, so nothing is restored from it (counted
-    in persist_errors) until it is private again."""
+    too: once others can write it they could plant entries, so nothing is restored from it (a miss;
+    a save says why) until it is private again."""
     directory = tmp_path / "kv"
     tokens = text_tokens(tiny_model, 700)
     save_history(tiny_model, directory, tokens)
@@ -1054,12 +1075,12 @@ def test_a_directory_made_writable_by_others_is_not_read_either(tiny_model, tmp_
         directory.chmod(0o777)
         s = ctx.session()
         s.append(tokens)
-        assert s.stats.persist_tokens_restored == 0 and s.stats.persist_errors == 1
+        assert s.stats.persist_tokens_restored == 0 and s.stats.persist_misses == 1
         check_exact(s, tiny_model, tokens)
         directory.chmod(0o700)
         t = ctx.session()
         t.append(tokens)
-        assert t.stats.persist_tokens_restored == 576 and t.stats.persist_errors == 0
+        assert t.stats.persist_tokens_restored == 576 and t.stats.persist_misses == 0
 
 
 def test_an_older_0755_directory_is_tightened(tiny_model, tmp_path):

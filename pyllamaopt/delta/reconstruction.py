@@ -113,7 +113,8 @@ def _rebuilt_tensor(delta: GGUFModel, header: DeltaHeader, parent: GGUFModel | N
 def default_cache_dir() -> Path:
     """Where Model() keeps the standard GGUFs it rebuilds from delta files:
     ``$XDG_CACHE_HOME/pyllamaopt/delta`` (``~/.cache/pyllamaopt/delta``)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pyllamaopt" / "delta"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    return Path(xdg if os.path.isabs(xdg) else Path.home() / ".cache") / "pyllamaopt" / "delta"  # (relative: ignored)
 
 
 def cached_reconstruction(delta_path: str | os.PathLike[str], *, progress: bool | None = None) -> Path:
