@@ -520,6 +520,10 @@ def test_anthropic_continues_a_prefilled_assistant_message(tmp_path, tiny_model_
         expected = s.client(api_key="sesame").completions.create(model="m", prompt=tokens, max_tokens=6)
         assert reply.content[0].text == expected.choices[0].text
         assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == len(tokens)
+        with client.messages.stream(model="m", max_tokens=6, messages=messages) as stream:
+            start = next(e for e in stream if e.type == "message_start")
+            assert start.message.usage.input_tokens == len(tokens)  # (it said 0)
+            assert stream.get_final_text() == reply.content[0].text
         with pytest.raises(anthropic.AuthenticationError) as refused:
             anthropic.Anthropic(base_url=s.url, api_key="wrong", max_retries=0).messages.create(
                 model="m", max_tokens=2, messages=messages[:1])

@@ -164,8 +164,11 @@ async def messages(body: MessagesRequest, request: Request) -> Any:
                  "usage": _usage(event.usage), "pyllamaopt": event.usage.as_dict()},
                 {"type": "message_stop"}]
 
+        # the prompt's tokens as input here (how many came from the cache is known at the end:
+        # message_delta splits them into input_tokens and cache_read_input_tokens, the same sum)
         opened = {**message, "content": [], "stop_reason": None, "stop_sequence": None,
-                  "usage": {"input_tokens": 0, "output_tokens": 0}}
+                  "usage": {"input_tokens": len(tokens), "cache_read_input_tokens": 0,
+                            "cache_creation_input_tokens": 0, "output_tokens": 0}}
         return sse(events, chunk, error_body, done_line=False, named=True, prologue=[{"type": "message_start",
                                                                                      "message": opened}])
     _, text, done = await collect(events)
