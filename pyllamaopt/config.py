@@ -73,6 +73,7 @@ def switches_without_effect(config: OptConfig) -> list[Feature]:
 
 
 _FIELDS = {f.name: f for f in fields()}
+_PATH_VARIABLES = {f.env for f in _FIELDS.values() if f.type == "str"}  # persist_dir, a draft model: "~/..."
 
 
 def _config_error(message: str, variable: str) -> ConfigError:
@@ -92,15 +93,15 @@ def _is_text(value: str) -> bool:
 
 
 def _opt_variables(environment: Mapping[str, str]) -> dict[str, str]:
-    """The LLAMA_OPT_* variables (the engine reads no others: the rest of the environment, secrets
-    included, never reaches it or its messages)."""
+    """The LLAMA_OPT_* variables the engine reads (no others: the rest of the environment, secrets
+    and the CLI's own variables included, never reaches it or its messages)."""
     chosen = {}
     for name, value in environment.items():
-        if name.startswith("LLAMA_OPT_"):
+        if name.startswith("LLAMA_OPT_") and name not in CLI_VARIABLES:
             if not (_is_text(name) and _is_text(value)):
                 raise _config_error(f"{name.encode('utf-8', 'replace').decode()}: its value is not valid UTF-8 "
                                     "text; set it again in UTF-8, or unset it", name)
-            chosen[name] = value
+            chosen[name] = os.path.expanduser(value) if name in _PATH_VARIABLES else value
     return chosen
 
 

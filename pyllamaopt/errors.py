@@ -91,8 +91,8 @@ class DeltaError(PyllamaoptError, ValueError):
 
 
 class ServerError(PyllamaoptError):
-    """An answer of a pyllamaopt server that no local operation gives but SessionBusyError (raised by
-    pyllamaopt.client, which raises the classes above for the rest: SessionClosedError for an unknown, closed, expired
+    """An answer of a pyllamaopt server that no local operation gives (raised by pyllamaopt.client,
+    which raises the classes above for the rest: SessionClosedError for an unknown, closed, expired
     or evicted session, InvalidTokenError, ContextOverflowError...). ``code``: the gRPC status code's
     name, or the HTTP status."""
 
@@ -100,8 +100,7 @@ class ServerError(PyllamaoptError):
 
 
 class SessionBusyError(ServerError):
-    """The session has a generation (or a prefill) in progress: one at a time; retry when it ends.
-    In process too: a second generation of a Session started while one is under way."""
+    """The session has a generation (or a prefill) in progress: one at a time; retry when it ends."""
 
 
 class ServerOverloadedError(ServerError):

@@ -11,10 +11,12 @@ prompt starts with a stored prefix. The file format is in docs/persist-format.md
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from . import _core
 from .config import OptConfig
@@ -46,9 +48,15 @@ class PersistEntry:
         return time.time() - self.mtime
 
 
+def _number(value: object) -> float | None:
+    """A real number (numpy's too) as a float, else None (a bool is not a number here)."""
+    return None if isinstance(value, bool) or not isinstance(value, numbers.Real) else float(cast(Any, value))
+
+
 def _positive(value: object) -> bool:
-    """A finite number > 0 (not a bool)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    """A finite number > 0."""
+    x = _number(value)
+    return x is not None and math.isfinite(x) and x > 0
 
 
 class PersistStore:
@@ -99,7 +107,7 @@ class PersistStore:
         if max_age is not None and not _positive(max_age):
             raise InvalidArgumentError(f"max_age={max_age!r}: give a positive number of seconds, "
                                        "or None to keep entries of any age")
-        if max_mb is not None and not (_positive(max_mb) or max_mb == 0):
+        if max_mb is not None and not (_positive(max_mb) or _number(max_mb) == 0):
             raise InvalidArgumentError(f"max_mb={max_mb!r}: give a size in MiB >= 0 (0 removes every entry), "
                                        "or None for no size limit")
         # whole seconds up (0.5 s is not "no limit"), bytes within what the engine's integers hold

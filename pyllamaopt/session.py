@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from . import _core
-from .errors import (ContextOverflowError, InvalidArgumentError, SessionBusyError, SessionClosedError,
-                     SessionEvictedError)
+from .errors import ContextOverflowError, InvalidArgumentError, SessionClosedError, SessionEvictedError
 from .model import check_token_ids
 from .stats import Stats
 from .tokens import Token
@@ -56,6 +55,7 @@ class Generation(Iterator[Token]):
         self.finish_reason: str | None = None
         self.stop_string: str | None = None  # which of the stop strings ended it (finish_reason 'stop')
         self._tag = object()  # tells the session which generation it is configured for
+        self._ref = weakref.ref(self)  # tells it which one is under way (the steps see a proxy, see below)
         # the steps see this generation through a weak proxy: no reference cycle, so a generation
         # its caller drops unfinished is freed at once, and freeing its steps ends the session's
         # turn (with a cycle the session stayed generating, never evictable, until a gc run)
@@ -94,20 +94,20 @@ class Generation(Iterator[Token]):
     def _run(self, max_tokens: int | None, stop: list[str], sampling: _core.Sampling) -> Generator[Token, None, None]:
         session = self.session
         core = session._core
-        session._check_not_generating()
-        session._running = self._tag
-        if session._configured_for is not self._tag:  # another generation of the session came between
-            core.set_sampling(sampling)
-            core.set_grammar(self._grammar, _budget(max_tokens, core.room))
-            session._configured_for = self._tag
+        session._end_generation_in_progress()
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         full = ""  # all text decoded so far; self.text is the part released
         start = len(core.tokens)
-        if max_tokens == 0:
-            self.finish_reason = "length"
-        elif core.room == 0:
-            self.finish_reason = "context_full"
         try:
+            session._running = self._ref  # (the finally clears it, whatever fails from here)
+            if session._configured_for is not self._tag:  # another generation of the session came between
+                core.set_sampling(sampling)
+                core.set_grammar(self._grammar, _budget(max_tokens, core.room))
+                session._configured_for = self._tag
+            if max_tokens == 0:
+                self.finish_reason = "length"
+            elif core.room == 0:
+                self.finish_reason = "context_full"
             while self.finish_reason is None:
                 try:
                     step = core.step()  # the one call into the engine per token
@@ -198,14 +198,15 @@ class Session:
         # the tag of the generation whose sampling and grammar the engine holds (not the generation:
         # that would be a cycle, see Generation.__init__)
         self._configured_for: object | None = None
-        self._running: object | None = None  # the tag of the generation started and not ended
+        self._running: weakref.ref[Generation] | None = None  # the generation started and not ended
 
-    def _check_not_generating(self) -> None:
-        """SessionBusyError while a generation of this session is under way (both would take the
-        turn: the second's grammar and budget would replace the first's mid-output)."""
-        if self._running is not None:
-            raise SessionBusyError("a generation of this session is in progress: iterate it to its end or "
-                                   "close() it before starting another")
+    def _end_generation_in_progress(self) -> None:
+        """Closes a generation of this session that started and did not end (finish_reason
+        'interrupted'), as a new one begins: one turn at a time (it went on with the new one's
+        grammar and budget, and the new one's end ended its turn)."""
+        running = self._running() if self._running is not None else None
+        if running is not None:
+            running.close()
 
     # history
 
@@ -362,7 +363,9 @@ class Session:
         within max_tokens (and the context's room): a pick changes only when after the model's
         choice the grammar's shortest completion would have more characters than tokens are left
         (``Stats.schema_budget_picks`` counts those picks).
-        An invalid grammar or schema raises GrammarError before any token is generated.
+        An invalid grammar or schema raises GrammarError before any token is generated. A session
+        has one turn at a time: a generation that begins (here, or at the first token of one made
+        earlier) ends the one in progress, which stops with finish_reason 'interrupted'.
         """
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
                                        or not 0 <= max_tokens <= self.context.n_ctx):
@@ -394,7 +397,7 @@ class Session:
             grammar = schema.gbnf
         if grammar is not None and (not isinstance(grammar, str) or not grammar.strip()):
             raise InvalidArgumentError("grammar must be a non-empty GBNF string")
-        self._check_not_generating()
+        self._end_generation_in_progress()
         # parsed now, once: a bad grammar fails before generating
         self._core.set_grammar(grammar or "", _budget(max_tokens, self._core.room))
         self._core.set_sampling(sampling)

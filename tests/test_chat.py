@@ -81,6 +81,12 @@ def test_a_turn_that_cannot_start_leaves_the_conversation_as_it_was(tiny_context
     assert chat.messages == before
     reply = chat.send("the code", max_tokens=4)
     assert chat.messages == [*before, {"role": "user", "content": "the code"}, {"role": "assistant", "content": reply}]
+    running = chat.stream("a test", max_tokens=8)
+    partial = next(running).text
+    later = chat.send("the file", max_tokens=4)  # the reply in progress ends first, and joins the messages
+    assert running.finish_reason == "interrupted" and list(running) == []
+    assert [m["role"] for m in chat.messages[-4:]] == ["user", "assistant", "user", "assistant"]
+    assert chat.messages[-3]["content"] == partial and chat.messages[-1]["content"] == later
 
 
 # --- hostile templates (issue 20): a template comes with the model file, so it may be anyone's ----

@@ -430,7 +430,7 @@ def test_typescript_sdk(served, tiny_model_path, tmp_path):
         stop_server(short_ttl)
         stop_server(keyed)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "# pass 16" in run.stdout, run.stdout  # every test ran: 7 over each transport, 2 more
+    assert "# pass 17" in run.stdout, run.stdout  # every test ran: 7 over each transport, 3 more
 
 
 # Node's side of test_typescript_protobuf_...: the message descriptions of sdks/typescript/src/protobuf.js,
@@ -489,6 +489,7 @@ def test_typescript_protobuf_matches_the_proto_and_pythons_protobuf():
                        generating=True, busy="generating", stats={"tokens_prefilled": 12, "big": 2**50}),
         pb.SessionInfo(session_id="t"),
         pb.GenerateResponse(token=pb.Token(id=262143, text="✓")),
+        pb.GenerateResponse(token=pb.Token(id=1, text="\ufeffhi")),  # a leading U+FEFF is text, not a BOM
         pb.GenerateResponse(done=pb.Done(finish_reason="stop", usage=pb.Usage(prompt_tokens=3, approximate=True),
                                          stop_string="")),
         pb.GenerateResponse(done=pb.Done(finish_reason="length")),

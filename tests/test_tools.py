@@ -226,9 +226,13 @@ def test_a_last_assistant_message_is_continued_when_asked(name):
     template = TEMPLATES[name]
     turns = [Turn("user", "Say hello"), Turn("assistant", "Hel")]
     text = prompt(template, turns, [], ToolChoice(), GenerateParams(), continue_last=True).text
-    closed = template.render([{"role": "user", "content": "Say hello"}, {"role": "assistant", "content": "Hel"}],
-                             add_generation_prompt=False)
-    assert text.endswith("Hel") and closed.startswith(text) and len(closed) > len(text)
+    for prefill in ("Hel", "|", ">", "<", "_of"):  # the last three also spell parts of the turn's end
+        continued = prompt(template, [turns[0], Turn("assistant", prefill)], [], ToolChoice(), GenerateParams(),
+                           continue_last=True).text
+        closed = template.render([{"role": "user", "content": "Say hello"}, {"role": "assistant", "content": prefill}],
+                                 add_generation_prompt=False)
+        assert continued.endswith(prefill) and closed.startswith(continued), (prefill, continued)
+        assert closed[len(continued):].lstrip().startswith(("<|im_end|>", "<end_of_turn>")), (prefill, continued)
     fresh = prompt(template, turns[:1], [], ToolChoice(), GenerateParams(), continue_last=True).text
     assert prompt(template, [*turns[:1], Turn("assistant", "")], [], ToolChoice(), GenerateParams(),
                   continue_last=True).text == fresh

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from .service import BadRequest, GenerateParams
 
@@ -93,8 +93,10 @@ class _NoLogprobs(_Body):
 
     @field_validator("logprobs", "top_logprobs")
     @classmethod
-    def _refused(cls, value: bool | int | None) -> None:
-        if value:  # (false, 0 and null ask for nothing)
+    def _refused(cls, value: bool | int | None, info: ValidationInfo) -> None:
+        # false and null ask for nothing, top_logprobs 0 neither; a completion's logprobs 0 asks for
+        # the chosen tokens' own
+        if value is not None and value is not False and not (info.field_name == "top_logprobs" and value == 0):
             raise ValueError("log-probabilities are not served by this server: leave logprobs and top_logprobs out")
         return None
 

@@ -393,6 +393,7 @@ class Service:
             finally:
                 entry.busy = None
                 entry.last_used = time.monotonic()
+                self._update_gauges()
             self._verify(entry.session, entry, grew_from=None if sync else before)
             yield self._info(session_id, entry)
 

@@ -174,6 +174,8 @@ def prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool],
     extra: dict[str, Any] = {"tools": [{"type": "function", "function": _definition(t)} for t in tools]} if native else {}
     if prefill == "":  # nothing to continue: the reply is a new turn
         messages, results = messages[:-1], results[:-1]
+    elif prefill:  # rendered with a mark after it, to find where it ends (not inside the end of its turn)
+        messages[-1] = {**messages[-1], "content": prefill + _PREFILL_END}
     marked: list[tuple[int, int]] = []
     try:
         if mark_tool_results:
@@ -184,13 +186,16 @@ def prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool],
     except ChatTemplateError as exc:
         raise BadRequest(str(exc)) from None
     if prefill:
-        at = text.rfind(prefill)
-        if at < 0:
+        end = text.find(_PREFILL_END)
+        if end < 0 or not text[:end].endswith(prefill):
             raise BadRequest("the chat template changes the last assistant message's text, so the reply cannot "
                              "continue it; send the request without it")
-        text = text[:at + len(prefill)]  # what the template puts after the turn (its end) is left out
+        text = text[:end]  # what the template puts after the turn (its end) is left out
         marked = [(a, b) for a, b in marked if b <= len(text)]
     return Prompt(text, generic, marked)
+
+
+_PREFILL_END = "\u2063pyllamaopt-prefill-end\u2063"  # (U+2063: text no message has, kept by any template)
 
 
 def _prefill(turns: Sequence[Turn]) -> str | None:

@@ -51,6 +51,9 @@ const BY_GRPC_CODE = {
   ABORTED: SessionBusyError, FAILED_PRECONDITION: InvariantViolationError, RESOURCE_EXHAUSTED: ServerOverloadedError,
 };
 
+/** @param {unknown} name  a class name a server sent @returns {typeof PyllamaoptError | null} */
+const byName = (name) => (typeof name === "string" && Object.hasOwn(BY_NAME, name) ? BY_NAME[name] : null);
+
 /**
  * The error of an HTTP answer.
  * @param {number} status
@@ -59,7 +62,7 @@ const BY_GRPC_CODE = {
  */
 export function httpError(status, body) {
   const error = (body && body.error) || {};
-  const cls = BY_NAME[error.pyllamaopt_error] || BY_STATUS[status] || ServerError;
+  const cls = byName(error.pyllamaopt_error) || BY_STATUS[status] || ServerError;
   return new cls(error.message || `HTTP ${status}`, status, error.type || null);
 }
 
@@ -71,6 +74,6 @@ export function httpError(status, body) {
  * @returns {PyllamaoptError}
  */
 export function grpcError(code, message, name) {
-  const cls = (name && BY_NAME[name]) || BY_GRPC_CODE[code] || ServerError;
+  const cls = byName(name) || (Object.hasOwn(BY_GRPC_CODE, code) ? BY_GRPC_CODE[code] : null) || ServerError;
   return new cls(message || `gRPC status ${code}`, null, null, code);
 }

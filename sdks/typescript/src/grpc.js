@@ -19,6 +19,7 @@ const CODES = ["OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEE
   "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
   "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"];
 const INT32_MAX = 2 ** 31 - 1;
+const READ_AHEAD = 16; // messages received and not yet read before the stream is paused
 /** @type {Record<string, string>} */
 const REQUEST_TYPES = {
   CreateSession: "CreateSessionRequest", AppendTokens: "AppendTokensRequest", Sync: "SyncRequest",
@@ -37,9 +38,10 @@ export class GrpcTransport {
     this.metadata = apiKey ? { authorization: `Bearer ${apiKey}` } : {};
     /** @type {import("node:http2").ClientHttp2Session | null} */
     this.connection = null;
-    /** @type {Error | null} the connection's own error (the streams on it only say they were cancelled) */
-    this.connectionError = null;
-    this.calls = 0; // in flight: the connection keeps Node running only while there are some
+    /** @type {WeakMap<import("node:http2").ClientHttp2Session, Error>} a connection's own error (its streams only say they were cancelled) */
+    this.connectionErrors = new WeakMap();
+    /** @type {WeakMap<import("node:http2").ClientHttp2Session, number>} calls in flight: a connection keeps Node running only while it has some */
+    this.calls = new WeakMap();
   }
 
   /** @param {number[]} tokens @returns {Promise<string>} */
@@ -120,11 +122,10 @@ export class GrpcTransport {
   connect() {
     if (this.connection && !this.connection.closed && !this.connection.destroyed) return this.connection;
     const connection = http2.connect(this.origin);
-    connection.on("error", (err) => { this.connectionError = err; });
+    connection.on("error", (err) => { this.connectionErrors.set(connection, err); });
     connection.on("close", () => { if (this.connection === connection) this.connection = null; });
     connection.unref();
     this.connection = connection;
-    this.connectionError = null;
     return connection;
   }
 
@@ -144,16 +145,26 @@ export class GrpcTransport {
       throw grpcError("INVALID_ARGUMENT", `${method}: ${err instanceof Error ? err.message : err}`, undefined);
     }
     signal?.throwIfAborted();
-    const connection = this.connect();
-    const stream = connection.request({
-      ":method": "POST", ":path": SERVICE + method, "content-type": "application/grpc", te: "trailers",
-      ...this.metadata,
-    });
+    /** @type {import("node:http2").ClientHttp2Session} */
+    let connection;
+    /** @type {import("node:http2").ClientHttp2Stream} */
+    let stream;
+    try {
+      connection = this.connect();
+      stream = connection.request({
+        ":method": "POST", ":path": SERVICE + method, "content-type": "application/grpc", te: "trailers",
+        ...this.metadata,
+      });
+    } catch (err) { // a bad address, a connection closing
+      throw new ServerError(`cannot reach ${this.origin} over gRPC: ${err instanceof Error ? err.message : err}`);
+    }
     const frame = new Uint8Array(5 + payload.length);
     new DataView(frame.buffer).setUint32(1, payload.length);
     frame.set(payload, 5);
     stream.end(frame);
-    if (this.calls++ === 0) connection.ref();
+    const inFlight = (this.calls.get(connection) || 0) + 1;
+    this.calls.set(connection, inFlight);
+    if (inFlight === 1) connection.ref();
 
     const state = {
       /** @type {Uint8Array[]} */ messages: [],
@@ -184,6 +195,9 @@ export class GrpcTransport {
         state.messages.push(bytes.subarray(5, 5 + length));
         state.partial = bytes.subarray(5 + length);
       }
+      // a reader that stops reading stops taking messages: what waits for it is bounded here, and
+      // HTTP/2's flow control holds the server once the stream's window is full
+      if (state.messages.length >= READ_AHEAD) stream.pause();
       notify();
     });
     stream.on("trailers", (trailers) => { state.status = trailers; });
@@ -191,8 +205,9 @@ export class GrpcTransport {
     stream.on("close", () => { state.ended = true; notify(); });
     try {
       for (;;) {
-        if (state.failure) break;
+        if (state.failure || signal?.aborted) break; // (cancelled: what came after is not the caller's)
         const message = state.messages.shift();
+        if (state.messages.length < READ_AHEAD / 2 && stream.isPaused()) stream.resume();
         if (message) {
           yield decodeAnswer(responseType, message);
           continue;
@@ -205,7 +220,7 @@ export class GrpcTransport {
       if (failure instanceof ServerError) throw failure;
       if (status["grpc-status"] === undefined) {
         await new Promise((resolve) => setTimeout(resolve, 0)); // the connection's error comes after its streams'
-        const why = this.connectionError || failure;
+        const why = this.connectionErrors.get(connection) || failure;
         throw new ServerError(`cannot reach ${this.origin} over gRPC: ${why ? why.message : "the call ended without a status"}`);
       }
       const code = CODES[Number(status["grpc-status"])] || `status ${status["grpc-status"]}`;
@@ -216,7 +231,9 @@ export class GrpcTransport {
     } finally {
       signal?.removeEventListener("abort", onAbort);
       if (!stream.closed) stream.close(http2.constants.NGHTTP2_CANCEL); // left early: cancel on the server
-      if (--this.calls === 0 && !connection.destroyed) connection.unref();
+      const left = (this.calls.get(connection) || 1) - 1;
+      this.calls.set(connection, left);
+      if (left === 0 && !connection.destroyed) connection.unref();
     }
   }
 }

@@ -89,9 +89,9 @@ export class Client {
    * @param {{ apiKey?: string }} [options]  apiKey: the server's --api-key
    */
   constructor(url, options = {}) {
-    const scheme = /^([a-z]+):\/\//.exec(url);
+    const scheme = /^([a-z][a-z0-9+.-]*):\/\//i.exec(url);
     const rest = scheme ? url.slice(scheme[0].length) : url;
-    const name = scheme ? scheme[1] : "grpc";
+    const name = scheme ? scheme[1].toLowerCase() : "grpc";
     /** @type {Transport} */
     this.transport =
       name === "http" || name === "https" ? new HttpTransport(url, options.apiKey)
@@ -259,7 +259,9 @@ export class RemoteGeneration {
     this.stopString = null;
     this.failed = false; // the request ended in an error
     this.controller = new AbortController();
-    if (options.signal) options.signal.addEventListener("abort", () => this.cancel(), { once: true });
+    this.onAbort = () => this.cancel();
+    if (options.signal?.aborted) this.cancel(); // (nothing will be asked of the server)
+    else options.signal?.addEventListener("abort", this.onAbort, { once: true });
   }
 
   /** Stops the generation on the server (finishReason "interrupted" unless it was over). */
@@ -280,6 +282,7 @@ export class RemoteGeneration {
       throw err;
     } finally {
       this.cancel(); // left early (break, throw): cancel on the server; a no-op after the end
+      this.options.signal?.removeEventListener("abort", this.onAbort);
     }
   }
 

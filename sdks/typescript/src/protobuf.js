@@ -97,7 +97,7 @@ const MAP_ENTRY = message("map entry", [
 
 const VARINT = 0, FIXED64 = 1, BYTES = 2, FIXED32 = 5;
 const utf8 = new TextEncoder();
-const fromUtf8 = new TextDecoder("utf-8", { fatal: true });
+const fromUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true }); // (a leading U+FEFF is text)
 
 class Writer {
   constructor() {

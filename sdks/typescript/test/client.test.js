@@ -191,6 +191,11 @@ for (const transport of TRANSPORTS) {
     assert.equal(aborted.finishReason, "interrupted");
     assert.ok(n < 100, `${n} tokens after the abort`);
     assert.equal((await greedy(session, 2)).length, 2); // busy answers right after a cancel are retried
+    const already = new AbortController();
+    already.abort();
+    const never = session.generate({ maxTokens: 5, signal: already.signal }); // (it ran to its end)
+    for await (const _ of never) assert.fail("a generation whose signal was aborted before it started"); // eslint-disable-line no-unused-vars
+    assert.equal(never.finishReason, "interrupted");
     await session.close();
   });
 
@@ -262,4 +267,28 @@ test("grpc: a client's idle connection does not keep Node running; client.close(
   const run = spawnSync(process.execPath, ["--input-type=module", "-e", script], { encoding: "utf8", timeout: 30_000 });
   assert.equal(run.status, 0, run.stderr);
   assert.equal(run.stdout.trim(), "answered"); // and it exited by itself, within the timeout
+});
+
+test("grpc: a call on the connection after client.close() keeps Node running to its end", () => {
+  // the first generation is still on the closed connection when the second opens a new one and the
+  // first ends: the second's connection must keep Node running (it did not: a count of calls shared
+  // by both connections never referenced the new one, and Node left in the middle of the call)
+  const script = `
+    import { Client } from ${JSON.stringify(new URL("../src/index.js", import.meta.url).href)};
+    const client = new Client(${JSON.stringify(urls.grpc)});
+    const session = await client.createSession({ tokens: ${JSON.stringify(PROMPT.slice(0, 40))} });
+    const other = await client.createSession({ tokens: ${JSON.stringify(PROMPT.slice(0, 30))} });
+    const first = session.generate({ maxTokens: 3 })[Symbol.asyncIterator]();
+    await first.next();
+    client.close();
+    const second = (async () => {
+      let n = 0;
+      for await (const _ of other.generate({ maxTokens: 200, grammar: "root ::= [a-z] root" })) n++;
+      return n;
+    })();
+    while (!(await first.next()).done);
+    console.log(await second);`;
+  const run = spawnSync(process.execPath, ["--input-type=module", "-e", script], { encoding: "utf8", timeout: 60_000 });
+  assert.equal(run.status, 0, run.stderr);
+  assert.equal(run.stdout.trim(), "200");
 });

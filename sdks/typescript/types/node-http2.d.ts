@@ -7,6 +7,9 @@ declare module "node:http2" {
     readonly closed: boolean;
     end(data: Uint8Array): void;
     close(code: number): void;
+    pause(): this;
+    resume(): this;
+    isPaused(): boolean;
     on(event: "response" | "trailers", listener: (headers: Headers) => void): this;
     on(event: "data", listener: (chunk: Uint8Array) => void): this;
     on(event: "error", listener: (err: Error) => void): this;
