@@ -86,6 +86,7 @@ def test_chat(served):
     python = run_python("chat", address, *MESSAGES)
     check_chat(python, "plain", 2)
     assert without_ids(run_node("chat", server.url, *MESSAGES)) == without_ids(python)
+    assert without_ids(run_node("chat", address, *MESSAGES)) == without_ids(python)  # over gRPC
 
 
 def test_chat_reads_the_terminal(served):
@@ -110,6 +111,7 @@ def test_tool_loop(served):
     for line in lines[1:-1]:  # calls of the tools, then an answer
         assert re.fullmatch(f"{call}|answer: .*|round \\d: the reply did not end within 256 tokens: .*", line), python
     assert without_ids(run_node("tools", server.url, *args)) == without_ids(python)
+    assert without_ids(run_node("tools", address, *args)) == without_ids(python)  # over gRPC
 
 
 def report(output: str) -> dict[str, str]:
@@ -146,5 +148,6 @@ def test_cancel(served):
     """A 5 ms deadline: the tiny model generates a token in about 0.4 ms, and its greedy text (whose
     start depends on where the first cancel stopped) can end by itself within 50 ms (it did in CI)."""
     server, address = served
-    check_cancel(run_python("cancel", address, "--after-seconds", "0.005"),
-                 run_node("cancel", server.url, "--after-ms", "5"), "0.005")
+    python = run_python("cancel", address, "--after-seconds", "0.005")
+    check_cancel(python, run_node("cancel", server.url, "--after-ms", "5"), "0.005")
+    check_cancel(python, run_node("cancel", address, "--after-ms", "5"), "0.005")  # over gRPC

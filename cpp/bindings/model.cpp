@@ -21,7 +21,8 @@ void register_model(py::module_ & m) {
                  py::gil_scoped_release nogil;
                  return std::make_shared<llama_opt_model>(path, params);
              }), py::arg("path"), py::arg("use_mmap") = true, py::arg("on_progress") = py::none())
-        .def("tokenize", &llama_opt_model::tokenize, py::arg("text"), py::arg("add_special"), py::arg("parse_special"))
+        .def("tokenize", &llama_opt_model::tokenize, py::arg("text"), py::arg("add_special"), py::arg("parse_special"),
+             py::call_guard<py::gil_scoped_release>())  // (the vocabulary is read-only: the server tokenizes in a thread)
         .def("token_piece", [](const llama_opt_model & self, llama_token t, bool special) {
                  return py::bytes(self.token_piece(t, special));
              }, py::arg("token"), py::arg("special") = true, "The token's bytes (may be part of a UTF-8 character).")

@@ -24,10 +24,9 @@ from .tools import (
     ToolResult,
     Turn,
     arguments_text,
-    prompt_tokens,
+    render,
     text_of,
 )
-from .tools import prompt as tool_prompt
 
 router = APIRouter()
 
@@ -145,9 +144,9 @@ async def messages(body: MessagesRequest, request: Request) -> Any:
     turns += [_turn(m, f"messages[{i}]") for i, m in enumerate(body.messages)]
     params = body.params(service.context.n_ctx)
     tools, choice = _tools(body)
-    prompt = tool_prompt(request.app.state.chat_template, turns, tools, choice, params,
-                         mark_tool_results=service.sparse_tool_results, continue_last=True)
-    tokens, tool_results = prompt_tokens(service.model, prompt)
+    prompt, tokens, tool_results = await render(request.app.state.chat_template, service.model, turns, tools, choice,
+                                                params, mark_tool_results=service.sparse_tool_results,
+                                                continue_last=True)
     events = await started(service.complete(tokens, params, tool_spans=tool_results))
     message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
                "model": request.app.state.model_name}

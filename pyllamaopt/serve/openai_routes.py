@@ -22,10 +22,9 @@ from .tools import (
     ToolResult,
     Turn,
     arguments_text,
-    prompt_tokens,
+    render,
     text_of,
 )
-from .tools import prompt as tool_prompt
 
 router = APIRouter()
 
@@ -135,9 +134,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     params = body.params(max_tokens, service.context.n_ctx, body.response_format)
     tools, choice = _tools(body)
-    prompt = tool_prompt(request.app.state.chat_template, _turns(body.messages), tools, choice, params,
-                         mark_tool_results=service.sparse_tool_results)
-    tokens, tool_results = prompt_tokens(service.model, prompt)
+    prompt, tokens, tool_results = await render(request.app.state.chat_template, service.model, _turns(body.messages),
+                                                tools, choice, params, mark_tool_results=service.sparse_tool_results)
     events = await started(service.complete(tokens, params, tool_spans=tool_results))
     rid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), request.app.state.model_name
     head = {"id": rid, "created": created, "model": name}

@@ -20,6 +20,7 @@ history keep the generic format (we parse no model-specific call syntax).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import uuid
@@ -209,6 +210,19 @@ def _prefill(turns: Sequence[Turn]) -> str | None:
     if last.text != last.text.rstrip():
         raise BadRequest("final assistant content cannot end with trailing whitespace")  # (as Anthropic's API)
     return last.text
+
+
+async def render(template: ChatTemplate, model: Model, turns: Sequence[Turn], tools: Sequence[Tool],
+                 choice: ToolChoice, params: GenerateParams, *, mark_tool_results: bool = False,
+                 continue_last: bool = False) -> tuple[Prompt, list[int], list[tuple[int, int]]]:
+    """`prompt` and `prompt_tokens`, off the event loop: a long history takes tens of milliseconds
+    to render and tokenize, during which other connections' streams would stall."""
+    def work() -> tuple[Prompt, list[int], list[tuple[int, int]]]:
+        rendered = prompt(template, turns, tools, choice, params, mark_tool_results=mark_tool_results,
+                          continue_last=continue_last)
+        return (rendered, *prompt_tokens(model, rendered))
+
+    return await asyncio.to_thread(work)
 
 
 def prompt_tokens(model: Model, prompt: Prompt) -> tuple[list[int], list[tuple[int, int]]]:

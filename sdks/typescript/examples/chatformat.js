@@ -116,7 +116,8 @@ export async function tokens(client, pieces, options = {}) {
 }
 
 /**
- * The command line every example takes: --url (the server's HTTP address), --api-key, and the example's
+ * The command line every example takes: --url (the server: its HTTP address, or host:port of its
+ * --grpc-port), --api-key, and the example's
  * own options; positionals follow.
  * @param {Record<string, { type: "string" | "boolean", default?: string | boolean }>} [options]
  */
