@@ -397,6 +397,10 @@ class Session:
             grammar = schema.gbnf
         if grammar is not None and (not isinstance(grammar, str) or not grammar.strip()):
             raise InvalidArgumentError("grammar must be a non-empty GBNF string")
+        if grammar is not None:
+            from .grammar.limits import check_gbnf_limits
+
+            check_gbnf_limits(grammar)  # (the parser recurses: a deep one killed the process)
         self._end_generation_in_progress()
         # parsed now, once: a bad grammar fails before generating
         self._core.set_grammar(grammar or "", _budget(max_tokens, self._core.room))

@@ -438,6 +438,23 @@ def test_cli(models, tmp_path, capsys):
     assert not (tmp_path / "x.gguf").exists()
 
 
+def test_the_cli_never_writes_over_its_inputs(models, tmp_path, capsys):
+    """A report path that is the model (or the output, or a directory) is refused before any work:
+    `decompose --report model.gguf` wrote its JSON over the model."""
+    model = tmp_path / "model.gguf"
+    model.write_bytes(models["shared"].read_bytes())
+    before = model.read_bytes()
+    out = tmp_path / "out.delta.gguf"
+    common = ["--rank", "2", "--bases", "2", "--matrices", "attn_q"]
+    for args in (["delta", "decompose", str(model), str(out), "--report", str(model), *common],
+                 ["delta", "decompose", str(model), str(out), "--report", str(out), *common],
+                 ["delta", "report", str(model), "--ranks", "2", "--matrices", "attn_q", "--json", str(model)],
+                 ["delta", "decompose", str(model), str(tmp_path), *common]):
+        assert main(args) == 2, args
+        assert "pyllamaopt: error:" in capsys.readouterr().err
+    assert model.read_bytes() == before and not out.exists()
+
+
 def test_report_plot(models, tmp_path, capsys):
     png = tmp_path / "curves.png"
     code = main(["delta", "report", str(models["shared"]), "--ranks", "2", "--matrices", "attn_q", "--plot", str(png)])

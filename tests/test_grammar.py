@@ -1086,3 +1086,28 @@ def test_many_optional_properties_make_a_grammar_llama_cpp_takes():
     assert g.matches("{}") and g.matches('{"p3":"ON","p59":"OFF"}') and g.matches('{"p0":"ON","x":1}')
     assert g.matches('{"x":1,"y":2}') and not g.matches('{"p59":"ON","p3":"OFF"}') and not g.matches('{"p1":1}')
     assert not g.matches('{"p1":"ON",}') and not g.matches('{,"p1":"ON"}') and not g.matches('{"x":10}')
+
+
+def test_each_definition_an_allof_includes_is_merged_once(monkeypatch):
+    """allOf is idempotent: a chain of 40 definitions, each the allOf of the previous one twice,
+    merges each definition once (it followed 2**40 references: a 3 KB schema never compiled)."""
+    from pyllamaopt.grammar import composition
+
+    followed = []
+    resolve = composition._resolve
+
+    def counting(root: Any, ref: str, path: str) -> Any:
+        followed.append(ref)
+        if len(followed) > 10_000:
+            raise AssertionError("references followed again and again")
+        return resolve(root, ref, path)
+
+    monkeypatch.setattr(composition, "_resolve", counting)
+    defs = {"d0": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}
+    for k in range(1, 41):
+        defs[f"d{k}"] = {"allOf": [{"$ref": f"#/$defs/d{k - 1}"}, {"$ref": f"#/$defs/d{k - 1}"}]}
+    gbnf = json_schema_to_gbnf({"$defs": defs, "$ref": "#/$defs/d40"})
+    parse_gbnf(gbnf)
+    assert len(followed) <= 2 * 41
+    alone = json_schema_to_gbnf({"$defs": {"d0": defs["d0"]}, "$ref": "#/$defs/d0"})
+    assert gbnf.replace("d40", "d0") == alone  # the same constraints (the rule named after the definition)

@@ -144,6 +144,31 @@ def test_invalid_grammar_fails_before_generating(tiny_model):
         assert s.generate_text(3) is not None  # the session goes on
 
 
+def test_grammars_beyond_the_parsers_depth_are_refused_not_a_crash(tiny_model):
+    """llama.cpp's GBNF parser recurses per nested group and the grammar analysis per chained rule:
+    20,000 nested parentheses or 100,000 chained rules overflowed the stack (SIGSEGV, the whole
+    process; a server with it). Refused with GrammarError; parentheses inside literals, classes and
+    comments do not count; what is within the limits still works."""
+    from pyllamaopt.grammar.limits import MAX_NESTING, MAX_RULES
+
+    deep = "root ::= " + "(" * 20000 + '"a"' + ")" * 20000
+    chain = "\n".join(["root ::= r0", *(f'r{i} ::= r{i + 1} | "x"' for i in range(100000)), 'r100000 ::= "y"'])
+    with Context(tiny_model, n_ctx=256, n_threads=2) as ctx:
+        s = ctx.session()
+        s.append_text("hello")
+        with pytest.raises(GrammarError, match=f"nests groups 20000 deep \\(at most {MAX_NESTING}\\)"):
+            s.generate(5, grammar=deep)
+        with pytest.raises(GrammarError, match=f"100001 rules|100002 rules"):
+            s.generate(5, grammar=chain)
+        with pytest.raises(GrammarError, match="not valid UTF-8"):
+            s.generate(5, grammar='root ::= "\ud800"')
+        quoted = 'root ::= "((((" [(((] ("a" | "b") # ((((\n'
+        assert re.fullmatch(r"\(\(\(\(\([ab]", s.generate_text(10, grammar=quoted))
+        within = "root ::= " + "(" * MAX_NESTING + '"a"' + ")" * MAX_NESTING
+        assert s.generate_text(3, grammar=within) == "a"
+        assert MAX_RULES >= 10000
+
+
 def test_dead_end_and_truncation_are_reported(words_model, tiny_model):
     # no token of the words vocabulary spells "zzz"
     _, text, reason, _ = generate(words_model, word_ids(words_model, "hello"), 'root ::= "the" "zzz"')

@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         return args.func(args) or 0
-    except PyllamaoptError as exc:
+    except (PyllamaoptError, OSError) as exc:  # (OSError: a file the command cannot read or write)
         print(f"pyllamaopt: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -92,13 +92,19 @@ def default_report_path(output: Path) -> Path:
     return output.with_name(stem + ".report.json")
 
 
+def _inputs(args: argparse.Namespace) -> list[Path]:
+    return [args.input] + ([args.parent] if args.parent else [])
+
+
 def decompose_command(args: argparse.Namespace) -> int:
     from .decomposition import DecomposeOptions, decompose
+    from .writer import check_output
 
     options = DecomposeOptions(rank=args.rank, target_error=args.target_error, n_bases=args.bases,
                                matrices=args.matrices, parent=args.parent, base_type=args.base_type)
-    report = decompose(args.input, args.output, options)
     report_path = args.report or default_report_path(args.output)
+    check_output(report_path, _inputs(args) + [args.output])  # before the work: it could be the model itself
+    report = decompose(args.input, args.output, options)
     report.save_json(report_path)
     print(report.table())
     print(f"\nwrote {args.output} and {report_path}")
@@ -116,8 +122,12 @@ def reconstruct_command(args: argparse.Namespace) -> int:
 def report_command(args: argparse.Namespace) -> int:
     from .analysis import analyze, require_matplotlib
 
+    from .writer import check_output
+
     if args.plot:
         require_matplotlib()   # before the work, not after it
+    for written in filter(None, (args.json, args.plot)):
+        check_output(written, _inputs(args))
     given = {name: value for name, value in (("ranks", args.ranks), ("target_errors", args.target_errors)) if value}
     curves = analyze(args.input, matrices=args.matrices, n_bases=args.bases, parent=args.parent,
                      base_type=args.base_type, **given)

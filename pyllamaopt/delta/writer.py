@@ -50,6 +50,8 @@ def check_output(output: Path, inputs: Sequence[Path]) -> None:
     """An output file can be written without destroying an input (checked before any work)."""
     if not output.parent.is_dir():
         raise DeltaError(f"output directory {output.parent} does not exist")
+    if output.is_dir():
+        raise DeltaError(f"output {output} is a directory; give a file path")
     if any(output.resolve() == p.resolve() for p in inputs):
         raise DeltaError(f"output {output} would overwrite an input; choose another output file")
 

@@ -12,7 +12,11 @@ from .schema import (_TYPES, Matches, Relax, _constrains, _raise, _Unsat, _check
                      _resolve, _schema_types, _unenforceable)
 
 
-def _flatten_all_of(root: Any, schema: Any, path: str, out: list, refs: tuple, top: bool, relax: Relax) -> None:
+def _flatten_all_of(root: Any, schema: Any, path: str, out: list, refs: tuple, top: bool, relax: Relax,
+                    merged: set[str]) -> None:
+    """Appends the constraints of `schema` and of what it includes (allOf, $ref) to `out`. `refs`:
+    the references being followed (a cycle is an error); `merged`: those already in `out` (allOf is
+    idempotent: each once, where a chain of definitions each including the last twice took 2**n)."""
     if schema is True:
         return
     if schema is False:
@@ -33,21 +37,23 @@ def _flatten_all_of(root: Any, schema: Any, path: str, out: list, refs: tuple, t
         if ref in refs:
             raise _err(path, f"'$ref' {ref!r} includes itself through 'allOf'/'$ref' without "
                              "an enclosing object or array: the schema has no finite instance")
-        try:
-            target = _resolve(root, ref, path)
-        except UnenforceableSchemaError as e:  # another document: not checked here
-            relax(e)
-        else:
-            _flatten_all_of(root, target, ref, out, refs + (ref,), False, relax)
+        if ref not in merged:
+            merged.add(ref)
+            try:
+                target = _resolve(root, ref, path)
+            except UnenforceableSchemaError as e:  # another document: not checked here
+                relax(e)
+            else:
+                _flatten_all_of(root, target, ref, out, refs + (ref,), False, relax, merged)
     for i, sub in enumerate(schema.get("allOf", ())):
-        _flatten_all_of(root, sub, f"{path}/allOf/{i}", out, refs, False, relax)
+        _flatten_all_of(root, sub, f"{path}/allOf/{i}", out, refs, False, relax, merged)
     if rest:
         out.append(rest)
 
 
 def _merge_all_of(root: Any, schema: dict, path: str, relax: Relax = _raise) -> dict:
     parts: list[dict] = []
-    _flatten_all_of(root, schema, path, parts, (), True, relax)
+    _flatten_all_of(root, schema, path, parts, (), True, relax, set())
     merged: dict[str, Any] = {}
     deferred: list[dict] = []
     obj_parts = []  # (properties, additionalProperties or True) of each member

@@ -26,17 +26,18 @@ def _seq(*items: Node) -> Node:
 
 def _alt(*items: Node) -> Node:
     """Alternation; an empty alternative makes the whole optional."""
-    out: list[Node] = []
+    out: dict[Node, None] = {}  # in order, each once (a list's `in` made a 200k-value enum take minutes)
     empty = False
     for item in items:
         for part in (item[1] if item[0] == "alt" else (item,)):
             if part == EMPTY:
                 empty = True
-            elif part not in out:
-                out.append(part)
+            else:
+                out[part] = None
     if not out:
         return EMPTY
-    node = out[0] if len(out) == 1 else ("alt", tuple(out))
+    parts = tuple(out)
+    node = parts[0] if len(parts) == 1 else ("alt", parts)
     return _opt(node) if empty else node
 
 

@@ -36,13 +36,17 @@ class _Rules:
         self.rules: dict[str, Node | None] = {}   # name -> body (None while being built)
         self.by_body: dict[Node, str] = {}
         self.shared: dict[str, Node] = {}
+        self.suffix: dict[str, int] = {}  # base name -> the last suffix tried (probing from 2 each time was quadratic)
 
     def alloc(self, hint: str) -> str:
         base = _sanitize(hint)
-        name, n = base, 1
+        name, n = base, self.suffix.get(base, 1)
+        if n > 1:
+            name = f"{base}-{n}"
         while name in self.rules:
             n += 1
             name = f"{base}-{n}"
+        self.suffix[base] = n
         self.rules[name] = None
         return name
 
