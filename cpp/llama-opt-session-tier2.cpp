@@ -526,7 +526,13 @@ bool llama_opt_session::spec_prefill(size_t end, uint64_t llama_opt_stats::* cou
         return false;  // no scores (a model whose tensors the scorer does not know): computed whole
     }
     count(&llama_opt_stats::spec_prefill_prompts, 1);
-    const std::vector<uint32_t> keep = llama_opt_spec_keep(importance, cfg.spec_prefill_keep, cfg.spec_prefill_window);
+    std::vector<uint32_t> keep = llama_opt_spec_keep(importance, cfg.spec_prefill_keep, cfg.spec_prefill_window);
+    // the next step decodes the history's last token again, right after the one before it: that one
+    // needs its KV (dropped, with a window of 1 or keep 0, the session could not generate)
+    const uint32_t before_last = (uint32_t) importance.size() - 2;
+    if (importance.size() >= 2 && !std::binary_search(keep.begin(), keep.end(), before_last)) {
+        keep.insert(keep.end() - 1, before_last);  // (sorted: the last index stays last)
+    }
     count(&llama_opt_stats::spec_prefill_tokens_kept, keep.size());
     count(&llama_opt_stats::spec_prefill_tokens_dropped, importance.size() - keep.size());
     if (keep.size() == importance.size()) {
