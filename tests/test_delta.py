@@ -252,6 +252,47 @@ def test_model_loads_a_delta_file_directly(models, tmp_path, monkeypatch):
     assert Model(out).path == str(cached)
 
 
+def test_a_rebuilt_model_cut_short_is_rebuilt(models, tmp_path, monkeypatch):
+    """A cached rebuild that a crash or a full disk cut short is built again, not loaded (every later
+    load failed with llama.cpp's "data is not within the file bounds" until the user found it)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = tmp_path / "ft.delta.gguf"
+    decompose(models["finetune"], out, DecomposeOptions(rank=FINETUNE_RANK, parent=models["parent"]))
+    cached = Path(Model(out).path)
+    whole = cached.read_bytes()
+    for cut in (len(whole) // 2, 0):
+        cached.write_bytes(whole[:cut])
+        assert Model(out).path == str(cached) and cached.read_bytes() == whole
+
+
+def test_a_damaged_delta_file_is_a_delta_error(models, tmp_path):
+    """A delta file whose header and tensors disagree (a tensor missing, a base index out of range)
+    is a DeltaError naming the file (a KeyError before); a GGUF with alignment 0 is not readable."""
+    from pyllamaopt.delta.format import copied_fields
+    from pyllamaopt.delta.names import PREFIX
+    from pyllamaopt.delta.source import GGUFModel
+    from pyllamaopt.delta.writer import OutTensor, write_gguf
+
+    out = tmp_path / "shared.delta.gguf"
+    decompose(models["shared"], out, DecomposeOptions(rank=2, n_bases=2, matrices=("attn_q",)))
+    delta = GGUFModel(out)
+    fields = [f for f in copied_fields(delta)]
+    kinds = {}
+    kinds["missing"] = (fields, [OutTensor.copy_of(t) for t in delta.file.tensors if not t.name.startswith("base.0.")])
+    bases = [(k, [7] * len(v), t, it) if k == PREFIX + "attn_q.bases" else (k, v, t, it) for k, v, t, it in fields]
+    kinds["index"] = (bases, [OutTensor.copy_of(t) for t in delta.file.tensors])
+    for name, (metadata, tensors) in kinds.items():
+        damaged = tmp_path / f"{name}.delta.gguf"
+        write_gguf(damaged, delta.architecture, metadata, tensors, alignment=delta.file.alignment)
+        with pytest.raises(DeltaError, match=str(damaged)):
+            reconstruct(damaged, tmp_path / f"{name}.gguf")
+    aligned = [f for f in fields if f[0] != "general.alignment"] + [("general.alignment", 0, gguf.GGUFValueType.UINT32, None)]
+    zero = tmp_path / "zero.gguf"
+    write_gguf(zero, delta.architecture, aligned, [OutTensor.copy_of(t) for t in delta.file.tensors])
+    with pytest.raises(DeltaError, match="not a power of two"):
+        GGUFModel(zero)
+
+
 def test_model_reports_a_delta_whose_parent_is_gone(models, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     parent = Path(shutil.copy(models["parent"], tmp_path / "parent.gguf"))

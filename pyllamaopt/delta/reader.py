@@ -84,6 +84,8 @@ class GGUFFile:
                           self._scalar("<Q")))
         alignment = self.fields.get("general.alignment")
         self.alignment = int(alignment.value) if alignment else gguf.GGUF_DEFAULT_ALIGNMENT
+        if self.alignment <= 0 or self.alignment & (self.alignment - 1):
+            raise ValueError(f"general.alignment is {self.alignment}, not a power of two")
         data_start = -(-self._pos // self.alignment) * self.alignment
         self.tensors = [self._tensor(path, data_start, *info) for info in infos]
 

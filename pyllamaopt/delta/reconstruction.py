@@ -17,6 +17,7 @@ from ..errors import DeltaError
 from .format import WHOLE, DeltaHeader, copied_fields
 from .names import base_name, delta_u_name, delta_v_name, matrix_name
 from .progress import progress_bar
+from .reader import GGUFFile
 from .source import GGUFModel, dequantize
 from .writer import OutTensor, check_output, write_gguf
 
@@ -33,7 +34,11 @@ def reconstruct(delta_path: str | os.PathLike[str], output: str | os.PathLike[st
     output = Path(output)
     check_output(output, [delta.path] + ([parent_model.path] if parent_model else []))
 
-    tensors, converted = _plan_tensors(delta, header, parent_model)
+    try:
+        tensors, converted = _plan_tensors(delta, header, parent_model)
+    except (KeyError, IndexError, ValueError) as exc:  # lists of the header shorter than its layers, ...
+        raise DeltaError(f"delta file {delta.path} is damaged: its header does not describe its tensors "
+                         f"({type(exc).__name__}: {exc})") from None
     fields = copied_fields(delta)
     if converted:
         # the rebuilt matrices are F16 now, whatever the quantization was
@@ -125,7 +130,22 @@ def cached_reconstruction(delta_path: str | os.PathLike[str], *, progress: bool 
             digest.update(chunk)
     cache_dir = default_cache_dir()
     path = cache_dir / f"{digest.hexdigest()[:32]}.gguf"
-    if not path.is_file():
-        cache_dir.mkdir(parents=True, exist_ok=True)
+    if not _whole_gguf(path):  # missing, or cut short by a crash or a full disk: built (again)
+        try:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DeltaError(f"cannot make the cache of rebuilt models {cache_dir}: {exc}; set XDG_CACHE_HOME to a "
+                             "directory you can write") from None
         reconstruct(delta_path, path, progress=progress)
     return path
+
+
+def _whole_gguf(path: Path) -> bool:
+    """A GGUF file whose header reads and whose every tensor lies within it."""
+    if not path.is_file():
+        return False
+    try:
+        GGUFFile(path)  # (checks each tensor's end against the file's size)
+    except (ValueError, OSError):
+        return False
+    return True

@@ -67,7 +67,10 @@ class GGUFModel:
         return default if f is None else f.value
 
     def tensor(self, name: str) -> Tensor:
-        return self.tensors[name]
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise DeltaError(f"{self.path} has no tensor {name}: the file is damaged, or not the one it should be") from None
 
     def matrix(self, layer: int, matrix: str) -> np.ndarray:
         return dequantize(self.tensors[matrix_name(layer, matrix)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,9 +61,11 @@ def check_output(output: Path, inputs: Sequence[Path]) -> None:
 def atomic_output(path: Path) -> Iterator[Path]:
     """Yields a temporary path next to `path`; renamed to `path` only if the block completes.
     On any exception, KeyboardInterrupt included, the temporary file is removed."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")  # (threads of a process too)
     try:
         yield tmp
+        with open(tmp, "rb+") as written:  # on disk before it has its name: a crash leaves no half file there
+            os.fsync(written.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
