@@ -76,6 +76,11 @@ class _Rules:
             raise AssertionError((lo, hi))
         if hi == 0 or node == EMPTY:
             return EMPTY
+        # (Y?){lo,hi}, and (Y{0,k}){lo,hi}, accept what Y{0,hi·k} does: each copy may be empty. As a
+        # repetition of something empty, llama.cpp's grammar tracks every way of splitting the Ys
+        # among the copies: (a?){400} took seconds a token, ((a?){50}){50} minutes
+        while node[0] == "rep" and node[2] == 0:
+            node, lo, hi = node[1], 0, None if node[3] is None or hi is None else node[3] * hi
         if lo == 1 and hi == 1:
             return node
         if not _is_atom(node) and max(lo, hi or 0) > 100:
