@@ -211,7 +211,7 @@ class _NoTemplate:
     def render(self, *args: Any, **kwargs: Any) -> str:
         raise ChatTemplateError(self.why)
 
-    def render_marked(self, *args: Any, **kwargs: Any) -> tuple[str, dict[int, list[tuple[int, int]]]]:
+    def render_marked(self, *args: Any, **kwargs: Any) -> tuple[str, list[tuple[int, int]]]:
         raise ChatTemplateError(self.why)  # (--sparse-tool-results renders this way)
 
 
