@@ -231,59 +231,48 @@ void llama_h2o::subset(uint32_t il, uint32_t n_tokens, llama_h2o_subset & out) c
     check_layer(il);
     const uint32_t  M   = params_.memory_size();
     const int32_t * mem = memory_[il].data();
+    // a memory set fills its slots from the first: its size is the index of the first empty one
+    auto size_of = [&](uint32_t h) {
+        return (uint32_t) (std::find(mem + (size_t) h * M, mem + (size_t) (h + 1) * M, EMPTY) - (mem + (size_t) h * M));
+    };
+    out.n_mem = n_head_ > 0 ? size_of(0) : 0;
     out.pos.clear();
-    for (uint32_t s = 0; s < n_head_ * M; ++s) {
-        if (mem[s] != EMPTY) {
-            out.pos.push_back(mem[s]);
-        }
-    }
-    std::sort(out.pos.begin(), out.pos.end());
-    out.pos.erase(std::unique(out.pos.begin(), out.pos.end()), out.pos.end());
-    out.n_tokens = n_tokens;
-
-    const size_t n_keys = out.n_keys(), n_mem = out.pos.size();
-    const float  ninf   = -std::numeric_limits<float>::infinity();
-    out.mask.assign((size_t) n_head_ * n_tokens * n_keys, ninf);
     for (uint32_t h = 0; h < n_head_; ++h) {
-        float * head_mask = out.mask.data() + (size_t) h * n_tokens * n_keys;
-        // the head's memory set, as columns of the union (both ascending: one merge)
-        size_t j = 0;
-        for (uint32_t s = 0; s < M && mem[h * M + s] != EMPTY; ++s) {
-            while (out.pos[j] != mem[h * M + s]) {
-                ++j;
-            }
-            for (uint32_t q = 0; q < n_tokens; ++q) {
-                head_mask[q * n_keys + j] = 0.0f;
-            }
+        // every head has the same candidates and window; only a chunk shorter than L (the prompt's
+        // last, whose memory set no chunk uses) could make the sizes differ
+        if (size_of(h) != out.n_mem) {
+            throw std::logic_error("H2O: the heads of layer " + std::to_string(il) +
+                                   " have memory sets of different sizes (a chunk after one shorter than L?)");
         }
-        for (uint32_t q = 0; q < n_tokens; ++q) {
-            std::fill(head_mask + q * n_keys + n_mem, head_mask + q * n_keys + n_mem + q + 1, 0.0f);  // causal
-        }
+        out.pos.insert(out.pos.end(), mem + (size_t) h * M, mem + (size_t) h * M + out.n_mem);
     }
+    out.n_tokens = n_tokens;
 }
 
 void llama_h2o::update_layer(uint32_t il, const llama_h2o_subset & sub, const float * colsum) {
     check_layer(il);
     const uint32_t  M           = params_.memory_size();
     const uint32_t  chunk_start = state_.chunk_boundaries.back();
-    const size_t    n_keys = sub.n_keys(), n_mem = sub.pos.size();
+    const size_t    n_keys      = sub.n_keys();
     const int32_t * mem         = memory_[il].data();
+    auto          stale       = [&] {
+        return std::invalid_argument("H2O: the subset does not hold layer " + std::to_string(il) +
+                                     "'s memory set (built for another chunk?)");
+    };
+    if (sub.n_mem > M || sub.pos.size() != (size_t) n_head_ * sub.n_mem) {
+        throw stale();
+    }
     inter_.assign((size_t) n_head_ * M, 0.0f);
     intra_.resize((size_t) n_head_ * sub.n_tokens);
     for (uint32_t h = 0; h < n_head_; ++h) {
-        const float * head_sums = colsum + (size_t) h * n_keys;
-        size_t        j         = 0;
-        for (uint32_t s = 0; s < M && mem[h * M + s] != EMPTY; ++s) {
-            while (j < n_mem && sub.pos[j] != mem[h * M + s]) {
-                ++j;
-            }
-            if (j == n_mem) {
-                throw std::invalid_argument("H2O: the subset does not hold layer " + std::to_string(il) +
-                                            "'s memory set (built for another chunk?)");
-            }
-            inter_[(size_t) h * M + s] = head_sums[j];
+        const float *   head_sums = colsum + (size_t) h * n_keys;
+        const int32_t * head_mem  = mem + (size_t) h * M;
+        const int32_t * head_pos  = sub.pos.data() + (size_t) h * sub.n_mem;
+        if (!std::equal(head_pos, head_pos + sub.n_mem, head_mem) || (sub.n_mem < M && head_mem[sub.n_mem] != EMPTY)) {
+            throw stale();
         }
-        std::copy(head_sums + n_mem, head_sums + n_keys, intra_.begin() + (size_t) h * sub.n_tokens);
+        std::copy(head_sums, head_sums + sub.n_mem, inter_.begin() + (size_t) h * M);
+        std::copy(head_sums + sub.n_mem, head_sums + n_keys, intra_.begin() + (size_t) h * sub.n_tokens);
     }
     if (memory_initialized_) {
         accumulate_memory_scores(il, inter_.data());

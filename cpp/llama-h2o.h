@@ -76,16 +76,15 @@ private:
     size_t                               size_ = 0;
 };
 
-// What one layer attends to for a chunk (patches/0010's llama_set_attn_subset): the positions of
-// the union of its heads' memory sets, ascending, then the chunk's own tokens; the mask
-// [(pos.size() + n_tokens) x n_tokens x n_head] (by head, query, key): 0 where the head attends
-// (its own memory set; the chunk's tokens up to the query), -inf elsewhere.
+// What one layer attends to for a chunk (patches/0010's llama_set_attn_subset): each head's memory
+// set, ascending (pos: n_head × n_mem, every head's set has the same size), then causally the
+// chunk's own n_tokens tokens. Each head computes over its own n_mem + n_tokens keys only.
 struct llama_h2o_subset {
     std::vector<int32_t> pos;
-    std::vector<float>   mask;
+    uint32_t             n_mem    = 0;
     uint32_t             n_tokens = 0;
 
-    size_t n_keys() const { return pos.size() + n_tokens; }
+    size_t n_keys() const { return (size_t) n_mem + n_tokens; }
 };
 
 class llama_h2o {
@@ -118,8 +117,9 @@ public:
     void subset(uint32_t il, uint32_t n_tokens, llama_h2o_subset & out) const;
 
     // After the chunk: its column sums over `sub`'s keys (n_head × sub.n_keys(), the sum of each
-    // head's softmax weights over the chunk's queries) go to the memory set's scores (accumulated)
-    // and the chunk's own (initialized), and the next memory set is built.
+    // head's softmax weights over the chunk's queries, key by key as sub lists them) go to the
+    // memory set's scores (accumulated) and the chunk's own (initialized), and the next memory set
+    // is built. std::invalid_argument if `sub` is not this layer's subset for this chunk.
     void update_layer(uint32_t il, const llama_h2o_subset & sub, const float * colsum);
 
     // A new prompt: scores 0, memory sets empty, chunk state back to the start.

@@ -29,10 +29,14 @@ bool llama_opt_h2o_capture::observe(ggml_tensor * t, bool ask) {
         return true;
     }
     const uint32_t n_keys = (uint32_t) t->ne[0], n_query = (uint32_t) t->ne[1];
-    weights_.resize(ggml_nelements(t));
-    ggml_backend_tensor_get(t, weights_.data(), 0, ggml_nbytes(t));
+    const float *  weights = static_cast<const float *>(t->data);
+    if (!t->buffer || !ggml_backend_buffer_is_host(t->buffer)) {
+        weights_.resize(ggml_nelements(t));  // a device's memory: copied (on the CPU, read in place: MBs a layer)
+        ggml_backend_tensor_get(t, weights_.data(), 0, ggml_nbytes(t));
+        weights = weights_.data();
+    }
     std::vector<float> & sums = colsum_[slot];
     sums.resize((size_t) n_head_ * n_keys);
-    llama_h2o_column_sums(weights_.data(), n_head_, n_query, n_keys, sums.data());
+    llama_h2o_column_sums(weights, n_head_, n_query, n_keys, sums.data());
     return true;
 }

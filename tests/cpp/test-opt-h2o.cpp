@@ -446,41 +446,60 @@ static void test_sixteen_chunks_stay_finite() {
     CHECK(memory_well_formed(h2o, n_chunks * S));
 }
 
-// The subset a layer attends to for a chunk: the union of its heads' memory sets, then the chunk;
-// each head's mask opens exactly its own memory set and the chunk causally.
-static void test_subset_masks_each_heads_memory_and_the_chunk() {
+// The subset a layer attends to for a chunk: each head's own memory set, in its order (all of the
+// same size), then the chunk: no head computes over another head's choices.
+static void test_subset_is_each_heads_memory_set() {
     const uint32_t S = 64, L = 8, H = 8, n_head = 3, n = 5;
     llama_h2o h2o(params_of(L, H, S), 1, n_head, 4 * S);
     for (uint32_t h = 0; h < n_head; ++h)
         for (uint32_t pos = 0; pos < S; ++pos) set_score(h2o, 0, h, pos, (float) ((pos * 13 + h * 29) % 64));
     llama_h2o_subset first;
-    h2o.subset(0, S, first);  // before any memory set: the chunk alone, causally
-    CHECK(first.pos.empty() && first.n_keys() == S && first.mask[1] == -std::numeric_limits<float>::infinity() &&
-          first.mask[S + 1] == 0.0f);
+    h2o.subset(0, S, first);  // before any memory set: the chunk alone
+    CHECK(first.pos.empty() && first.n_mem == 0 && first.n_keys() == S);
     h2o.build_memory_set(0, S);
     h2o.next_chunk(S);
     llama_h2o_subset sub;
     h2o.subset(0, n, sub);
-    std::set<int32_t> all;
+    CHECK(sub.n_mem == L + H && sub.n_tokens == n && sub.n_keys() == L + H + n);
+    CHECK(sub.pos.size() == (size_t) n_head * (L + H));
+    bool own = true;
     for (uint32_t h = 0; h < n_head; ++h) {
-        for (int32_t p : memory_of(h2o, 0, h)) all.insert(p);
+        own &= std::vector<int32_t>(sub.pos.begin() + h * sub.n_mem, sub.pos.begin() + (h + 1) * sub.n_mem) ==
+               memory_of(h2o, 0, h);
     }
-    CHECK(std::vector<int32_t>(all.begin(), all.end()) == sub.pos);
-    CHECK(sub.mask.size() == (size_t) n_head * n * sub.n_keys());
-    bool ok = true;
-    for (uint32_t h = 0; h < n_head; ++h) {
-        const std::vector<int32_t> mem = memory_of(h2o, 0, h);
-        for (uint32_t q = 0; q < n; ++q) {
-            for (size_t j = 0; j < sub.n_keys(); ++j) {
-                const float m        = sub.mask[((size_t) h * n + q) * sub.n_keys() + j];
-                const bool  attended = j < sub.pos.size() ? std::find(mem.begin(), mem.end(), sub.pos[j]) != mem.end()
-                                                          : j - sub.pos.size() <= q;
-                ok &= attended ? m == 0.0f : m == -std::numeric_limits<float>::infinity();
+    CHECK(own);
+    CHECK(sub.pos[0] != sub.pos[sub.n_mem] || sub.pos[1] != sub.pos[sub.n_mem + 1]);  // the heads chose differently
+}
+
+// Every head's memory set has the same size after every chunk a later chunk uses (subset() relies on
+// it: one mask for all heads), also when the prompt has fewer tokens than L, or than M, before it.
+static void test_memory_sets_of_one_layer_have_one_size() {
+    const uint32_t S = 32, n_head = 4;
+    for (uint32_t L : { 4u, 16u, 31u }) {
+        for (uint32_t H : { 1u, 8u, S - L }) {
+            if (L + H > S) {
+                continue;
             }
+            llama_h2o h2o(params_of(L, H, S), 1, n_head, 6 * S);
+            std::mt19937 rng(L * 100 + H);
+            std::uniform_real_distribution<float> u(0.0f, 1.0f);
+            bool ok = true;
+            for (uint32_t c = 0; c < 5; ++c) {
+                llama_h2o_subset sub;
+                try {
+                    h2o.subset(0, S, sub);
+                } catch (const std::logic_error &) {
+                    ok = false;
+                    break;
+                }
+                std::vector<float> colsum((size_t) n_head * sub.n_keys());
+                for (float & v : colsum) v = u(rng);
+                h2o.update_layer(0, sub, colsum.data());
+                h2o.next_chunk(S);
+            }
+            CHECK(ok);
         }
     }
-    CHECK(ok);
-    CHECK(sub.pos.size() > L + H);  // the heads chose differently: the union is larger than one set
 }
 
 // update_layer = the column sums split into the memory set's and the chunk's, accumulated,
@@ -500,10 +519,9 @@ static void test_update_layer_is_the_specifications_steps() {
         for (uint32_t h = 0; h < n_head; ++h) {
             const std::vector<int32_t> mem = memory_of(b, 0, h);
             for (size_t s = 0; s < mem.size(); ++s) {
-                const size_t j = std::lower_bound(sub.pos.begin(), sub.pos.end(), mem[s]) - sub.pos.begin();
-                inter[h * M + s] = colsum[h * sub.n_keys() + j];
+                inter[h * M + s] = colsum[h * sub.n_keys() + s];  // key s of head h: its s-th memory slot
             }
-            for (uint32_t k = 0; k < S; ++k) intra[h * S + k] = colsum[h * sub.n_keys() + sub.pos.size() + k];
+            for (uint32_t k = 0; k < S; ++k) intra[h * S + k] = colsum[h * sub.n_keys() + sub.n_mem + k];
         }
         if (c > 0) b.accumulate_memory_scores(0, inter.data());
         b.init_chunk_scores(0, c * S, S, intra.data());
@@ -521,7 +539,10 @@ static void test_update_layer_is_the_specifications_steps() {
     // column sums of another chunk's subset (a memory set it does not hold) are refused
     llama_h2o_subset stale;
     stale.n_tokens = S;
-    std::vector<float> colsum((size_t) n_head * S, 1.0f);
+    std::vector<float> colsum((size_t) n_head * (M + S), 1.0f);
+    CHECK(throws_invalid([&] { a.update_layer(0, stale, colsum.data()); }));
+    a.subset(0, S, stale);
+    stale.pos[M + 1] += 1;  // the second head's set, one position off
     CHECK(throws_invalid([&] { a.update_layer(0, stale, colsum.data()); }));
 }
 
@@ -551,7 +572,8 @@ int main() {
     test_heads_select_independently();
     test_indices_are_sorted();
     test_sixteen_chunks_stay_finite();
-    test_subset_masks_each_heads_memory_and_the_chunk();
+    test_subset_is_each_heads_memory_set();
+    test_memory_sets_of_one_layer_have_one_size();
     test_update_layer_is_the_specifications_steps();
     test_reset();
     return check_result("test-opt-h2o");
