@@ -58,10 +58,11 @@ def chunk_seconds(ctx: Context, prompts: list[list[int]], chunk: int) -> list[fl
     prompt whole, the others' first two chunks only (each a prompt of its own: the exact context
     would reuse a repeated one), whose medians replace the first's two timings, on which the bounds
     rest. What bounds any speed-up of H2O, which changes only the full-attention layers' attention
-    and leaves the rest of a chunk's work as it is: an ideal H2O chunk costs what chunk 1 does (its
-    full-attention layers see at most 2 S keys, which is S + M at M = S), and no chunk costs less than
-    chunk 0 (the least attention of all, in every layer). So exact / (chunks × chunk 1) is the ratio
-    of an H2O without overhead, exact / (chunks × chunk 0) one no method on those layers can pass."""
+    and leaves the rest of a chunk's work as it is: an ideal H2O chunk after the first costs what
+    chunk 1 does (its full-attention layers see at most 2 S keys, which is S + M at M = S), the first
+    is exact's chunk 0, and no chunk costs less than chunk 0 (the least attention of all, in every
+    layer). So exact / (chunk 0 + (chunks - 1) × chunk 1) is the ratio of an H2O without overhead,
+    exact / (chunks × chunk 0) one no method on those layers can pass."""
     timings: list[list[float]] = []
     for k, tokens in enumerate(prompts):
         s = ctx.session()
@@ -120,7 +121,8 @@ def main() -> int:
         e, h = statistics.median(exact_s), statistics.median(h2o_s)
         ec, hc = statistics.median(exact_cpu), statistics.median(h2o_cpu)
         same = bool(np.argmax(exact_logits) == np.argmax(h2o_logits))
-        ideal, free = (sum(chunks) / (len(chunks) * chunks[i]) for i in (1, 0))
+        ideal = sum(chunks) / (chunks[0] + (len(chunks) - 1) * chunks[1])
+        free = sum(chunks) / (len(chunks) * chunks[0])
         print(f"| {n} | {e:.1f} | {h:.1f} | {e / h:.2f} | {ec:.1f} | {hc:.1f} | {ec / hc:.2f} "
               f"| {h2o_stats['h2o_chunks']} | {h2o_stats['h2o_tokens_kept']} | {h2o_stats['h2o_select_us'] / 1e6:.2f} "
               f"| {same} | {ideal:.2f} | {free:.2f} |", flush=True)

@@ -20,8 +20,10 @@ Methods (each off by default in the engine; here each set on its own session, co
                context of its own (h2o_enabled), its full-attention layers attend per chunk to a
                memory set of budget·n tokens (L = H = half of it, S = max(512, L + H)); every
                token's KV is kept and the question and answer see all of it (kv_fraction 1: the
-               budget is the prefill's attention, not the KV). Not run on the agent trace: it
-               appends message by message, and H2O applies to a fresh prompt only.
+               budget is the prefill's attention, not the KV). On the agent trace (a fresh
+               prompt's method) the first turn's messages, system prompt included, are one
+               prompt computed by H2O (budget·n of that prompt), and every later message is
+               appended exactly onto its KV.
   spec-prefill speculative prefill (001): spec_prefill_enabled, spec_prefill_keep = budget; the
                needle's context and question are one prompt in a new session (the scorer's last
                query is the question's), scored by the model's first 6 layers, all averaged,
@@ -408,16 +410,34 @@ class TraceTurn:
     n_tokens: int
 
 
-def run_trace(method: Method, ctx: Context, model: Model, n_turns: int, n_gen: int, n_ppl: int) -> list[TraceTurn]:
-    """The conversation appended message by message; measured at every third turn from the fourth."""
+def run_trace(method: Method, ctx: Context, model: Model, n_turns: int, n_gen: int, n_ppl: int,
+              threads: int) -> list[TraceTurn]:
+    """The conversation appended message by message; measured at every third turn from the fourth.
+    h2o: in a context of its own, the first turn's messages as one fresh prompt (H2O applies to
+    nothing else), the later ones as for every method."""
     if method.name == "keep-last":
         return []  # a baseline for one prompt, not for a conversation
+    if method.name != "h2o":
+        return trace_turns(method, ctx, model, n_turns, n_gen, n_ppl)
+    first_prompt = [t for tokens, _ in next(trace_segments(model, 1))[1] for t in tokens]
+    config, chunk = method.h2o_config(len(first_prompt))
+    with Context(model, n_ctx=ctx.n_ctx, n_batch=chunk, n_seq_max=1, n_threads=threads,
+                 config=OptConfig(env={}, **config)) as own:
+        return trace_turns(method, own, model, n_turns, n_gen, n_ppl, first_whole=True)
+
+
+def trace_turns(method: Method, ctx: Context, model: Model, n_turns: int, n_gen: int, n_ppl: int,
+                first_whole: bool = False) -> list[TraceTurn]:
     session = ctx.session()
     session.configure_tier2(**method.tier2())
     out = []
     try:
         for i, segments, answer in trace_segments(model, n_turns):
             measured = i >= 3 and i % 3 == 0
+            if first_whole and i == 0:
+                session.append([t for tokens, _ in segments for t in tokens])
+                assert session.stats.h2o_chunks > 0, "the first prompt fits one chunk: H2O did nothing"
+                segments = []
             for k, (tokens, kind) in enumerate(segments):
                 if k == len(segments) - 2 and measured:  # the last message is the query
                     method.before_query(session, sum(len(t) for t, _ in segments[k:]))
@@ -567,10 +587,9 @@ def main() -> int:
     trace: dict[str, list[TraceTurn]] = {}
     if args.trace_turns:
         for method in methods:
-            if method.name == "h2o":
-                continue  # a fresh prompt's method: the trace appends message by message (see the docstring)
             t0 = time.perf_counter()
-            trace[method.label] = run_trace(method, ctx, model, args.trace_turns, args.gen, args.ppl_tokens)
+            trace[method.label] = run_trace(method, ctx, model, args.trace_turns, args.gen, args.ppl_tokens,
+                                            args.threads)
             print(f"{method.label}: agent trace in {time.perf_counter() - t0:.0f}s", flush=True)
     ctx.close()
 

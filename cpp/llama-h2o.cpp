@@ -238,11 +238,11 @@ void llama_h2o::subset(uint32_t il, uint32_t n_tokens, llama_h2o_subset & out) c
     out.n_mem = n_head_ > 0 ? size_of(0) : 0;
     out.pos.clear();
     for (uint32_t h = 0; h < n_head_; ++h) {
-        // every head has the same candidates and window; only a chunk shorter than L (the prompt's
-        // last, whose memory set no chunk uses) could make the sizes differ
+        // every head has as many candidates (build_memory_set's heavy hitters lie below the earlier
+        // window's start) and the same window: one mask serves all heads
         if (size_of(h) != out.n_mem) {
             throw std::logic_error("H2O: the heads of layer " + std::to_string(il) +
-                                   " have memory sets of different sizes (a chunk after one shorter than L?)");
+                                   " have memory sets of different sizes (a broken invariant of build_memory_set)");
         }
         out.pos.insert(out.pos.end(), mem + (size_t) h * M, mem + (size_t) h * M + out.n_mem);
     }

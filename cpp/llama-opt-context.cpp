@@ -480,8 +480,8 @@ void llama_opt_context::compute_span_h2o(int32_t seq, const llama_token * tokens
             auto           t0   = clock::now();
             for (size_t i = 0; i < layers.size(); ++i) {
                 state.subset((uint32_t) i, n, subsets[i]);
-                if (!llama_set_attn_subset(ctx_, layers[i], subsets[i].pos.data(), (int32_t) subsets[i].n_mem,
-                                           (int32_t) n)) {
+                if (!llama_set_attn_subset(ctx_, layers[i], (int32_t) h2o_capture_->n_head(), subsets[i].pos.data(),
+                                           (int32_t) subsets[i].n_mem, (int32_t) n)) {
                     throw llama_opt_error(llama_opt_errc::decode_failed,
                                           "llama.cpp refused the attention subset of layer " + std::to_string(layers[i]));
                 }

@@ -471,35 +471,46 @@ static void test_subset_is_each_heads_memory_set() {
     CHECK(sub.pos[0] != sub.pos[sub.n_mem] || sub.pos[1] != sub.pos[sub.n_mem + 1]);  // the heads chose differently
 }
 
-// Every head's memory set has the same size after every chunk a later chunk uses (subset() relies on
-// it: one mask for all heads), also when the prompt has fewer tokens than L, or than M, before it.
+// Every head's memory set of a layer has the same size after every chunk (subset() relies on it: one
+// mask for all heads), strictly ascending and below the next chunk, for chunks of any length (short
+// ones too, also in the middle of a prompt) and memory sets larger than what came before.
 static void test_memory_sets_of_one_layer_have_one_size() {
-    const uint32_t S = 32, n_head = 4;
-    for (uint32_t L : { 4u, 16u, 31u }) {
+    const uint32_t S = 32, n_head = 4, n_chunks = 8;
+    bool ok = true;
+    for (uint32_t L : { 1u, 4u, 16u, 31u }) {
         for (uint32_t H : { 1u, 8u, S - L }) {
             if (L + H > S) {
                 continue;
             }
-            llama_h2o h2o(params_of(L, H, S), 1, n_head, 6 * S);
             std::mt19937 rng(L * 100 + H);
-            std::uniform_real_distribution<float> u(0.0f, 1.0f);
-            bool ok = true;
-            for (uint32_t c = 0; c < 5; ++c) {
+            std::uniform_int_distribution<uint32_t> length(1, S);
+            std::uniform_real_distribution<float>   u(0.0f, 1.0f);
+            llama_h2o h2o(params_of(L, H, S), 1, n_head, n_chunks * S);
+            uint32_t  end = 0;
+            for (uint32_t c = 0; c < n_chunks; ++c) {
+                const uint32_t   n = c % 2 ? length(rng) : S;
                 llama_h2o_subset sub;
                 try {
-                    h2o.subset(0, S, sub);
+                    h2o.subset(0, n, sub);
                 } catch (const std::logic_error &) {
                     ok = false;
                     break;
                 }
+                for (uint32_t h = 0; h < n_head; ++h) {
+                    const int32_t * head = sub.pos.data() + (size_t) h * sub.n_mem;
+                    for (uint32_t j = 0; j < sub.n_mem; ++j) {
+                        ok &= head[j] < (int32_t) end && (j == 0 || head[j] > head[j - 1]);
+                    }
+                }
                 std::vector<float> colsum((size_t) n_head * sub.n_keys());
                 for (float & v : colsum) v = u(rng);
                 h2o.update_layer(0, sub, colsum.data());
-                h2o.next_chunk(S);
+                h2o.next_chunk(n);
+                end += n;
             }
-            CHECK(ok);
         }
     }
+    CHECK(ok);
 }
 
 // update_layer = the column sums split into the memory set's and the chunk's, accumulated,
