@@ -1111,3 +1111,28 @@ def test_each_definition_an_allof_includes_is_merged_once(monkeypatch):
     assert len(followed) <= 2 * 41
     alone = json_schema_to_gbnf({"$defs": {"d0": defs["d0"]}, "$ref": "#/$defs/d0"})
     assert gbnf.replace("d40", "d0") == alone  # the same constraints (the rule named after the definition)
+
+
+def test_a_one_of_of_many_constants_compares_only_what_may_overlap(monkeypatch):
+    """oneOf alternatives that list their values overlap only where they share one: 3000 constants
+    and a string need a few thousand disjointness tests, not every pair (4.5 million: 5000
+    constants took a minute), and the overlaps are still found."""
+    from pyllamaopt.grammar import composition
+
+    tests = []
+    disjoint = composition._disjoint
+
+    def counting(root: Any, a: Any, b: Any, depth: int) -> bool:
+        tests.append(depth)
+        return disjoint(root, a, b, depth)
+
+    monkeypatch.setattr(composition, "_disjoint", counting)
+    n = 3000
+    g = grammar({"oneOf": [{"const": i} for i in range(n)] + [{"type": "string"}]})
+    assert len(tests) <= 3 * n
+    assert g.matches("2999") and g.matches('"x"') and not g.matches("3000") and not g.matches("2.5")
+    # shared values are still told apart: 1 is in two alternatives, so neither may produce it
+    tests.clear()
+    g = grammar({"oneOf": [{"enum": [1, 2]}, {"enum": [1, 3]}] + [{"const": 10 + i} for i in range(n)]})
+    assert len(tests) <= 3 * n
+    assert g.matches("2") and g.matches("3") and g.matches("3009") and not g.matches("1")

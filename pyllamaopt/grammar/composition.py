@@ -3,6 +3,8 @@ into one schema, and whether two schemas are disjoint (oneOf alternatives must b
 from __future__ import annotations
 
 import json
+from collections import defaultdict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import GrammarError, UnenforceableSchemaError
@@ -179,10 +181,11 @@ def _exclusive(root: Any, alts: list, path: str, relax: Relax, matches: Matches)
             alt = {}  # not merged: may overlap anything
         views.append(alt)
     out, first_overlap = [], None
+    may_overlap = _overlap_candidates(views)
     for i, alt in enumerate(alts):
         narrowings: list = []
         overlapping = []
-        for j in range(len(alts)):
+        for j in may_overlap(i):
             if j == i or _disjoint(root, views[i], views[j], 0):
                 continue
             separator = _separator(root, views[i], views[j])
@@ -207,6 +210,26 @@ def _exclusive(root: Any, alts: list, path: str, relax: Relax, matches: Matches)
                          "acceptable, or make them exclusive: different types, or a required property with a "
                          "different 'const'/'enum' in each"))
     return alts
+
+
+def _overlap_candidates(views: list) -> Callable[[int], Iterable[int]]:
+    """For alternative i, the alternatives _disjoint must look at, ascending: two that list their
+    values (enum/const) overlap only if they share one, so a listed alternative is compared with
+    the listed ones sharing a value and with every unlisted one — linear for a oneOf of thousands
+    of constants, which compared every pair."""
+    listed = [{_json_key(v) for v in values} if isinstance(view, dict) and (values := _values(view)) is not None
+              else None for view in views]
+    holders: dict = defaultdict(set)
+    for j, keys in enumerate(listed):
+        for key in keys or ():
+            holders[key].add(j)
+    unlisted = {j for j, keys in enumerate(listed) if keys is None}
+
+    def candidates(i: int) -> Iterable[int]:
+        if listed[i] is None:
+            return range(len(views))
+        return sorted(unlisted.union(*(holders[key] for key in listed[i])))
+    return candidates
 
 
 def _separator(root: Any, a: Any, b: Any) -> Any:
