@@ -170,7 +170,7 @@ async def messages(body: MessagesRequest, request: Request) -> Any:
                             "cache_creation_input_tokens": 0, "output_tokens": 0}}
         return sse(events, chunk, error_body, done_line=False, named=True, prologue=[{"type": "message_start",
                                                                                      "message": opened}])
-    _, text, done = await collect(events)
+    _, text, done = await collect(events, request.receive)
     reply.feed(text)
     content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text or not reply.calls else []
     content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c)} for c in reply.calls]

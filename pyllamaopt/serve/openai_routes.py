@@ -79,7 +79,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
                                   "finish_reason": FINISH_REASONS[event.finish_reason]}, event, include_usage)
 
         return sse(events, chunk, error_body)
-    _, text, done = await collect(events)
+    _, text, done = await collect(events, request.receive)
     return {**head, "choices": [{"index": 0, "text": text, "logprobs": None,
                                  "finish_reason": FINISH_REASONS[done.finish_reason]}],
             "usage": _usage(done.usage), "pyllamaopt": done.extension()}
@@ -158,7 +158,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                            event, include_usage)
 
         return sse(events, chunk, error_body)
-    _, text, done = await collect(events)
+    _, text, done = await collect(events, request.receive)
     reply.feed(text)
     message: dict[str, Any] = {"role": "assistant", "content": reply.text}
     if reply.calls:

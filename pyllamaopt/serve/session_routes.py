@@ -78,7 +78,7 @@ async def generate(session_id: str, body: SessionGenerateRequest, request: Reque
             return [event.session_fields()]
 
         return sse(events, chunk, error_body, done_line=False)
-    tokens, text, done = await collect(events)
+    tokens, text, done = await collect(events, request.receive)
     return {"tokens": tokens, "text": text, **done.session_fields()}
 
 

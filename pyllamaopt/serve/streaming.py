@@ -1,11 +1,12 @@
 """What every route does with a generation's events: collect them, or stream them as SSE."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sys
 import traceback
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -29,18 +30,46 @@ async def started(events: AsyncGenerator[Event, None]) -> AsyncGenerator[Event, 
     return rest()
 
 
-async def collect(events: AsyncIterator[Event]) -> tuple[list[int], str, DoneEvent]:
+class ClientGone(ServiceError):
+    """The client of a response that is not streamed went away: its generation ends at once, as a
+    stream's does when its client goes (nginx's 499; nobody reads it)."""
+
+    status = 499
+    kind = "client_closed_request"
+
+
+async def collect(events: AsyncGenerator[Event, None], receive: Receive) -> tuple[list[int], str, DoneEvent]:
+    """The whole generation, for a response that is not streamed. The request's `receive` is watched
+    meanwhile: a client gone ends the generation at the next event, where the server would otherwise
+    compute every token of an answer nobody waits for. (Starlette's Request.is_disconnected never
+    sees a disconnect behind an HTTP middleware: its check is a receive cancelled at once.)"""
+    gone = asyncio.ensure_future(_disconnect(receive))
     tokens: list[int] = []
     text: list[str] = []
     done = None
-    async for event in events:
-        if isinstance(event, TokenEvent):
-            tokens.append(event.id)
-            text.append(event.text)
-        else:
-            done = event
+    try:
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if gone.done():
+                    raise ClientGone("the client closed the connection before the answer was complete")
+                if isinstance(event, TokenEvent):
+                    tokens.append(event.id)
+                    text.append(event.text)
+                else:
+                    done = event
+    finally:
+        gone.cancel()
     assert done is not None, "a generation always ends with a DoneEvent"
     return tokens, "".join(text), done
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Returns once the client is gone (the body was read before: nothing else can come)."""
+    with contextlib.suppress(Exception):  # a server that cannot say: never "gone"
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        return
+    await asyncio.Event().wait()
 
 
 def sse(events: AsyncGenerator[Event, None], chunk: Callable[[Event], list[dict[str, Any]]],

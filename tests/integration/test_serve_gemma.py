@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import socket
+import time
 
 import anthropic
 import pytest
@@ -156,3 +158,26 @@ def test_concurrent_chats_get_the_answers_they_get_alone(warm):
     with concurrent.futures.ThreadPoolExecutor(len(asks)) as pool:
         together = list(pool.map(ask, asks))
     assert together == alone
+
+
+def test_a_client_gone_before_a_whole_answer_ends_its_generation(warm):
+    """A response that is not streamed: once its client has gone, the server stops computing (it went
+    on with every token of an answer nobody waited for: seconds of both cores, other clients
+    queued behind it). The grammar makes the answer 900 tokens long unless it is cut."""
+    prompt = warm.request("POST", "/v1/tokenize", {"text": "Once upon a time", "add_bos": True})[1]["tokens"]
+    sid = warm.request("POST", "/v1/sessions", {"tokens": prompt})[1]["session_id"]
+    body = json.dumps({"max_tokens": 900, "grammar": "root ::= x{100}\nx ::= [ab]{100}"}).encode()
+    host, port = warm.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(f"POST /v1/sessions/{sid}/generate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(1.0)  # generating; then the connection closes, no answer read
+    deadline = time.monotonic() + 120
+    while (info := warm.request("GET", f"/v1/sessions/{sid}")[1])["generating"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    generated = len(info["tokens"]) - len(prompt)
+    assert 0 < generated < 900, f"{generated} tokens generated for a client that left after 1 s"
+    # the session is usable, and goes on from where the generation stopped
+    status, out = warm.request("POST", f"/v1/sessions/{sid}/generate", {"max_tokens": 3, "grammar": "root ::= [ab]+"})
+    assert status == 200 and len(out["tokens"]) == 3
+    assert warm.request("DELETE", f"/v1/sessions/{sid}")[0] == 204
