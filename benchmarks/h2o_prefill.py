@@ -5,10 +5,10 @@ side in one run, on the same prompts.
     python benchmarks/h2o_prefill.py [--model gemma3-270m] [--lengths 4096,8192,16384]
                                      [--window 256] [--heavy 256] [--chunk 512] [--threads 2] [--reps 1]
 
-For each length: one context with H2O off and one with it on (same n_batch = the chunk, flash
-attention on, the canonical schedule), a fresh session appending the same prompt (prose-like text,
-another one each repetition so that the exact context cannot reuse the last), timed; repetitions
-alternate the two. Prints wall seconds, the process's CPU seconds (user + system: less sensitive to
+For each length and repetition: a fresh context with H2O off and one with it on (same n_batch =
+the chunk, flash attention on, the canonical schedule; fresh, so that no cell of an earlier prompt
+is in the cache), each appending the same prompt (prose-like text, another one each repetition),
+timed; repetitions alternate the two. Prints wall seconds, the process's CPU seconds (user + system: less sensitive to
 other processes on a loaded machine than wall time; with --threads 1 no thread spins at a barrier
 either), the ratios exact / H2O, and H2O's counters (chunks, memory-set entries, host time in
 selection) and top-1 agreement of the last token's logits with exact; then two bounds from one more
@@ -23,6 +23,7 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -53,11 +54,11 @@ def timed_append(ctx: Context, tokens: list[int]) -> tuple[float, float, np.ndar
     return seconds, cpu, logits, stats
 
 
-def chunk_seconds(ctx: Context, prompts: list[list[int]], chunk: int) -> list[float]:
+def chunk_seconds(make_context: Callable[[], Context], prompts: list[list[int]], chunk: int) -> list[float]:
     """Exact prefill chunk by chunk (the batches it computes anyway), each chunk timed: the first
-    prompt whole, the others' first two chunks only (each a prompt of its own: the exact context
-    would reuse a repeated one), whose medians replace the first's two timings, on which the bounds
-    rest. What bounds any speed-up of H2O, which changes only the full-attention layers' attention
+    prompt whole, the others' first two chunks only, whose medians replace the first's two timings,
+    on which the bounds rest. Each prompt in a fresh context (the cells another prompt left in the
+    pool would lengthen every chunk's attention, which reads the mask of every cell in use). What bounds any speed-up of H2O, which changes only the full-attention layers' attention
     and leaves the rest of a chunk's work as it is: an ideal H2O chunk after the first costs what
     chunk 1 does (its full-attention layers see at most 2 S keys, which is S + M at M = S), the first
     is exact's chunk 0, and no chunk costs less than chunk 0 (the least attention of all, in every
@@ -65,13 +66,13 @@ def chunk_seconds(ctx: Context, prompts: list[list[int]], chunk: int) -> list[fl
     exact / (chunks × chunk 0) one no method on those layers can pass."""
     timings: list[list[float]] = []
     for k, tokens in enumerate(prompts):
-        s = ctx.session()
-        timings.append([])
-        for start in range(0, len(tokens) if k == 0 else 2 * chunk, chunk):
-            t0 = time.perf_counter()
-            s.append(tokens[start:start + chunk])
-            timings[-1].append(time.perf_counter() - t0)
-        s.close()
+        with make_context() as ctx:
+            s = ctx.session()
+            timings.append([])
+            for start in range(0, len(tokens) if k == 0 else 2 * chunk, chunk):
+                t0 = time.perf_counter()
+                s.append(tokens[start:start + chunk])
+                timings[-1].append(time.perf_counter() - t0)
     seconds = timings[0]
     for i in (0, 1):
         seconds[i] = statistics.median(t[i] for t in timings)
@@ -101,23 +102,23 @@ def main() -> int:
     for n in lengths:
         common = dict(n_ctx=n + 256, n_batch=args.chunk, n_seq_max=2, n_threads=args.threads, flash_attn=True)
         exact_s, h2o_s, exact_cpu, h2o_cpu = [], [], [], []
-        with Context(model, config=OptConfig(env={}), **common) as exact_ctx, \
-                Context(model, config=OptConfig(env={}, **h2o), **common) as h2o_ctx:
-            for rep in range(args.reps):
-                tokens = prompt(model, n, rep)
-                order = [("exact", exact_ctx), ("h2o", h2o_ctx)]
-                for name, ctx in (order if rep % 2 == 0 else order[::-1]):
+        exact_context = lambda: Context(model, config=OptConfig(env={}), **common)  # noqa: E731
+        for rep in range(args.reps):
+            tokens = prompt(model, n, rep)
+            order = [("exact", exact_context), ("h2o", lambda: Context(model, config=OptConfig(env={}, **h2o), **common))]
+            for name, make in (order if rep % 2 == 0 else order[::-1]):
+                with make() as ctx:
                     seconds, cpu, logits, stats = timed_append(ctx, tokens)
-                    if name == "exact":
-                        assert stats["tokens_prefilled"] == n, "the exact context reused an earlier prompt"
-                        exact_s.append(seconds)
-                        exact_cpu.append(cpu)
-                        exact_logits = logits
-                    else:
-                        h2o_s.append(seconds)
-                        h2o_cpu.append(cpu)
-                        h2o_logits, h2o_stats = logits, stats
-            chunks = chunk_seconds(exact_ctx, [prompt(model, n, args.reps + k) for k in range(5)], args.chunk)
+                if name == "exact":
+                    assert stats["tokens_prefilled"] == n, "the exact context reused an earlier prompt"
+                    exact_s.append(seconds)
+                    exact_cpu.append(cpu)
+                    exact_logits = logits
+                else:
+                    h2o_s.append(seconds)
+                    h2o_cpu.append(cpu)
+                    h2o_logits, h2o_stats = logits, stats
+        chunks = chunk_seconds(exact_context, [prompt(model, n, args.reps + k) for k in range(5)], args.chunk)
         e, h = statistics.median(exact_s), statistics.median(h2o_s)
         ec, hc = statistics.median(exact_cpu), statistics.median(h2o_cpu)
         same = bool(np.argmax(exact_logits) == np.argmax(h2o_logits))
