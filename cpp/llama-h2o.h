@@ -50,6 +50,8 @@ struct llama_h2o_chunk_state {
 
 // Column sums of one chunk's attention weights: for each head and key, the sum over queries.
 // weights: n_head × n_query × n_key (row-major, one softmax row per query); out: n_head × n_key.
+// The engine has the graph compute them (patches/0010's "kq_colsum"); this is the definition the
+// unit tests and bench-h2o hold the scores to.
 void llama_h2o_column_sums(const float * weights, uint32_t n_head, uint32_t n_query, uint32_t n_key, float * out);
 
 // Zero-initialized storage that costs nothing until it is touched: calloc's pages come zeroed from

@@ -1,9 +1,9 @@
 #pragma once
 
 // llama-opt-h2o-capture: the column sums of H2O chunks (docs/h2o.md). During a chunk computed with
-// attention subsets (patches/0010), each full-attention layer's softmax weights are the graph tensor
-// "kq_soft_max-<il>" ([n_keys, n_tokens, n_head]); the eval callback reads it and keeps the sum over
-// the chunk's queries of each head's weights (llama_h2o_column_sums), n_head x n_keys per layer.
+// attention subsets (patches/0010), the graph sums each full-attention layer's softmax weights over
+// the chunk's queries into "kq_colsum-<il>" ([n_keys, 1, n_head]); the eval callback keeps them,
+// n_head x n_keys per layer.
 
 #include "llama-opt-attn-capture.h"
 #include "llama.h"
@@ -37,5 +37,4 @@ private:
     uint32_t                        n_head_ = 0;
     bool                            armed_  = false;
     std::vector<std::vector<float>> colsum_;
-    std::vector<float>              weights_;  // scratch: one layer's weights
 };
