@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <random>
 #include <stdexcept>
 
 #include <dirent.h>
@@ -413,7 +414,11 @@ bool llama_opt_persist_store::save(const llama_opt_persist_layout & layout, cons
     static std::atomic<uint64_t> counter{ 0 };
     const std::string name = hex(h.context_hash) + "-" + hex(layout.model_hash ^ layout.compat_hash) + SUFFIX;
     const std::string path = dir_ + "/" + name;
-    const std::string tmp  = dir_ + "/" + TMP_PREFIX + name + "." + std::to_string(getpid()) + "." + std::to_string(counter++);
+    // the pid and a random part: a process killed mid-save leaves its file, and a later one with the
+    // same pid (the first process of a restarted container) must not find its name taken
+    const std::string tmp  = dir_ + "/" + TMP_PREFIX + name + "." + std::to_string(getpid()) + "." +
+                            hex(std::random_device{}() ^ ((uint64_t) std::random_device{}() << 32)) + "." +
+                            std::to_string(counter++);
 
     fd_guard f{ open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600) };
     if (f.fd < 0) {
@@ -541,10 +546,26 @@ bool llama_opt_persist_store::remove(const std::string & path) const {
     return unlink(path.c_str()) == 0;
 }
 
+void llama_opt_persist_store::touch(const std::string & path) const {
+    utimensat(AT_FDCWD, path.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);  // gone meanwhile: nothing to keep
+}
+
 bool llama_opt_same_file_version(const struct stat & a, const struct stat & b) {
     return a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_size == b.st_size &&
            a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec &&
            a.st_ctim.tv_sec == b.st_ctim.tv_sec && a.st_ctim.tv_nsec == b.st_ctim.tv_nsec;
+}
+
+// git's "racy" rule: a file written just before it was read could be written again within its
+// timestamps' granularity without its times changing, and a remembered hash of the old content would
+// then name the new one. So a hash is remembered only if the file's times are older than `read_start`
+// by more than that granularity: 2 s where they have no sub-second part (FAT's 2 s, ext2's or
+// HFS+'s 1 s), else 100 ms (ext4 and others stamp from a clock of a few ms).
+static bool settled_before(const struct stat & st, const timespec & read_start) {
+    const auto ns = [](const timespec & t) { return (int64_t) t.tv_sec * 1000000000 + t.tv_nsec; };
+    const bool    whole_seconds = st.st_mtim.tv_nsec == 0 && st.st_ctim.tv_nsec == 0;
+    const int64_t granularity   = whole_seconds ? 2000000000 : 100000000;
+    return std::max(ns(st.st_mtim), ns(st.st_ctim)) + granularity < ns(read_start);
 }
 
 uint64_t llama_opt_file_hash(const std::string & path, const std::string & memo_dir, const struct stat & loaded) {
@@ -559,10 +580,10 @@ uint64_t llama_opt_file_hash(const std::string & path, const std::string & memo_
     if (!llama_opt_same_file_version(st, loaded)) {
         throw changed();
     }
-    char key[4096 + 128];
-    snprintf(key, sizeof(key), "%llu %llu %lld.%09ld %lld.%09ld %s", (unsigned long long) st.st_ino,
-             (unsigned long long) st.st_size, (long long) st.st_mtim.tv_sec, (long) st.st_mtim.tv_nsec,
-             (long long) st.st_ctim.tv_sec, (long) st.st_ctim.tv_nsec, path.c_str());
+    char key[4096 + 160];
+    snprintf(key, sizeof(key), "%llu:%llu %llu %lld.%09ld %lld.%09ld %s", (unsigned long long) st.st_dev,
+             (unsigned long long) st.st_ino, (unsigned long long) st.st_size, (long long) st.st_mtim.tv_sec,
+             (long) st.st_mtim.tv_nsec, (long long) st.st_ctim.tv_sec, (long) st.st_ctim.tv_nsec, path.c_str());
     const std::string memo = memo_dir + "/file-hashes";
     struct stat mst;
     const bool memo_ok = lstat(memo.c_str(), &mst) == 0 && S_ISREG(mst.st_mode);  // never a link
@@ -584,6 +605,8 @@ uint64_t llama_opt_file_hash(const std::string & path, const std::string & memo_
             return found;
         }
     }
+    timespec read_start{};
+    clock_gettime(CLOCK_REALTIME, &read_start);
     fd_guard in{ open(path.c_str(), O_RDONLY | O_CLOEXEC) };
     if (in.fd < 0) {
         throw std::runtime_error(errno_text("cannot read " + path));
@@ -608,7 +631,7 @@ uint64_t llama_opt_file_hash(const std::string & path, const std::string & memo_
         offset += (uint64_t) r;
     }
     std::string ignored;
-    if (make_dirs(memo_dir, ignored)) {
+    if (settled_before(st, read_start) && make_dirs(memo_dir, ignored)) {
         fd_guard out{ open(memo.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600) };
         const std::string line = hex(h) + " " + key + "\n";
         if (out.fd >= 0 && write(out.fd, line.data(), line.size()) < 0) {

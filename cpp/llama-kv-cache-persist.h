@@ -107,6 +107,8 @@ public:
     size_t cleanup(int64_t max_age_s, uint64_t max_bytes, const std::string & keep = "") const;
     // Removes one entry; false if it was not there.
     bool remove(const std::string & path) const;
+    // Marks an entry used now (its mtime: the order in which cleanup removes entries).
+    void touch(const std::string & path) const;
 
     // Test hook: saves fail after writing this many bytes of their temporary file, as on a full
     // disk (0: off).
@@ -133,9 +135,10 @@ bool llama_opt_persist_prepare_dir(const std::string & dir, std::string & why);
 std::string llama_opt_persist_default_dir();
 
 // The checksum of a file's whole content (the model's identity: its weights and metadata, not
-// its name). Remembered in memo_dir/file-hashes by (path, inode, size, mtime, ctime), so that a
-// large model is read once per version, not once per process. ctime is there because tools
-// that copy a file may restore its mtime, but nothing can set ctime back. `loaded`: the file as the
+// its name). Remembered in memo_dir/file-hashes by (path, device, inode, size, mtime, ctime), so that
+// a large model is read once per version, not once per process. ctime is there because tools
+// that copy a file may restore its mtime, but nothing can set ctime back; a file written just before
+// it was read is not remembered (its times could stay the same through another write). `loaded`: the file as the
 // model was loaded from it (its stat); a file at `path` that is no longer that one (replaced, or
 // written since) throws, as its content would name KV computed with other weights. Throws
 // std::runtime_error if the file cannot be read.

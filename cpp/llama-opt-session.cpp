@@ -757,7 +757,9 @@ size_t llama_opt_session::save_blocks() {
     }
     const size_t n = n_blocks * B;
     const std::vector<uint64_t> chain = persist_chain(n_blocks);
-    if (store->find(layout, chain, tokens_.data(), n_blocks).n_blocks == n_blocks) {
+    const llama_opt_persist_store::match stored = store->find(layout, chain, tokens_.data(), n_blocks);
+    if (stored.n_blocks == n_blocks) {
+        store->touch(stored.entry.path);  // used again: the last to go when the store is cleaned
         return n;  // stored already (maybe within a longer context)
     }
     std::vector<uint8_t> rows(n * layout.bytes_per_token);

@@ -30,6 +30,7 @@ from .errors import (
     InvariantViolationError,
     ModelLoadError,
     ModelNotFoundError,
+    PersistError,
     PyllamaoptError,
     ServerError,
     ServerOverloadedError,
@@ -88,7 +89,8 @@ __all__ = [
     "build_info", "features", "fields",
     "ChatTemplateError", "ConfigError", "ContextOverflowError", "DecodeError", "DeltaError", "FeatureUnavailableError",
     "GrammarError",
-    "InvalidArgumentError", "InvalidTokenError", "ModelLoadError", "ModelNotFoundError", "PyllamaoptError",
+    "InvalidArgumentError", "InvalidTokenError", "ModelLoadError", "ModelNotFoundError", "PersistError",
+    "PyllamaoptError",
     "SessionClosedError", "SessionEvictedError", "UnenforceableSchemaError", "UnsupportedRegexError",
     "AuthenticationError", "InvariantViolationError", "ServerError", "ServerOverloadedError", "SessionBusyError",
 ]

@@ -90,6 +90,11 @@ class DeltaError(PyllamaoptError, ValueError):
     unsupported matrix, a rank out of range, a parent model that does not match..."""
 
 
+class PersistError(PyllamaoptError, OSError):
+    """A persistent KV cache directory could not be changed as asked (pyllamaopt.PersistStore):
+    files it cannot remove, in a read-only directory or one of another owner."""
+
+
 class ServerError(PyllamaoptError):
     """An answer of a pyllamaopt server that no local operation gives (raised by pyllamaopt.client,
     which raises the classes above for the rest: SessionClosedError for an unknown, closed, expired

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from . import _core
 from .config import OptConfig
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, PersistError
 
 __all__ = ["PersistEntry", "PersistStore", "default_persist_dir"]
 
@@ -48,6 +48,19 @@ class PersistEntry:
         return time.time() - self.mtime
 
 
+_TMP_PREFIX = ".tmp-"   # kv-cache-persist's temporary files
+_MEMO = "file-hashes"  # kv-cache-persist's memo of model files' checksums
+
+
+def _unlink(path: Path) -> str:
+    """'' once removed (or already gone), else why not, as ' (could not remove: ...)'."""
+    try:
+        path.unlink(missing_ok=True)
+        return ""
+    except OSError as exc:
+        return f" (could not remove: {exc.strerror or exc})"
+
+
 def _number(value: object) -> float | None:
     """A real number (numpy's too) as a float, else None (a bool is not a number here)."""
     return None if isinstance(value, bool) or not isinstance(value, numbers.Real) else float(cast(Any, value))
@@ -64,7 +77,13 @@ class PersistStore:
 
     def __init__(self, directory: str | os.PathLike[str] | None = None, *,
                  _core_store: _core.PersistStore | None = None) -> None:
-        self._core = _core_store or _core.PersistStore(str(directory or default_persist_dir()))
+        path = os.fspath(directory or default_persist_dir())
+        try:
+            path.encode()
+        except UnicodeEncodeError:
+            raise InvalidArgumentError(f"the persist directory {path!r} is not a valid UTF-8 path: use (or link to) "
+                                       "a directory whose name is") from None
+        self._core = _core_store or _core.PersistStore(path)
 
     @property
     def directory(self) -> Path:
@@ -88,16 +107,25 @@ class PersistStore:
         """Bytes used by the entries."""
         return sum(e.size for e in self.entries())
 
+    def leftovers(self) -> list[tuple[Path, int]]:
+        """Files of saves that were interrupted (a killed process), with their sizes: a save removes
+        those older than an hour, ``clean`` too, ``clear`` all of them."""
+        try:
+            with os.scandir(self.directory) as names:
+                return [(Path(e.path), e.stat(follow_symlinks=False).st_size) for e in names
+                        if e.name.startswith(_TMP_PREFIX) and e.is_file(follow_symlinks=False)]
+        except OSError:
+            return []
+
     def verify(self, *, remove: bool = False) -> dict[Path, str]:
         """Reads every entry and checks every checksum: ``{path: problem}`` for the bad ones,
-        which are removed with ``remove=True``. (Loading checks the blocks it reads anyway.)"""
+        which are removed with ``remove=True`` (a removal that fails adds why to the problem).
+        (Loading checks the blocks it reads anyway.)"""
         problems = {}
         for entry in self.entries():
             problem = entry.problem or self._core.verify(str(entry.path))
             if problem:
-                problems[entry.path] = problem
-                if remove:
-                    self._core.remove(str(entry.path))
+                problems[entry.path] = problem + (_unlink(entry.path) if remove else "")
         return problems
 
     def clean(self, *, max_age: float | None = None, max_mb: float | None = None) -> int:
@@ -116,8 +144,19 @@ class PersistStore:
         return self._core.cleanup(age, max_bytes)
 
     def clear(self) -> int:
-        """Removes every entry. Returns the number removed."""
-        return sum(self._core.remove(str(e.path)) for e in self.entries())
+        """Removes every entry, every leftover of an interrupted save, and the memo of model files'
+        checksums (which the engine trusts: a directory others could write may hold planted lines).
+        Returns the number of files removed; raises PersistError naming those it could not remove."""
+        paths = [e.path for e in self.entries() if e.problem != "not a regular file"]  # a directory named so: not ours
+        paths += [p for p, _ in self.leftovers()]
+        memo = self.directory / _MEMO
+        if memo.is_file() and not memo.is_symlink():
+            paths.append(memo)
+        failed = {p: why for p in paths if (why := _unlink(p))}
+        if failed:
+            raise PersistError(f"could not remove {len(failed)} of {len(paths)} files in {self.directory}: " +
+                               "; ".join(f"{p.name}{why}" for p, why in failed.items()))
+        return len(paths)
 
     def __repr__(self) -> str:
         return f"PersistStore({str(self.directory)!r})"

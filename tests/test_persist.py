@@ -681,8 +681,9 @@ def test_foreign_files_are_ignored_and_only_bad_entries_cleaned(tiny_model, tmp_
     assert not garbage.exists() and not header_only.exists()
     assert notes.read_text() == "my notes\n"
     assert path.exists() and store.verify().keys() <= {tmp_path / "sub.llkv"}
-    assert store.clear() == 1
-    assert notes.exists() and not path.exists()
+    memo = tmp_path / "file-hashes"
+    assert store.clear() == 1 + memo.exists()  # the entry and the memo of model checksums
+    assert notes.exists() and not path.exists() and not memo.exists() and (tmp_path / "sub.llkv").is_dir()
 
 
 # --- failing saves --------------------------------------------------------------------------
@@ -1137,3 +1138,43 @@ def test_cache_help_documents_the_permissions_and_the_command_warns(tiny_model, 
     directory.chmod(0o755)
     assert PersistStore(directory).refusal() == "" and directory.stat().st_mode & 0o777 == 0o700
     assert PersistStore(tmp_path / "missing").refusal() == ""
+
+
+# --- what a second process or a long-running one leaves (review of the twelfth session) -------
+
+def test_a_prefix_stored_already_is_marked_used_when_a_session_closes(tiny_model, tmp_path):
+    """A prompt served from memory again and again is found stored already at each close: the
+    entry is marked used then (its mtime), so that an age or size limit removes it last, not first."""
+    tokens = text_tokens(tiny_model, 3 * BLOCK)
+    with persistent(tiny_model, tmp_path) as ctx:
+        first = ctx.session()
+        first.append(tokens)
+        assert first.save() == 3 * BLOCK
+        (entry,) = llkv_files(tmp_path)
+        week_ago = time.time() - 8 * 86400
+        os.utime(entry, (week_ago, week_ago))
+        again = ctx.session()
+        again.append(tokens)  # from the RAM tier: the disk is not read
+        assert again.stats.persist_tokens_restored == 0
+        assert again.save() == 3 * BLOCK and again.stats.persist_saves == 0  # stored already
+    assert time.time() - entry.stat().st_mtime < 600
+    assert PersistStore(tmp_path).clean(max_age=7 * 86400) == 0 and entry.exists()
+
+
+def test_clear_removes_leftovers_of_killed_saves_and_the_checksum_memo(tiny_model, tmp_path, capsys):
+    """`clear` (the CLI's `clean --all`, the remedy for a directory others could write) also removes
+    files of interrupted saves, which `ls` shows, and the memo of model checksums the engine trusts."""
+    path = save_history(tiny_model, tmp_path, text_tokens(tiny_model, 2 * BLOCK))
+    leftover = tmp_path / f".tmp-{path.name}.1.0"
+    leftover.write_bytes(bytes(5000))
+    (tmp_path / "file-hashes").write_text("0123456789abcdef 1:2 3 4.0 5.0 /planted/model.gguf\n")
+    store = PersistStore(tmp_path)
+    assert store.leftovers() == [(leftover, 5000)]
+    assert store.clear() == 3
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_a_persist_dir_that_is_not_utf8_is_refused_with_a_message(tmp_path):
+    name = os.fsdecode(bytes(tmp_path) + b"/kv-\xff")
+    with pytest.raises(InvalidArgumentError, match="not a valid UTF-8 path"):
+        PersistStore(name)

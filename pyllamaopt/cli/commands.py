@@ -11,7 +11,7 @@ from .. import build_info, features, fields
 from ..chat import Chat
 from ..config import CLI_VARIABLES, OptConfig
 from ..context import Context
-from ..errors import ContextOverflowError, InvalidArgumentError
+from ..errors import ContextOverflowError, InvalidArgumentError, PersistError
 from ..model import Model
 from ..persist import PersistStore
 from ..session import Generation
@@ -163,13 +163,19 @@ def info(args: argparse.Namespace) -> int:
 
 
 def cache(args: argparse.Namespace) -> int:
-    store = PersistStore(args.dir)
+    try:
+        store = PersistStore(args.dir)
+    except InvalidArgumentError as exc:
+        raise SystemExit(f"pyllamaopt: error: {exc}") from None
     refusal = store.refusal()
     if refusal:  # still listed, verified and cleaned: `clean --all` is how to clear an untrusted one
         print(f"pyllamaopt: warning: contexts with persistence refuse this directory: {refusal}", file=sys.stderr)
     if args.action == "ls":
-        entries = store.entries()
+        entries, leftovers = store.entries(), store.leftovers()
         print(f"{store.directory}: {len(entries)} entries, {sum(e.size for e in entries) / 2**20:.1f} MiB")
+        if leftovers:
+            print(f"  and {len(leftovers)} file(s) of interrupted saves, {sum(s for _, s in leftovers) / 2**20:.1f} MiB "
+                  "(`pyllamaopt cache clean` removes those older than an hour, `clean --all` all)")
         for e in sorted(entries, key=lambda e: e.mtime, reverse=True):
             state = f"  PROBLEM: {e.problem}" if e.problem else ""
             print(f"  {e.path.name}  {e.n_tokens:>7} tokens  {e.size / 2**20:>8.1f} MiB  "
@@ -179,9 +185,11 @@ def cache(args: argparse.Namespace) -> int:
         problems = store.verify(remove=args.remove)
         for path, problem in problems.items():
             print(f"{path}: {problem}")
-        hint = " (removed)" if args.remove else " (`pyllamaopt cache verify --remove` removes them)"
+        kept = [p for p in problems if p.exists()]  # bad, and not removed (or not asked to)
+        hint = (" (`pyllamaopt cache verify --remove` removes them)" if not args.remove else
+                " (removed)" if not kept else f" ({len(problems) - len(kept)} removed, {len(kept)} could not be)")
         print(f"{len(store.entries())} entries left, {len(problems)} bad" + (hint if problems else ""))
-        return 1 if problems and not args.remove else 0
+        return 1 if kept else 0
     if args.max_age is not None and not (math.isfinite(args.max_age) and args.max_age > 0):
         raise SystemExit("pyllamaopt: error: --max-age must be a positive number of days")
     if args.max_mb is not None and not (math.isfinite(args.max_mb) and args.max_mb >= 0):
@@ -189,7 +197,7 @@ def cache(args: argparse.Namespace) -> int:
     try:
         removed = store.clear() if args.all else store.clean(
             max_age=None if args.max_age is None else args.max_age * 86400, max_mb=args.max_mb)
-    except InvalidArgumentError as exc:  # days beyond what seconds can count
+    except (InvalidArgumentError, PersistError) as exc:  # days beyond what seconds can count; files kept
         raise SystemExit(f"pyllamaopt: error: {exc}") from None
     print(f"removed {removed} file(s); {len(store.entries())} entries left in {store.directory}")
     return 0
