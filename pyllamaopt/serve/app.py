@@ -24,6 +24,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..chat import ChatTemplate
 from ..config import OptConfig
@@ -34,7 +35,7 @@ from ..session import Session
 from . import anthropic_routes, openai_routes, session_routes
 from .metrics import Metrics
 from .scheduler import Scheduler
-from .service import Service, ServiceError
+from .service import InternalError, Service, ServiceError
 
 
 @dataclass
@@ -160,6 +161,19 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
     async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         return error_response(request, ServiceError(f"invalid request body: {where}"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # the framework's own (a body it cannot parse, an unknown route): the protocol's error shape too
+        return error_response(request, _Refused(str(exc.detail), exc.status_code,
+                                                "not_found_error" if exc.status_code == 404 else "invalid_request_error"))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # a bug: still the protocol's JSON shape (a text/plain 500 made the client libraries retry it);
+        # the traceback goes to stderr (Starlette re-raises it to the server, which logs it)
+        return error_response(request, InternalError(f"internal error ({type(exc).__name__}); the server's log has "
+                                                     "the details"))
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

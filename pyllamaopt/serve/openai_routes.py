@@ -11,6 +11,7 @@ from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, Name
 from .service import BadRequest, DoneEvent, Event, Service, ServiceError, TokenEvent, Usage
 from .streaming import collect, sse, started
 from .tools import (
+    NO_PARAMETERS,
     ArgumentsPiece,
     CallStart,
     Piece,
@@ -105,7 +106,9 @@ def _turns(messages: list[ChatMessage]) -> list[Turn]:
 
 
 def _tools(body: ChatCompletionRequest) -> tuple[list[Tool], ToolChoice]:
-    tools = [Tool(t.function.name, t.function.description, t.function.parameters or {}) for t in body.tools or []]
+    # no parameters: OpenAI's "empty parameter list" (not "any object")
+    tools = [Tool(t.function.name, t.function.description,
+                  NO_PARAMETERS if t.function.parameters is None else t.function.parameters) for t in body.tools or []]
     parallel = body.parallel_tool_calls is not False
     choice = body.tool_choice
     if isinstance(choice, NamedToolChoice):

@@ -42,6 +42,8 @@ INSTRUCTION = (
 
 ChoiceMode = Literal["auto", "required", "none"]
 
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}  # arguments {}
+
 
 @dataclass(frozen=True)
 class Tool:
@@ -101,8 +103,9 @@ def arguments_text(arguments: Any, where: str) -> str:
     if isinstance(arguments, str):
         try:
             value = json.loads(arguments)
-        except json.JSONDecodeError as exc:
-            raise BadRequest(f"{where} is not JSON ({exc}): send the arguments as a JSON object's text") from None
+        except (ValueError, RecursionError) as exc:  # not JSON; a number of 4300+ digits; nested too deep
+            raise BadRequest(f"{where} is not JSON we can read ({exc}): send the arguments as a JSON object's "
+                             "text") from None
         text = arguments if not _free_whitespace(arguments) else compact(value)
     else:
         value, text = arguments, compact(arguments)
@@ -129,10 +132,13 @@ def text_of(content: str | list[dict[str, Any]] | None, where: str) -> str:
     shapes agree on {"type": "text", "text": ...}); other kinds are a 400."""
     if content is None or isinstance(content, str):
         return content or ""
+    if not isinstance(content, list):
+        raise BadRequest(f"{where} must be a string or a list of content blocks, got {compact(content)[:80]}")
     parts = []
     for part in content:
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise BadRequest(f"{where}: content parts must be of type 'text' (got {part.get('type')!r}): "
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise BadRequest(f"{where}: content parts must be of type 'text' (got {kind!r}): "
                              "this server takes text only")
         parts.append(part["text"])
     return "".join(parts)
@@ -375,7 +381,7 @@ def _rebased(node: Any, base: str) -> Any:
         return node
     out: dict[str, Any] = {}
     for k, v in node.items():
-        if k == "$ref" and isinstance(v, str) and v.startswith("#"):
+        if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/")):  # a pointer ("#name": an anchor)
             out[k] = base + v[1:]
         elif k in _VALUES:
             out[k] = v

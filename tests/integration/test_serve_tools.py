@@ -228,6 +228,13 @@ OPENAI_BAD = [
     ({"messages": ASK + [{"role": "tool", "tool_call_id": "call_1", "content": "3"}]},
      "a tool result for call 'call_1', but no earlier assistant message made that call"),
     ({"messages": ASK + [{"role": "tool", "content": "3"}]}, "needs the 'tool_call_id'"),
+    # arguments JSON cannot read (they raised ValueError / RecursionError: a text/plain 500, retried by the clients)
+    ({"messages": ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": ' + "9" * 5000 + "}"}}]}]},
+     "is not JSON we can read"),
+    ({"messages": ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "[" * 5000 + "]" * 5000}}]}]},
+     "is not JSON we can read"),
 ]
 ANTHROPIC_BAD = [
     ({"tools": "get_weather"}, "body.tools"),
@@ -238,6 +245,13 @@ ANTHROPIC_BAD = [
      "no earlier assistant message made that call"),
     ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
         {"type": "tool_use", "id": "toolu_1", "name": "add", "input": "a=1"}]}]}, "'input' (an object)"),
+] + [  # a tool_result whose content is neither a string nor a list of blocks (a TypeError / AttributeError: a 500)
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "add", "input": {"a": 1, "b": 2}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": content}]}]}, message)
+    for content, message in [(5, "must be a string or a list of content blocks"),
+                             (["x"], "content parts must be of type 'text' (got 'str')"),
+                             ({"type": "text", "text": "3"}, "must be a string or a list of content blocks")]
 ]
 
 
@@ -300,3 +314,32 @@ def test_sparse_tool_results_marks_exactly_the_results_on_the_real_tokenizers(sm
         assert s.metrics()["pyllamaopt_sparse_tokens_dropped_total"] > 0
     finally:
         stop_server(s)
+
+
+def test_a_tool_without_parameters_is_called_with_none_and_anchor_references_resolve(served):
+    """OpenAI: a function whose 'parameters' are omitted has an empty parameter list (the model
+    invented arguments when it meant "any object"); a '$ref' to an '$anchor' in a tool's parameters
+    resolves (it was rebased like a JSON pointer: a 400 naming a definition nobody wrote)."""
+    client = served.client()
+    clock = [{"type": "function", "function": {"name": "get_time", "description": "The current time"}}]
+    reply = client.chat.completions.create(model="m", messages=ASK, tools=clock, max_tokens=40, temperature=0,
+                                           tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                           parallel_tool_calls=False)
+    (call,) = reply.choices[0].message.tool_calls
+    assert call.function.name == "get_time" and json.loads(call.function.arguments) == {}
+    anchored = {"type": "object", "properties": {"city": {"$ref": "#city"}}, "required": ["city"],
+                "$defs": {"City": {"$anchor": "city", "type": "string", "maxLength": 12}}}
+    reply = client.chat.completions.create(
+        model="m", messages=ASK, max_tokens=60, temperature=0,
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": anchored}}],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, parallel_tool_calls=False)
+    (call,) = reply.choices[0].message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    assert isinstance(arguments["city"], str) and len(arguments["city"]) <= 12
+
+
+def test_errors_outside_the_routes_have_the_protocols_shape(served):
+    status, out = served.request("GET", "/v1/no-such-route")
+    assert status == 404 and out["error"]["type"] == "not_found_error", out
+    status, out = served.request("POST", "/v1/chat/completions", raw=b"[" * 3000 + b"]" * 3000)
+    assert status in (400, 422) and "error" in out, out
