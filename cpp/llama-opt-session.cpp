@@ -296,6 +296,34 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
     }
 }
 
+// Aligned placement grows a sequence only into tiles above its highest one. A history placed in the
+// cache's top tiles (the free ones when it came) could not grow mid-answer although the cache had room
+// below: the answer ended as "context full". A step cannot move the session (its generated tokens'
+// KV would be computed again off the decode path), so the room is found before the first token, as
+// prefill finds its own: KV above evicted (cached blocks), else the history computed again from the
+// bottom (the same chunks: the same bits), letting idle sessions go if needed. Up to
+// OUTPUT_ROOM_RESERVED tokens of the budget: an unbounded answer may still meet the top later.
+void llama_opt_session::reserve_output_room() {
+    static constexpr size_t OUTPUT_ROOM_RESERVED = 512;
+    const size_t n = tokens_.size();
+    if (!ctx_->canonical() || approximate() || n_evaluated_ != n || n == 0) {
+        return;
+    }
+    const size_t end = std::min<size_t>(n + std::min<size_t>(output_budget_, OUTPUT_ROOM_RESERVED), ctx_->n_ctx());
+    if (end <= n || ctx_->kv_make_room(seq_, n, end, /* evict_sessions */ false)) {
+        return;
+    }
+    forget(0);
+    if (!ctx_->kv_make_room(seq_, 0, end, /* evict_sessions */ true)) {
+        ctx_->kv_make_room(seq_, 0, n, true);  // room for the history at least (it had it)
+    }
+    compute(0, n, &llama_opt_stats::tokens_prefilled, /* evict_sessions */ true);
+    n_evaluated_ = n;
+    logits_for_  = n;
+    n_canonical_ = n < ctx_->min_chunk() ? 0 : n / ctx_->row_align() * ctx_->row_align();
+    register_blocks();
+}
+
 void llama_opt_session::decode_pending_step() {
     // generated tokens without KV yet: the last sampled one, and any the grammar forced after it
     if (n_evaluated_ == 0 || n_evaluated_ >= tokens_.size() || logits_for_ != n_evaluated_) {
@@ -881,6 +909,7 @@ llama_token llama_opt_session::next_token() {
     if (!generating_) {
         generating_   = true;
         output_begin_ = tokens_.size();
+        reserve_output_room();
     }
     if (sampler_.constrained() && ctx_->settings().config.schema_skip_enabled && n_evaluated_ > 0) {
         const llama_token inferred = sampler_.next_inferred();

@@ -102,3 +102,25 @@ def test_no_room_even_after_evicting_computes_nothing(tiny_model):
         assert other.n_tokens == 0 and not busy.evicted
         got += [t.id for t in generation]
         assert got == expected
+
+
+def test_a_history_at_the_top_of_the_cache_finds_room_for_its_answer(tiny_model):
+    """A prompt placed in the cache's top tiles (the free ones when it came) could not grow while
+    generating although the tiles below were free (cached blocks of a closed session): its answer
+    ended as 'context_full' after a few tokens (a server answered "length" at 19 of 60 tokens).
+    Its room is found before the first token: the history computed again from the bottom, the
+    answer the one a context of its own gives."""
+    prompt = text_tokens(tiny_model, 64, seed=13)
+    _, expected = reference(tiny_model, prompt, 100)
+    with small_context(tiny_model, n_ctx=512) as ctx:
+        below = ctx.session()
+        below.append(text_tokens(tiny_model, 448, seed=12))  # tiles 0-6 of 8
+        s = ctx.session()
+        s.append(prompt)  # tile 7, the top
+        below.close()  # cached blocks, evictable
+        before = ctx.stats
+        generation = s.generate(100)
+        got = [t.id for t in generation]
+        assert generation.finish_reason in ("length", "eos"), generation.finish_reason
+        assert got == expected[:len(got)] and len(got) == len(expected)
+        assert (ctx.stats - before).tokens_prefilled == len(prompt)  # the history, computed again once
