@@ -747,7 +747,7 @@ def test_the_least_recently_used_idle_session_goes_first(server):
     ("/v1/completions", {"prompt": [1, 10**9]}, None, 400, "outside the vocabulary"),
     ("/v1/completions", {"prompt": "x", "n": 2}, None, 400, "body.n:"),
     ("/v1/completions", {"prompt": "x", "temperature": -1}, None, 400, "body.temperature:"),
-    ("/v1/completions", {"prompt": [5] * (N_CTX + 5)}, None, 400, "n_ctx"),
+    ("/v1/completions", {"prompt": [5] * (N_CTX + 5)}, None, 400, "restart the server with a larger --n-ctx"),
     ("/v1/completions", None, b"[1, 2]", 400, "valid dictionary"),
     ("/v1/chat/completions", {"messages": []}, None, 400, "messages"),
     ("/v1/sessions", {"tokens": [-1]}, None, 400, "outside the vocabulary"),

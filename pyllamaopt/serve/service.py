@@ -715,7 +715,8 @@ def _typed_errors(fn: Any) -> Any:
         return fn()
     except (SessionClosedError, SessionEvictedError) as exc:
         raise NotFound(str(exc), type(exc)) from None
-    except ContextOverflowError as exc:
-        raise ContextFull(str(exc)) from None
+    except ContextOverflowError as exc:  # the library's advice ("create the Context with ...") in a server's words
+        raise ContextFull(str(exc).replace("create the Context with a larger n_ctx",
+                                           "restart the server with a larger --n-ctx")) from None
     except (InvalidTokenError, InvalidArgumentError, GrammarError) as exc:
         raise BadRequest(str(exc), type(exc)) from None
