@@ -705,6 +705,10 @@ llama_opt_in_place llama_opt_context::kv_prepare_in_place(int32_t seq, size_t ke
                                                                        : llama_opt_in_place::no_room;
 }
 
+bool llama_opt_context::kv_tile_above(int32_t seq) const {
+    return llama_memory_seq_tiles_free_above(llama_get_memory(ctx_), seq) > 0;
+}
+
 bool llama_opt_context::kv_make_room(int32_t seq, size_t n_old, size_t n_new, bool evict_sessions) {
     llama_memory_t mem   = llama_get_memory(ctx_);
     auto           tiles = [&](size_t n) { return (n + align_ - 1) / align_; };

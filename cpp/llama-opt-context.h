@@ -227,6 +227,8 @@ public:
     // used first, until there is room; false if there is none even then. Nothing is computed, so a
     // caller that checks first never throws work away.
     bool   kv_make_room(int32_t seq, size_t n_old, size_t n_new, bool evict_sessions);
+    // Whether an empty tile lies above the highest one of `seq` (its history can start one more).
+    bool   kv_tile_above(int32_t seq) const;
     // The error of a full KV cache (context_overflow), with what to do.
     llama_opt_error kv_full() const;
     bool   kv_park(int32_t seq, size_t from, size_t to, size_t n);

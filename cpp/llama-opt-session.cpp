@@ -301,8 +301,10 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
 // below: the answer ended as "context full". A step cannot move the session (its generated tokens'
 // KV would be computed again off the decode path), so the room is found before the first token, as
 // prefill finds its own: KV above evicted (cached blocks), else the history computed again from the
-// bottom (the same chunks: the same bits), letting idle sessions go if needed. Up to
-// OUTPUT_ROOM_RESERVED tokens of the budget: an unbounded answer may still meet the top later.
+// bottom (the same chunks: the same bits), letting idle sessions go if needed. Only a history with
+// no empty tile above it at all (a history that has one grows as before: nothing is freed for room an
+// answer may not use); up to OUTPUT_ROOM_RESERVED tokens of the budget: a longer answer may still
+// meet the top later.
 void llama_opt_session::reserve_output_room() {
     static constexpr size_t OUTPUT_ROOM_RESERVED = 512;
     const size_t n = tokens_.size();
@@ -310,7 +312,7 @@ void llama_opt_session::reserve_output_room() {
         return;
     }
     const size_t end = std::min<size_t>(n + std::min<size_t>(output_budget_, OUTPUT_ROOM_RESERVED), ctx_->n_ctx());
-    if (end <= n || ctx_->kv_make_room(seq_, n, end, /* evict_sessions */ false)) {
+    if (end <= n || ctx_->kv_tile_above(seq_) || ctx_->kv_make_room(seq_, n, end, /* evict_sessions */ false)) {
         return;
     }
     forget(0);

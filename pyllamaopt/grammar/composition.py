@@ -226,9 +226,10 @@ def _overlap_candidates(views: list) -> Callable[[int], Iterable[int]]:
     unlisted = {j for j, keys in enumerate(listed) if keys is None}
 
     def candidates(i: int) -> Iterable[int]:
-        if listed[i] is None:
+        keys = listed[i]
+        if keys is None:
             return range(len(views))
-        return sorted(unlisted.union(*(holders[key] for key in listed[i])))
+        return sorted(unlisted.union(*(holders[key] for key in keys)))
     return candidates
 
 
