@@ -196,6 +196,37 @@ def _locate(skeleton: str, text: str, messages: Sequence[Message],
     return sorted(spans) if text[at:] == skeleton[last:] else None
 
 
+def prompt_tokens(model: Model, template: ChatTemplate, messages: Sequence[Message], text: str,
+                  **render: Any) -> list[int]:
+    """`text` (`template`'s rendering of `messages` with the `render` arguments) as tokens: the
+    template's markup parsed as the model's special tokens, the messages' contents as text — a user
+    or a tool result writing "<|im_end|>" gets those characters, not the end of a turn (a forged
+    turn). A content that reads the same either way (almost every one) changes nothing: the text is
+    tokenized whole, as before; else the contents that would parse as special tokens are tokenized
+    apart, as plain text (on a SentencePiece vocabulary that prefixes a space, each piece tokenized
+    apart gains one). ChatTemplateError if the template changes such a content (other than by
+    trimming it), which leaves no way to tell it from the markup."""
+    tokens = model.tokenize(text, add_bos=False, special=True)
+    forged = {i: [(0, len(m["content"]))] for i, m in enumerate(messages)
+              if isinstance(m.get("content"), str) and m["content"] and
+              model.tokenize(m["content"], add_bos=False, special=True) !=
+              model.tokenize(m["content"], add_bos=False, special=False)}
+    if not forged:
+        return tokens
+    rendered, spans = template.render_marked(messages, forged, **render)
+    spans = [(a, b) for a, b in spans if b <= len(text)]
+    if not spans or not rendered.startswith(text):
+        raise ChatTemplateError("a message contains the model's special-token text (such as a turn's end), and the "
+                                "chat template changes that message, so it cannot be kept apart from the markup: "
+                                "remove that text from the message")
+    out: list[int] = []
+    at = 0
+    for a, b in spans:
+        out += model.tokenize(text[at:a], add_bos=False, special=True) + model.tokenize(text[a:b], add_bos=False)
+        at = b
+    return out + model.tokenize(text[at:], add_bos=False, special=True)
+
+
 def token_spans(model: Model, text: str, tokens: Sequence[int],
                 char_spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """The tokens (`text` tokenized whole, special tokens as text) that lie wholly inside each
@@ -241,7 +272,7 @@ class Chat:
             tools = {i: [(0, len(m["content"]))] for i, m in enumerate(self.messages) if m["role"] == "tool"}
             prompt, marked = self.template.render_marked(self.messages, tools, add_generation_prompt=True)
             model = self.session.context.model
-            tokens = model.tokenize(prompt, add_bos=False, special=True)
+            tokens = prompt_tokens(model, self.template, self.messages, prompt, add_generation_prompt=True)
             self.session.sync(tokens, tool_spans=token_spans(model, prompt, tokens, marked) if marked else ())
             return self.session.generate(
                 **generate_kwargs,

@@ -23,9 +23,10 @@ def chat_tokens(tokenizer: Model | str | Any, messages: Sequence[Message], *,
     if hasattr(tokenizer, "apply_chat_template"):
         return list(tokenizer.apply_chat_template(list(messages), tokenize=True,
                                                   add_generation_prompt=add_generation_prompt))
-    from ..chat import ChatTemplate
+    from ..chat import ChatTemplate, prompt_tokens
     from ..model import Model
 
     model = tokenizer if isinstance(tokenizer, Model) else Model(tokenizer)
-    text = ChatTemplate.for_model(model).render(messages, add_generation_prompt=add_generation_prompt)
-    return model.tokenize(text, add_bos=False, special=True)
+    template = ChatTemplate.for_model(model)
+    text = template.render(messages, add_generation_prompt=add_generation_prompt)
+    return prompt_tokens(model, template, messages, text, add_generation_prompt=add_generation_prompt)

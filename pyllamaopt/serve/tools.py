@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..chat import ChatTemplate, Message, token_spans
+from ..chat import prompt_tokens as chat_prompt_tokens
 from ..errors import ChatTemplateError, GrammarError
 from ..grammar import json_schema_to_gbnf
 from ..model import Model
@@ -90,6 +91,10 @@ class Prompt:
     generic: bool  # the reply is in the generic format (parse it with ReplyParser)
     # with mark_tool_results: the [start, end) characters of each tool result's content in `text`
     tool_results: list[tuple[int, int]] = field(default_factory=list)
+    # how `text` was rendered: its messages' contents are tokenized as text (chat.prompt_tokens)
+    template: ChatTemplate | None = None
+    messages: list[Message] = field(default_factory=list)
+    render_args: dict[str, Any] = field(default_factory=dict)
 
 
 def compact(value: Any) -> str:
@@ -184,12 +189,12 @@ def prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool],
     elif prefill:  # rendered with a mark after it, to find where it ends (not inside the end of its turn)
         messages[-1] = {**messages[-1], "content": prefill + _PREFILL_END}
     marked: list[tuple[int, int]] = []
+    render_args = {"add_generation_prompt": not prefill, **extra}
     try:
         if mark_tool_results:
-            text, marked = template.render_marked(messages, dict(enumerate(results)),
-                                                  add_generation_prompt=not prefill, **extra)
+            text, marked = template.render_marked(messages, dict(enumerate(results)), **render_args)
         else:
-            text = template.render(messages, add_generation_prompt=not prefill, **extra)
+            text = template.render(messages, **render_args)
     except ChatTemplateError as exc:
         raise BadRequest(str(exc)) from None
     if prefill:
@@ -199,7 +204,7 @@ def prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool],
                              "continue it; send the request without it")
         text = text[:end]  # what the template puts after the turn (its end) is left out
         marked = [(a, b) for a, b in marked if b <= len(text)]
-    return Prompt(text, generic, marked)
+    return Prompt(text, generic, marked, template, messages, render_args)
 
 
 _PREFILL_END = "\u2063pyllamaopt-prefill-end\u2063"  # (U+2063: text no message has, kept by any template)
@@ -233,7 +238,11 @@ async def render(template: ChatTemplate, model: Model, turns: Sequence[Turn], to
 
 def prompt_tokens(model: Model, prompt: Prompt) -> tuple[list[int], list[tuple[int, int]]]:
     """The prompt's tokens, and the token ranges of its tool results' contents (if marked)."""
-    tokens = model.tokenize(prompt.text, add_bos=False, special=True)
+    try:
+        tokens = (chat_prompt_tokens(model, prompt.template, prompt.messages, prompt.text, **prompt.render_args)
+                  if prompt.template else model.tokenize(prompt.text, add_bos=False, special=True))
+    except ChatTemplateError as exc:
+        raise BadRequest(str(exc)) from None
     return tokens, token_spans(model, prompt.text, tokens, prompt.tool_results) if prompt.tool_results else []
 
 
