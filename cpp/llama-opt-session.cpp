@@ -270,16 +270,8 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
     if (n_evaluated_ < end) {
         // canonical: the room is found before anything is computed (a chunk that failed for want of
         // it would throw the chunks before it away)
-        if (ctx_->canonical() && !ctx_->kv_make_room(seq_, n_evaluated_, end, /* evict_sessions */ false)) {
-            // Our cells (or the prefix we took from another sequence) sit so high that the new
-            // blocks, which must lie above them, have no room although there may be room below:
-            // compute everything again from the bottom (without taking shared cells), once there
-            // is room for all of it, letting idle sessions go if needed (before evicting them,
-            // moving down).
-            forget(0);
-            if (!ctx_->kv_make_room(seq_, 0, end, /* evict_sessions */ true)) {
-                throw ctx_->kv_full();
-            }
+        if (ctx_->canonical() && !room_or_bottom(end)) {
+            throw ctx_->kv_full();
         }
         if (h2o) {
             compute_h2o(end);
@@ -312,18 +304,27 @@ void llama_opt_session::reserve_output_room() {
         return;
     }
     const size_t end = std::min<size_t>(n + std::min<size_t>(output_budget_, OUTPUT_ROOM_RESERVED), ctx_->n_ctx());
-    if (end <= n || ctx_->kv_tile_above(seq_) || ctx_->kv_make_room(seq_, n, end, /* evict_sessions */ false)) {
+    if (end <= n || ctx_->kv_tile_above(seq_) || (room_or_bottom(end) && n_evaluated_ == n)) {
         return;
     }
-    forget(0);
-    if (!ctx_->kv_make_room(seq_, 0, end, /* evict_sessions */ true)) {
-        ctx_->kv_make_room(seq_, 0, n, true);  // room for the history at least (it had it)
-    }
+    ctx_->kv_make_room(seq_, 0, n, /* evict_sessions */ true);  // without room for the answer: the history's (it had it)
     compute(0, n, &llama_opt_stats::tokens_prefilled, /* evict_sessions */ true);
     n_evaluated_ = n;
     logits_for_  = n;
     n_canonical_ = n < ctx_->min_chunk() ? 0 : n / ctx_->row_align() * ctx_->row_align();
     register_blocks();
+}
+
+// Room for the history to grow to `end` tokens: KV above its cells evicted (cached sequences); if its
+// cells (or a prefix taken from another sequence) sit too high for that although there may be room
+// below, the history is dropped (forget(0): computed again from the bottom by the caller, without
+// shared cells) and room for all of it made, letting idle sessions go if needed. False: none even then.
+bool llama_opt_session::room_or_bottom(size_t end) {
+    if (ctx_->kv_make_room(seq_, n_evaluated_, end, /* evict_sessions */ false)) {
+        return true;
+    }
+    forget(0);
+    return ctx_->kv_make_room(seq_, 0, end, /* evict_sessions */ true);
 }
 
 void llama_opt_session::decode_pending_step() {
