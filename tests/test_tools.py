@@ -130,6 +130,9 @@ def test_any_reply_the_grammar_admits_parses_the_same_in_any_pieces_and_renders_
     parser, pieces = parse(text, cuts)
     assert parser.complete and [(c.name, c.arguments) for c in parser.calls] == [(c.name, c.arguments)
                                                                                  for c in whole.calls]
+    calls = value.get("tool_calls", [])
+    repeat = next((i for i, c in enumerate(calls) if c in calls[:i]), None)  # the reply ends before it
+    assert parser.repeated == (repeat is not None)
     assert parser.text == whole.text == value.get("response", "")
     # the pieces say the same as the end result
     assert "".join(p.text for p in pieces if isinstance(p, TextPiece)) == parser.text
@@ -137,11 +140,11 @@ def test_any_reply_the_grammar_admits_parses_the_same_in_any_pieces_and_renders_
         assert [p.name for p in pieces if isinstance(p, CallStart) and p.index == i] == [call.name]
         assert "".join(p.text for p in pieces if isinstance(p, ArgumentsPiece) and p.index == i) == call.arguments
         assert sum(isinstance(p, CallEnd) and p.index == i for p in pieces) == 1
-    assert [json.loads(c.arguments) for c in parser.calls] == [c["arguments"] for c in value.get("tool_calls", [])]
+    assert [json.loads(c.arguments) for c in parser.calls] == [c["arguments"] for c in calls[:repeat]]
     # rendered back as the assistant's turn: the text itself (for an answer: when its escapes are
     # json.dumps's, as a model's nearly always are)
     rendered = render_reply(parser)
-    if "tool_calls" in value or json.dumps(value, separators=(",", ":"), ensure_ascii=False) == text:
+    if repeat is None and ("tool_calls" in value or json.dumps(value, separators=(",", ":"), ensure_ascii=False) == text):
         assert rendered == text
 
 
@@ -163,6 +166,30 @@ def test_a_cut_reply_keeps_what_came_and_is_not_complete():
     assert parser.text == "😀!" and parser.complete
     parser = ReplyParser(False, "call_")  # without tools: all text
     assert parser.feed(CALL) == [TextPiece(CALL)] and parser.text == CALL and not parser.calls
+
+
+def test_a_repeated_call_ends_the_reply_and_is_never_sent():
+    """A small model repeats its call until max_tokens (SmolLM2: 116 times): the first repeat ends
+    the reply, and none of its pieces was passed on, however the text is cut."""
+    first = '{"name":"get_weather","arguments":{"city":"Oslo"}}'
+    close = '{"name":"get_weather","arguments":{"city":"Oslo","unit":"celsius"}}'  # an earlier call's text, longer
+    text = '{"tool_calls":[' + ",".join([first, close, first, first]) + "]}"
+    for cuts in ([], list(range(len(text))), [30, 31, 90, 120]):
+        parser, pieces = parse(text, cuts)
+        assert parser.repeated and parser.complete
+        assert [c.arguments for c in parser.calls] == ['{"city":"Oslo"}', '{"city":"Oslo","unit":"celsius"}']
+        assert {p.index for p in pieces if not isinstance(p, TextPiece)} == {0, 1}
+        assert "".join(p.text for p in pieces if isinstance(p, ArgumentsPiece) and p.index == 1) == parser.calls[1].arguments
+        assert parser.feed(first) == [] and len(parser.calls) == 2  # nothing after the end
+    # a call that diverges late is passed on whole; one cut while it still looked like a repeat is
+    # held until finish() gives its pieces
+    parser, pieces = parse('{"tool_calls":[' + first + "," + close + "]}", list(range(40)))
+    assert not parser.repeated and parser.complete and [p.index for p in pieces if isinstance(p, CallEnd)] == [0, 1]
+    parser, pieces = parse('{"tool_calls":[' + first + "," + first[:-4], [])
+    assert {p.index for p in pieces if not isinstance(p, TextPiece)} == {0} and len(parser.calls) == 2
+    held = parser.finish()
+    assert [type(p) for p in held] == [CallStart, ArgumentsPiece] and held[1].text == '{"city":"Osl'
+    assert parser.finish() == []
 
 
 @pytest.mark.parametrize("name", ["gemma3", "chatml"])

@@ -32,7 +32,7 @@ router = APIRouter()
 
 _MODES: dict[str, ChoiceMode] = {"auto": "auto", "any": "required", "none": "none"}  # of tool_choice.type
 STOP_REASONS = {"eos": "end_turn", "grammar": "end_turn", "interrupted": "end_turn", "stop": "stop_sequence",
-                "length": "max_tokens", "context_full": "max_tokens"}
+                "length": "max_tokens", "context_full": "max_tokens", "repeated_call": "tool_use"}
 
 
 def error_body(exc: ServiceError) -> dict[str, Any]:
@@ -157,7 +157,8 @@ async def messages(body: MessagesRequest, request: Request) -> Any:
         def chunk(event: Event) -> list[dict[str, Any]]:
             if isinstance(event, TokenEvent):
                 return [e for piece in reply.feed(event.text) for e in blocks.events(piece)]
-            return blocks.end() + [
+            held = [e for piece in reply.finish() for e in blocks.events(piece)]  # a cut call held as a possible repeat
+            return held + blocks.end() + [
                 {"type": "message_delta", "delta": {"stop_reason": _stop_reason(reply, event),
                                                     "stop_sequence": event.stop_string},
                  "usage": _usage(event.usage), "pyllamaopt": event.usage.as_dict()},

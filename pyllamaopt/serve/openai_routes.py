@@ -30,7 +30,7 @@ from .tools import (
 router = APIRouter()
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "grammar": "stop", "length": "length", "context_full": "length",
-                  "interrupted": "stop"}
+                  "interrupted": "stop", "repeated_call": "tool_calls"}
 
 
 def error_body(exc: ServiceError) -> dict[str, Any]:
@@ -156,9 +156,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                         delta, first[0] = {"role": "assistant", **delta}, False
                     out.append({**c, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
                 return out
+            out = []
+            for delta in filter(None, map(_delta, reply.finish())):  # a cut call held back as a possible repeat
+                out.append({**c, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
             delta = {"role": "assistant", "content": ""} if first[0] else {}
-            return _ending(c, {"index": 0, "delta": delta, "finish_reason": _finish_reason(reply, event)},
-                           event, include_usage)
+            return out + _ending(c, {"index": 0, "delta": delta, "finish_reason": _finish_reason(reply, event)},
+                                 event, include_usage)
 
         return sse(events, chunk, error_body)
     _, text, done = await collect(events, request.receive)

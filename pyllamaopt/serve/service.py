@@ -152,6 +152,9 @@ class GenerateParams:
     # OpenAI's meaning: True, every constraint enforced by the grammar or a 400 naming the keyword;
     # False, what a grammar can enforce is, and the answer says whether the output is valid
     schema_strict: bool = False
+    # fed each generated token's text (on the scheduler thread): True ends the generation after
+    # that token, finish reason "repeated_call" (tools.repeat_watch)
+    until: Callable[[str], bool] | None = None
 
     def kwargs(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
@@ -613,6 +616,7 @@ class Service:
                 generation = _typed_errors(lambda: session.generate(params.max_tokens, json_schema=schema,
                                                                     **params.kwargs()))
                 last = None
+                finish_reason = None
                 steps = iter(generation)
                 while (token := _typed_errors(lambda: next(steps, None))) is not None:
                     now = time.perf_counter()
@@ -622,6 +626,10 @@ class Service:
                         self.metrics.inter_token_latency_seconds.observe(now - last)
                     last = now
                     yield TokenEvent(token.id, token.text)
+                    if params.until is not None and params.until(token.text):
+                        generation.close()
+                        finish_reason = "repeated_call"
+                        break
                 self._verify(session, entry, grew_from=history)
                 stats = session.stats - before
                 usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=len(generation.tokens),
@@ -631,7 +639,7 @@ class Service:
                               sparse_dropped=stats.sparse_tokens_dropped)
                 self.metrics.count_usage(usage)
                 check = None if schema is None else SchemaCheck(generation.schema_valid, generation.schema_error)
-                yield DoneEvent(generation.finish_reason or "stop", usage, generation.stop_string, check)
+                yield DoneEvent(finish_reason or generation.finish_reason or "stop", usage, generation.stop_string, check)
             finally:
                 if generation is not None:
                     # a request cancelled mid-stream: the turn ends now (the session becomes evictable

@@ -24,7 +24,7 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -172,6 +172,7 @@ def prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool],
             raise BadRequest("response_format cannot be combined with tools: the reply's format is the tool-calling "
                              "one (docs/serve.md); describe the answer's shape as a tool's parameters instead")
         params.grammar = reply_grammar(tools, choice)
+        params.until = repeat_watch()
     else:
         _check_choice_without_tools(choice)
     native = generic and template.takes_tools
@@ -403,6 +404,18 @@ def _rebased(node: Any, base: str) -> Any:
 
 # the reply, parsed as it streams
 
+def repeat_watch() -> Callable[[str], bool]:
+    """``GenerateParams.until`` for a generic reply: fed each token's text, True once the reply has
+    repeated a call (ReplyParser), so that the generation ends there."""
+    parser = ReplyParser(True, "")
+
+    def repeated(text: str) -> bool:
+        parser.feed(text)
+        return parser.repeated
+
+    return repeated
+
+
 @dataclass(frozen=True)
 class TextPiece:
     text: str
@@ -434,7 +447,13 @@ _ESCAPE = re.compile(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})')
 class ReplyParser:
     """Reads a reply as its text arrives (``feed``) and says what it holds so far: text for the
     user (a generic ``response``, or the whole reply without tools) and calls, the arguments
-    piece by piece. Streaming and not go through it alike, so they agree."""
+    piece by piece. Streaming and not go through it alike, so they agree.
+
+    A reply's calls are distinct: a call equal to an earlier one of the same reply (name and
+    arguments text) ends the reply there (``repeated``; it is left out, the reply is complete).
+    A small model otherwise repeats its call until max_tokens, and a client would run a tool with
+    side effects twice. So that a repeat is never half sent, a call's pieces are held back while
+    its text so far may still become an earlier call's."""
 
     def __init__(self, generic: bool, id_prefix: str) -> None:
         self._id_prefix = id_prefix
@@ -444,12 +463,14 @@ class ReplyParser:
         self._depth = 0
         self._in_string = self._escaped = False
         self._args_from = 0
+        self._held: list[Piece] = []  # the current call's pieces, while it may repeat an earlier call
         self.text = ""
         self.calls: list[ToolCall] = []
+        self.repeated = False
 
     @property
     def complete(self) -> bool:
-        """The reply is a whole generic JSON object (its calls are whole)."""
+        """The reply is a whole generic JSON object (its calls are whole), or ended by a repeated call."""
         return self._state == "done"
 
     def feed(self, text: str) -> list[Piece]:
@@ -458,6 +479,34 @@ class ReplyParser:
         while self._advance(out):
             pass
         return out
+
+    def finish(self) -> list[Piece]:
+        """At the reply's end: the pieces still held (a call cut short while it looked like a repeat)."""
+        held, self._held = self._held, []
+        return held
+
+    def _call_piece(self, piece: Piece, out: list[Piece]) -> None:
+        """A piece of the current call: passed on, or held while the call may repeat an earlier one."""
+        call = self.calls[-1]
+        if self._held or isinstance(piece, CallStart):
+            may_repeat = any(c.name == call.name and c.arguments.startswith(call.arguments) for c in self.calls[:-1])
+            if may_repeat:
+                self._held.append(piece)
+                return
+            out.extend(self._held)
+            self._held = []
+        out.append(piece)
+
+    def _end_call(self, out: list[Piece]) -> None:
+        call = self.calls[-1]
+        if self._held and any(c.name == call.name and c.arguments == call.arguments for c in self.calls[:-1]):
+            self.calls.pop()
+            self._held = []
+            self.repeated = True
+            self._state = "done"
+            return
+        self._call_piece(CallEnd(len(self.calls) - 1), out)
+        self._state = "next_call"
 
     def _advance(self, out: list[Piece]) -> bool:
         """One step of the reply's structure; False when it needs more text."""
@@ -484,9 +533,8 @@ class ReplyParser:
             return self._arguments(rest, out)
         if state == "call_end":
             if rest.startswith("}"):
-                out.append(CallEnd(len(self.calls) - 1))
                 self._pos += 1
-                self._state = "next_call"
+                self._end_call(out)
                 return True
             return self._unexpected(rest, "}")
         if state == "next_call":
@@ -557,7 +605,7 @@ class ReplyParser:
             return self._unexpected(rest[end:], tail)
         call = ToolCall(new_call_id(self._id_prefix), name, "")
         self.calls.append(call)
-        out.append(CallStart(len(self.calls) - 1, call.id, name))
+        self._call_piece(CallStart(len(self.calls) - 1, call.id, name), out)
         self._pos += end + len(tail)
         self._args_from = self._pos
         self._state = "arguments"
@@ -581,8 +629,8 @@ class ReplyParser:
         else:
             n = len(rest)
         if n:
-            out.append(ArgumentsPiece(len(self.calls) - 1, rest[:n]))
             self._pos += n
             call = self.calls[-1]
             self.calls[-1] = ToolCall(call.id, call.name, self._buf[self._args_from:self._pos])
+            self._call_piece(ArgumentsPiece(len(self.calls) - 1, rest[:n]), out)
         return self._state == "call_end"

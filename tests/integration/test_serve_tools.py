@@ -92,6 +92,32 @@ def test_parallel_calls_are_each_valid(served):
         valid_arguments(call.function.name, call.function.arguments)
 
 
+def test_a_repeated_call_ends_the_reply_streamed_or_not(served):
+    """Without max_tokens SmolLM2 repeated its call until the context was full (116 times): a reply's
+    calls are distinct, the first repeat ends it, and a stream never sends any part of it."""
+    ask = dict(model="m", messages=ASK, tools=TOOLS, tool_choice="required")
+    client = served.client()
+    reply = client.chat.completions.create(**ask)
+    choice = reply.choices[0]
+    calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    assert choice.finish_reason == "tool_calls" and len(set(calls)) == len(calls)
+    for name, arguments in calls:
+        valid_arguments(name, arguments)
+    assert reply.usage.completion_tokens < 60 * (len(calls) + 1)  # it stopped: no call takes 60 tokens
+    streamed: dict[int, list[str]] = {}
+    finish = None
+    for chunk in client.chat.completions.create(stream=True, **ask):
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            streamed.setdefault(delta.index, [delta.function.name, ""])[1] += delta.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls" and [tuple(c) for c in streamed.values()] == calls
+    message = anthropic.Anthropic(base_url=served.url, api_key="unused", max_retries=0).messages.create(
+        model="m", max_tokens=4096, messages=ASK[1:], system=ASK[0]["content"], tools=ANTHROPIC_TOOLS,
+        tool_choice={"type": "any"})
+    assert message.stop_reason == "tool_use"
+    assert [(b.type, b.name, b.input) for b in message.content] == [("tool_use", n, json.loads(a)) for n, a in calls]
+
+
 def test_auto_gives_a_valid_call_or_text_and_none_gives_text(served):
     client = served.client()
     for question in ("What is the weather in Paris?", "Say hello to me."):
