@@ -290,13 +290,12 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
 
 // Aligned placement grows a sequence only into tiles above its highest one. A history placed in the
 // cache's top tiles (the free ones when it came) could not grow mid-answer although the cache had room
-// below: the answer ended as "context full". A step cannot move the session (its generated tokens'
-// KV would be computed again off the decode path), so the room is found before the first token, as
-// prefill finds its own: KV above evicted (cached blocks), else the history computed again from the
-// bottom (the same chunks: the same bits), letting idle sessions go if needed. Only a history with
-// no empty tile above it at all (a history that has one grows as before: nothing is freed for room an
-// answer may not use); up to OUTPUT_ROOM_RESERVED tokens of the budget: a longer answer may still
-// meet the top later.
+// below: the answer ended as "context full". Before the first token the room is found as prefill finds
+// its own: KV above evicted (cached blocks), else the history computed again from the bottom (the same
+// chunks: the same bits), letting idle sessions go if needed. Only a history with no empty tile above
+// it at all (a history that has one grows as before: nothing is freed for room an answer may not use);
+// up to OUTPUT_ROOM_RESERVED tokens of the budget: a longer answer that meets the top later moves down
+// then (move_answer_down), which costs its tokens computed again too.
 void llama_opt_session::reserve_output_room() {
     static constexpr size_t OUTPUT_ROOM_RESERVED = 512;
     const size_t n = tokens_.size();
@@ -327,11 +326,41 @@ bool llama_opt_session::room_or_bottom(size_t end) {
     return ctx_->kv_make_room(seq_, 0, end, /* evict_sessions */ true);
 }
 
+// An answer that meets the top of the cache (longer than the room reserved before its first token, or
+// from a history that had a free tile above it then) while there is room below: the history and the
+// answer so far are computed again from the bottom at once, the prompt on its canonical chunks and the
+// answer's tokens in batches of at most LLAMA_OPT_ROW_INVARIANT_BATCH rows, each of which computes like
+// the decode step that computed it first (patches/0006): the same KV bit for bit, so the answer goes on
+// as if it had not moved. Before this, it ended as "context full" with most of the cache free.
+void llama_opt_session::move_answer_down() {
+    const size_t n = tokens_.size();
+    if (!ctx_->canonical() || approximate() || !generating_ || n_evaluated_ < output_begin_ ||
+        ctx_->kv_make_room(seq_, n_evaluated_, n, /* evict_sessions */ true)) {
+        return;
+    }
+    const size_t evaluated = n_evaluated_;
+    forget(0);
+    if (!ctx_->kv_make_room(seq_, 0, n, /* evict_sessions */ true)) {
+        throw ctx_->kv_full();
+    }
+    // without logits: the last ones, which sampled the pending token, stay
+    compute(0, output_begin_, &llama_opt_stats::tokens_prefilled, /* evict_sessions */ true, /* logits */ false);
+    n_evaluated_ = output_begin_;
+    n_canonical_ = n_evaluated_ < ctx_->min_chunk() ? 0 : n_evaluated_ / ctx_->row_align() * ctx_->row_align();
+    register_blocks();
+    while (n_evaluated_ < evaluated) {
+        const size_t stop = std::min<size_t>(evaluated, n_evaluated_ + LLAMA_OPT_ROW_INVARIANT_BATCH);
+        compute(n_evaluated_, stop, &llama_opt_stats::tokens_decoded, /* evict_sessions */ true, /* logits */ false);
+        n_evaluated_ = stop;
+    }
+}
+
 void llama_opt_session::decode_pending_step() {
     // generated tokens without KV yet: the last sampled one, and any the grammar forced after it
     if (n_evaluated_ == 0 || n_evaluated_ >= tokens_.size() || logits_for_ != n_evaluated_) {
         return;
     }
+    move_answer_down();
     if (generating_ && n_evaluated_ + 1 == tokens_.size() && check_draft()) {
         return;
     }

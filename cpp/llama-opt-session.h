@@ -186,6 +186,7 @@ private:
 
     void prefill(uint64_t llama_opt_stats::* counter);  // computes tokens_[n_evaluated_, end)
     void reserve_output_room();  // before a turn's first token: room for its output above the history
+    void move_answer_down();     // mid-answer, the history at the cache's top: it and the answer computed lower
     bool room_or_bottom(size_t end);  // room to grow to `end`, else the history dropped to compute from the bottom
     void ensure_logits(uint64_t llama_opt_stats::* counter);
     void decode_pending_step();            // pending generated tokens, as one-token decodes

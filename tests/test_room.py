@@ -124,3 +124,30 @@ def test_a_history_at_the_top_of_the_cache_finds_room_for_its_answer(tiny_model)
         assert generation.finish_reason in ("length", "eos"), generation.finish_reason
         assert got == expected[:len(got)] and len(got) == len(expected)
         assert (ctx.stats - before).tokens_prefilled == len(prompt)  # the history, computed again once
+
+
+@pytest.mark.parametrize("memo", [True, False])
+def test_an_answer_that_meets_the_top_moves_down_and_goes_on_the_same(tiny_model, memo):
+    """The history had a free tile above it, so no room was reserved before the first token; its
+    answer met the top of the cache after 64 tokens and ended as 'context_full' with most of the
+    cache free (cached blocks below). Now the history and the answer so far move down, computed
+    again (the answer's tokens in batches that compute like its decode steps): the same 300 tokens
+    as a context of its own, the prompt computed once more and the answer's first tokens once more."""
+    prompt = text_tokens(tiny_model, 64, seed=14)
+    _, expected = reference(tiny_model, prompt, 300)
+    with small_context(tiny_model, memo_enabled=memo) as ctx:
+        below = ctx.session()
+        below.append(text_tokens(tiny_model, 896, seed=15))  # tiles 0-13 of 16
+        s = ctx.session()
+        s.append(prompt)  # tile 14; tile 15 free above it
+        below.close()  # cached blocks, below s
+        before = ctx.stats
+        generation = s.generate(300)
+        got = [t.id for t in generation]
+        assert generation.finish_reason in ("length", "eos"), generation.finish_reason
+        assert got == expected[:len(got)] and len(got) == len(expected)
+        spent = ctx.stats - before
+        assert spent.tokens_prefilled == len(prompt)  # the history, computed again once
+        if not memo:  # (with memo, the drafts' rows count too) the answer's 64 tokens before the move, once more
+            assert spent.tokens_decoded == len(got) - 1 + 64
+        assert s.invariant_violation is None

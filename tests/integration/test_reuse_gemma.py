@@ -115,3 +115,30 @@ def test_tier2_edit_keeps_other_sessions_exact_and_stays_close(gemma):
     kl = float(np.sum(p * (np.log(p + 1e-30) - np.log(q + 1e-30))))
     assert got.argmax() == expected.argmax()
     assert kl < 0.05  # measured 2e-3 on the agent trace (docs/benchmarks.md)
+
+
+def test_an_answer_that_meets_the_top_of_the_cache_moves_down_bit_for_bit(gemma):
+    """tests/test_room.py's case on the real model, sliding-window layers included: a history with
+    one free tile above it, cached blocks below, an answer of 300 tokens. It meets the top after
+    64 tokens and moves down (history and answer computed again): the same tokens, and the same
+    logits bit for bit at the end, as a context of its own."""
+    prompt = gemma.tokenize(SYSTEM)[:64]
+    filler = gemma.tokenize(SYSTEM * 3)[:896]
+    results = []
+    for moved in (True, False):
+        with Context(gemma, n_ctx=1024, n_batch=256, n_seq_max=8, n_threads=2, config=OptConfig(env={})) as ctx:
+            below = ctx.session()
+            if moved:
+                below.append(filler)  # tiles 0-13 of 16
+            s = ctx.session()
+            s.append(prompt)  # moved: tile 14, one free tile above
+            below.close()
+            before = ctx.stats
+            generation = s.generate(300, temperature=0.0)
+            tokens = [t.id for t in generation]
+            assert generation.finish_reason == "length"
+            results.append((tokens, s.logits(), (ctx.stats - before).tokens_prefilled))
+    (moved_tokens, moved_logits, recomputed), (tokens, logits, _) = results
+    assert moved_tokens == tokens
+    np.testing.assert_array_equal(moved_logits, logits)
+    assert recomputed == len(prompt)  # it moved
