@@ -66,7 +66,10 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
 
     const int32_t hw = (int32_t) std::max(1u, std::thread::hardware_concurrency());
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx           = params.n_ctx;
+    // llama.cpp pads n_ctx to a multiple of 256 but caps its batch at the n_ctx given: padded here, so
+    // that a span of n_ctx() tokens (the most a session holds) fits one batch (a prompt between the two
+    // overran the batch: a crash)
+    cp.n_ctx           = (params.n_ctx + 255) / 256 * 256;
     // One ubatch per llama_decode call: we choose every chunk boundary ourselves.
     cp.n_batch         = params.canonical ? chunk_ + min_chunk() : params.n_batch;  // room for a merged remainder
     cp.n_ubatch        = cp.n_batch;
@@ -409,12 +412,17 @@ bool llama_opt_context::evict_for_pool(int32_t except) {
 // A llama_batch of one sequence id per row, freed when it goes out of scope.
 struct llama_opt_batch {
     llama_batch batch;
-    explicit llama_opt_batch(int32_t capacity) : batch(llama_batch_init(capacity, 0, 1)) {}
+    int32_t     capacity;
+    explicit llama_opt_batch(int32_t capacity) : batch(llama_batch_init(capacity, 0, 1)), capacity(capacity) {}
     ~llama_opt_batch() { llama_batch_free(batch); }
     llama_opt_batch(const llama_opt_batch &)             = delete;
     llama_opt_batch & operator=(const llama_opt_batch &) = delete;
 
     void set(int32_t i, int32_t seq, size_t pos, llama_token token, bool logits) {
+        if (i >= capacity) {  // a bug, not bad input: an error rather than a write past the batch
+            throw llama_opt_error(llama_opt_errc::decode_failed,
+                "internal error: a batch of more than llama.cpp's n_batch (" + std::to_string(capacity) + ") tokens");
+        }
         batch.token[i]     = token;
         batch.pos[i]       = (llama_pos) pos;
         batch.n_seq_id[i]  = 1;

@@ -65,11 +65,24 @@ def __getattr__(name: str) -> Any:
     if name == "__version__":
         value: Any = build_info()["version"]
     elif name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        value = getattr(_engine_module(f".{_LAZY[name]}"), name)
     else:
         raise AttributeError(f"module 'pyllamaopt' has no attribute {name!r}")
     globals()[name] = value
     return value
+
+
+def _engine_module(module: str) -> Any:
+    """`module` of this package; an ImportError that says why when the compiled engine is missing."""
+    try:
+        return importlib.import_module(module, __name__)
+    except ImportError as exc:
+        if "_core" not in str(exc):
+            raise
+        raise ImportError(
+            f"pyllamaopt's compiled engine (pyllamaopt._core) is not in {__file__.rsplit('/', 1)[0]}: that is a "
+            "source tree, which Python imports before the installed package when it is the current directory. Run "
+            "from another directory, or install the package first (pip install .)") from exc
 
 
 def __dir__() -> list[str]:
@@ -78,9 +91,7 @@ def __dir__() -> list[str]:
 
 def build_info() -> dict[str, object]:
     """Versions, the pinned llama.cpp commit and the CPU features this build uses."""
-    from . import _core
-
-    return dict(_core.build_info())
+    return dict(_engine_module("._core").build_info())
 
 
 __all__ = [

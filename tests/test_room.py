@@ -151,3 +151,23 @@ def test_an_answer_that_meets_the_top_moves_down_and_goes_on_the_same(tiny_model
         if not memo:  # (with memo, the drafts' rows count too) the answer's 64 tokens before the move, once more
             assert spent.tokens_decoded == len(got) - 1 + 64
         assert s.invariant_violation is None
+
+
+@pytest.mark.parametrize("schedule", ["canonical", "llama"])
+@pytest.mark.parametrize("n_ctx", [16, 100, 300])
+def test_a_context_smaller_than_a_batch_holds_its_whole_size(tiny_model, n_ctx, schedule):
+    """llama.cpp pads n_ctx to a multiple of 256 but capped its batch at the n_ctx asked for: a
+    prompt between the two (101 tokens with n_ctx=100) overran the batch and crashed the process.
+    The context holds n_ctx (the padded size) tokens in one session; one more is the typed error."""
+    kw = {} if schedule == "canonical" else {"schedule": "llama"}
+    config = OptConfig(env={}) if schedule == "canonical" else OptConfig(env={}, dedup_enabled=False,
+                                                                          diff_enabled=False)
+    with Context(tiny_model, n_ctx=n_ctx, n_threads=2, config=config, **kw) as ctx:
+        assert ctx.n_ctx == (n_ctx + 255) // 256 * 256
+        prompt = text_tokens(tiny_model, ctx.n_ctx, seed=16)
+        s = ctx.session()
+        s.append(prompt)
+        if schedule == "canonical":
+            np.testing.assert_array_equal(s.logits(), reference(tiny_model, prompt)[0])
+        with pytest.raises(ContextOverflowError, match="more than the context size"):
+            s.append(prompt[:1])

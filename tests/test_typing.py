@@ -89,3 +89,15 @@ def test_stub_matches_built_module() -> None:
                           + "\n  ".join(problems)
                           + "\nregenerate with pybind11-stubgen pyllamaopt._core (then keep the hand "
                             "corrections listed at the top of the stub)")
+
+
+def test_a_source_tree_without_the_engine_says_so(tmp_path):
+    """`from pyllamaopt import Model` run inside a clone imports the source tree, which has no
+    compiled engine: an ImportError that says why and what to do, not "cannot import name '_core'"."""
+    import shutil
+
+    shutil.copytree(ROOT / "pyllamaopt", tmp_path / "pyllamaopt", ignore=shutil.ignore_patterns("_core*.so"))
+    run = subprocess.run([sys.executable, "-c", "from pyllamaopt import Model"], cwd=tmp_path, capture_output=True,
+                         text=True)
+    assert run.returncode == 1
+    assert "is not in" in run.stderr and "Run from another directory" in run.stderr

@@ -116,3 +116,16 @@ def test_the_gil_is_released_while_llama_cpp_computes(gemma):
         counter.join()
     assert elapsed > 0.3
     assert ticks[0] > elapsed * 1000 * 0.3, "another Python thread kept running during the prefill"
+
+
+def test_the_readmes_api_snippet_runs_as_written(tmp_path, capsys):
+    """A newcomer copies README.md's "The API in a few lines" and runs it: it ran into names it
+    never defined. Run as written, the second turn computes only what is new."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    code = re.search(r"## The API in a few lines\n\n```python\n(.*?)```", text, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    computed, total = map(int, re.search(r"(\d+) of (\d+) tokens computed", out).groups())
+    assert 0 < computed < total / 2
