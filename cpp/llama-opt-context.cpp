@@ -717,6 +717,37 @@ bool llama_opt_context::kv_tile_above(int32_t seq) const {
     return llama_memory_seq_tiles_free_above(llama_get_memory(ctx_), seq) > 0;
 }
 
+bool llama_opt_context::kv_room_after_drop(int32_t seq, size_t n_new) {
+    llama_memory_t mem   = llama_get_memory(ctx_);
+    auto           tiles = [&](size_t n) { return (n + align_ - 1) / align_; };
+    // nothing is evicted unless it can be enough: the tiles no other sequence in use holds a cell in
+    std::vector<char> held(n_ctx_ / align_ + 1, 0);
+    for (size_t s = 0; s < slots_.size(); ++s) {
+        const std::shared_ptr<llama_opt_seq_owner> owner = slots_[s].owner.lock();
+        if ((int32_t) s != seq && slots_[s].state == slot_state::session && owner && owner->in_use()) {
+            for (size_t p = 0, end = kv_end((int32_t) s); p < end; ++p) {
+                const int32_t cell = kv_cell((int32_t) s, p);
+                if (cell >= 0) {
+                    held[(size_t) cell / align_] = 1;
+                }
+            }
+        }
+    }
+    if ((size_t) std::count(held.begin(), held.begin() + n_ctx_ / align_, 0) < tiles(n_new)) {
+        return false;
+    }
+    auto room = [&] {  // (the scratch sequence holds no cells outside a Tier-2 move: all empty tiles)
+        const size_t own = tiles(kv_end(seq)) - tiles((size_t) llama_memory_seq_shared_end(mem, seq));
+        return (size_t) llama_memory_seq_tiles_free_above(mem, scratch_seq()) + own;
+    };
+    while (room() < tiles(n_new)) {
+        if (!evict_one(seq)) {
+            return false;
+        }
+    }
+    return true;
+}
+
 bool llama_opt_context::kv_make_room(int32_t seq, size_t n_old, size_t n_new, bool evict_sessions) {
     llama_memory_t mem   = llama_get_memory(ctx_);
     auto           tiles = [&](size_t n) { return (n + align_ - 1) / align_; };

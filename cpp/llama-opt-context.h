@@ -229,6 +229,10 @@ public:
     bool   kv_make_room(int32_t seq, size_t n_old, size_t n_new, bool evict_sessions);
     // Whether an empty tile lies above the highest one of `seq` (its history can start one more).
     bool   kv_tile_above(int32_t seq) const;
+    // Whether `seq`, its KV dropped, would find room for n_new tokens computed again from the bottom:
+    // the empty tiles and its own that no other sequence shares, cached sequences then idle sessions
+    // evicted (least recently used first) until they are enough. `seq` itself is not touched.
+    bool   kv_room_after_drop(int32_t seq, size_t n_new);
     // The error of a full KV cache (context_overflow), with what to do.
     llama_opt_error kv_full() const;
     bool   kv_park(int32_t seq, size_t from, size_t to, size_t n);

@@ -296,8 +296,9 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
 // it at all (a history that has one grows as before: nothing is freed for room an answer may not use);
 // up to OUTPUT_ROOM_RESERVED tokens of the budget: a longer answer that meets the top later moves down
 // then (move_answer_down), which costs its tokens computed again too.
+static constexpr size_t OUTPUT_ROOM_RESERVED = 512;
+
 void llama_opt_session::reserve_output_room() {
-    static constexpr size_t OUTPUT_ROOM_RESERVED = 512;
     const size_t n = tokens_.size();
     if (!ctx_->canonical() || approximate() || n_evaluated_ != n || n == 0) {
         return;
@@ -331,17 +332,27 @@ bool llama_opt_session::room_or_bottom(size_t end) {
 // answer so far are computed again from the bottom at once, the prompt on its canonical chunks and the
 // answer's tokens in batches of at most LLAMA_OPT_ROW_INVARIANT_BATCH rows, each of which computes like
 // the decode step that computed it first (patches/0006): the same KV bit for bit, so the answer goes on
-// as if it had not moved. Before this, it ended as "context full" with most of the cache free.
+// as if it had not moved. Before this, it ended as "context full" with most of the cache free. The
+// room is checked before anything is dropped, for up to OUTPUT_ROOM_RESERVED more tokens of its budget
+// (less room: the answer ends there, its KV kept), so that an answer moves at most once per that many
+// tokens, not at every tile. (schema_skip_batch and schema_jump_forward, not exact anyway, computed forced tokens
+// in larger batches: recomputed in these, the answer's later tokens may differ from an unmoved one's.)
 void llama_opt_session::move_answer_down() {
     const size_t n = tokens_.size();
     if (!ctx_->canonical() || approximate() || !generating_ || n_evaluated_ < output_begin_ ||
         ctx_->kv_make_room(seq_, n_evaluated_, n, /* evict_sessions */ true)) {
         return;
     }
+    const size_t generated = n - output_begin_;
+    const size_t left      = output_budget_ > generated ? output_budget_ - generated : 0;
+    const size_t end       = std::min<size_t>(n + std::min(left, OUTPUT_ROOM_RESERVED), ctx_->n_ctx());
+    if (!ctx_->kv_room_after_drop(seq_, end)) {
+        return;
+    }
     const size_t evaluated = n_evaluated_;
     forget(0);
-    if (!ctx_->kv_make_room(seq_, 0, n, /* evict_sessions */ true)) {
-        throw ctx_->kv_full();
+    if (!ctx_->kv_make_room(seq_, 0, end, /* evict_sessions */ true)) {
+        throw ctx_->kv_full();  // (checked above: not expected)
     }
     // without logits: the last ones, which sampled the pending token, stay
     compute(0, output_begin_, &llama_opt_stats::tokens_prefilled, /* evict_sessions */ true, /* logits */ false);

@@ -171,3 +171,25 @@ def test_a_context_smaller_than_a_batch_holds_its_whole_size(tiny_model, n_ctx, 
             np.testing.assert_array_equal(s.logits(), reference(tiny_model, prompt)[0])
         with pytest.raises(ContextOverflowError, match="more than the context size"):
             s.append(prompt[:1])
+
+
+def test_an_answer_with_no_room_anywhere_ends_and_keeps_its_history(tiny_model):
+    """The rest of the cache is another generation's: the answer cannot move down, so it ends as
+    'context_full' — with its history's KV kept (a first version dropped it before finding no room:
+    its KV was gone)."""
+    prompt = text_tokens(tiny_model, 600, seed=70)
+    with small_context(tiny_model) as ctx:
+        other = ctx.session()
+        other.append(text_tokens(tiny_model, 320, seed=71))  # tiles 0-4
+        s = ctx.session()
+        s.append(prompt)  # tiles 5-14, tile 15 free above
+        busy = other.generate(200)
+        next(busy), next(busy)  # its answer takes tile 15
+        generation = s.generate(200)
+        got = [t.id for t in generation]
+        assert generation.finish_reason == "context_full" and len(got) == 41  # tiles 5-14 hold 640 cells
+        assert s._core.n_evaluated == len(prompt) + 40  # (the last token has no KV yet)
+        assert s.invariant_violation is None
+        busy.close()
+        s.append(text_tokens(tiny_model, 20, seed=72))
+        np.testing.assert_array_equal(s.logits(), reference(tiny_model, s.tokens)[0])

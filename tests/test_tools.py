@@ -189,7 +189,10 @@ def test_a_repeated_call_ends_the_reply_and_is_never_sent():
     assert {p.index for p in pieces if not isinstance(p, TextPiece)} == {0} and len(parser.calls) == 2
     held = parser.finish()
     assert [type(p) for p in held] == [CallStart, ArgumentsPiece] and held[1].text == '{"city":"Osl'
-    assert parser.finish() == []
+    assert parser.finish() == [] and not parser.repeated and not parser.complete
+    # cut by max_tokens just before the repeat's closing brace: its arguments are whole, it is the repeat
+    parser, pieces = parse('{"tool_calls":[' + first + "," + first[:-1], [])
+    assert parser.finish() == [] and parser.repeated and parser.complete and len(parser.calls) == 1
 
 
 @pytest.mark.parametrize("name", ["gemma3", "chatml"])

@@ -173,6 +173,7 @@ async def messages(body: MessagesRequest, request: Request) -> Any:
                                                                                      "message": opened}])
     _, text, done = await collect(events, request.receive)
     reply.feed(text)
+    reply.finish()
     content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text or not reply.calls else []
     content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c)} for c in reply.calls]
     return {**message, "content": content, "stop_reason": _stop_reason(reply, done), "stop_sequence": done.stop_string,

@@ -166,6 +166,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         return sse(events, chunk, error_body)
     _, text, done = await collect(events, request.receive)
     reply.feed(text)
+    reply.finish()
     message: dict[str, Any] = {"role": "assistant", "content": reply.text}
     if reply.calls:
         message = {"role": "assistant", "content": None, "tool_calls": [

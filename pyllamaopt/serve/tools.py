@@ -481,9 +481,24 @@ class ReplyParser:
         return out
 
     def finish(self) -> list[Piece]:
-        """At the reply's end: the pieces still held (a call cut short while it looked like a repeat)."""
+        """At the reply's end (whatever ended it; streamed or not): the pieces still held, of a call cut
+        short while it looked like a repeat. A call cut just before its closing brace, its arguments
+        an earlier call's, is the repeat: dropped, as a whole one is."""
         held, self._held = self._held, []
+        if held and self._repeats(self.calls[-1]):
+            self._drop_repeat()
+            return []
         return held
+
+    def _drop_repeat(self) -> None:
+        """The last call repeats an earlier one: the reply ends before it, complete."""
+        self.calls.pop()
+        self._held = []
+        self.repeated = True
+        self._state = "done"
+
+    def _repeats(self, call: ToolCall) -> bool:
+        return any(c.name == call.name and c.arguments == call.arguments for c in self.calls[:-1])
 
     def _call_piece(self, piece: Piece, out: list[Piece]) -> None:
         """A piece of the current call: passed on, or held while the call may repeat an earlier one."""
@@ -498,12 +513,8 @@ class ReplyParser:
         out.append(piece)
 
     def _end_call(self, out: list[Piece]) -> None:
-        call = self.calls[-1]
-        if self._held and any(c.name == call.name and c.arguments == call.arguments for c in self.calls[:-1]):
-            self.calls.pop()
-            self._held = []
-            self.repeated = True
-            self._state = "done"
+        if self._held and self._repeats(self.calls[-1]):
+            self._drop_repeat()
             return
         self._call_piece(CallEnd(len(self.calls) - 1), out)
         self._state = "next_call"
