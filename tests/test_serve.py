@@ -880,6 +880,41 @@ def test_binding_beyond_loopback_needs_an_api_key(tiny_model_path, tmp_path):
     assert result.returncode != 0 and "--api-key" in result.stderr
 
 
+@pytest.mark.parametrize("option", ["--port", "--grpc-port"])
+def test_a_port_in_use_is_a_message_that_names_the_option(tiny_model_path, tmp_path, option):
+    """Another program on the port: one line that says what to change, before the model loads (the
+    gRPC port's was a stack trace from the web framework's startup; the HTTP port's uvicorn's own)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        busy = held.getsockname()[1]
+        ports = {"--port": busy, "--grpc-port": free_port()} if option == "--port" else {"--port": free_port(),
+                                                                                          "--grpc-port": busy}
+        result = subprocess.run([sys.executable, "-m", "pyllamaopt.cli", "serve", "--model", str(tiny_model_path),
+                                 *(x for o, p in ports.items() for x in (o, str(p)))],
+                                cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (f"pyllamaopt serve: cannot listen on 127.0.0.1:{busy} (Address already in use): "
+                                     f"another program listens there: stop it, or choose another port with {option}")
+
+
+def test_a_second_server_cannot_share_the_grpc_port_and_the_first_says_where_it_listens(tiny_model_path, tmp_path):
+    """gRPC turns SO_REUSEPORT on: a second server on the same --grpc-port started silently, and calls
+    reached either model at random. And a server says once it listens, where."""
+    grpc_port = free_port()
+    first = start_server(tiny_model_path, tmp_path, "--grpc-port", str(grpc_port))
+    try:
+        port = first.url.rsplit(":", 1)[1]
+        assert (f"pyllamaopt serve: tiny-llama on http://127.0.0.1:{port}, gRPC on 127.0.0.1:{grpc_port} (n_ctx "
+                in first.log.read_text())
+        second = subprocess.run([sys.executable, "-m", "pyllamaopt.cli", "serve", "--model", str(tiny_model_path),
+                                 "--port", str(free_port()), "--grpc-port", str(grpc_port)],
+                                cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1 and "with --grpc-port" in second.stderr
+    finally:
+        stop_server(first)
+
+
 @pytest.mark.parametrize("spec_version", ["2.4", "2.3"])
 def test_a_stream_whose_client_left_is_closed_at_once_down_to_the_generation(spec_version):
     """A client that leaves while the server sends (undici's abort, at ASGI 2.4 seen only by the

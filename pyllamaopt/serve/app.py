@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
 import ipaddress
 import math
+import socket
 import ssl
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -116,6 +118,8 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
 
             tls = (settings.tls_cert, settings.tls_key) if settings.tls_cert and settings.tls_key else None
             grpc_server = await grpc_service.start(service, settings.host, settings.grpc_port, settings.api_key, tls=tls)
+        if hasattr(app.state, "ready_line"):  # (serve(): not an app a test runs in-process)
+            print(app.state.ready_line, file=sys.stderr, flush=True)
         yield
         sweeper.cancel()
         if grpc_server is not None:
@@ -239,6 +243,38 @@ def serve(settings: ServeSettings) -> None:
     import uvicorn
 
     settings.check()
+    # the ports are taken before the model loads: one in use is a message now, not a stack trace later
+    http = _listening_socket(settings.host, settings.port, "--port")
+    if settings.grpc_port is not None:
+        _listening_socket(settings.host, settings.grpc_port, "--grpc-port").close()  # gRPC binds it again
     app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info" if settings.verbose else "warning",
-                timeout_graceful_shutdown=30, ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
+    scheme = "https" if settings.tls_cert else "http"
+    app.state.ready_line = (f"pyllamaopt serve: {app.state.model_name} on {scheme}://{_address(settings.host, settings.port)}"
+                            + (f", gRPC on {_address(settings.host, settings.grpc_port)}" if settings.grpc_port else "")
+                            + f" (n_ctx {app.state.service.context.n_ctx}); Ctrl-C stops it")
+    config = uvicorn.Config(app, log_level="info" if settings.verbose else "warning", timeout_graceful_shutdown=30,
+                            ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
+    uvicorn.Server(config).run(sockets=[http])
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _listening_socket(host: str, port: int, option: str) -> socket.socket:
+    """A socket bound to host:port (as uvicorn would bind it), or a message saying what to change."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise SystemExit(f"pyllamaopt serve: --host {host}: not an address of this machine ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        hint = (f"another program listens there: stop it, or choose another port with {option}"
+                if exc.errno == errno.EADDRINUSE else "choose another address or port")
+        raise SystemExit(f"pyllamaopt serve: cannot listen on {_address(host, port)} ({exc.strerror}): {hint}") from None
+    return sock

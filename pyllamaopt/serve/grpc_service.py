@@ -151,7 +151,7 @@ async def start(service: Service, host: str, port: int, api_key: str | None,
                 tls: tuple[str, str] | None = None) -> Any:
     """A running grpc.aio server on host:port (on the running event loop), over TLS with ``tls``
     (certificate and private key PEM files); stop it with ``await server.stop(grace)``."""
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # (on: a second server shared the port, silently)
     runtime_pb2_grpc.add_RuntimeServicer_to_server(RuntimeServicer(service, api_key), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
