@@ -354,7 +354,9 @@ llama_opt_settings llama_opt_settings::from_env(const std::map<std::string, std:
             return edit_distance(name, a) < edit_distance(name, b);
         });
         std::string message = "unknown variable " + name + " in the environment";
-        if (edit_distance(name, *closest) <= 4) {
+        // a misspelling, not another name: a few edits, fewer for a short name (FOO is not MODEL)
+        const size_t suffix = name.size() > 10 ? name.size() - 10 : 0;  // after "LLAMA_OPT_"
+        if (edit_distance(name, *closest) <= std::min<size_t>(4, std::max<size_t>(1, suffix / 3))) {
             message += "; did you mean " + *closest + "?";
         }
         message += " (`pyllamaopt config --list` shows every variable; unset it to continue)";

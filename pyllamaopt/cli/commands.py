@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from typing import TypedDict
@@ -13,7 +14,7 @@ from ..config import CLI_VARIABLES, OptConfig
 from ..context import Context
 from ..errors import ContextOverflowError, InvalidArgumentError, PersistError
 from ..model import Model
-from ..persist import PersistStore
+from ..persist import PersistStore, default_persist_dir
 from ..session import Generation
 
 # Gemma 3 270M is a base model: a plain question/answer transcript suits it better than a chat
@@ -74,6 +75,10 @@ def run(args: argparse.Namespace) -> int:
 def chat(args: argparse.Namespace) -> int:
     with _context(args) as ctx:
         conversation = Chat(ctx.session(), system=args.system)
+        if not ctx.model.chat_template:
+            print(f"(note: {os.path.basename(ctx.model.path)} has no chat template, a base model: its built-in turn format is "
+                  "used, and a base model rarely answers well; an instruction-tuned model does, e.g. "
+                  "--model smollm2-135m)", file=sys.stderr)
         print("(an empty line or Ctrl-D ends the chat)", file=sys.stderr)
         while True:
             try:
@@ -136,6 +141,10 @@ def config(args: argparse.Namespace) -> int:
     cfg = OptConfig()
     print(f"{'option':<28} {'value':<10} {'source':<12} variable")
     for name, value, source, env in cfg.table():
+        if isinstance(value, float):
+            value = f"{value:.7g}"  # a C float: 7 significant digits give it back exactly
+        elif name == "persist_dir" and not value:
+            value = f"(default: {default_persist_dir()})"
         print(f"{name:<28} {value!s:<10} {source:<12} {env}")
     print(f"\n{'feature':<12} {'tier':<5} {'compiled':<9} {'implemented':<12} runtime switch")
     values = cfg.as_dict()
