@@ -747,7 +747,8 @@ def test_the_least_recently_used_idle_session_goes_first(server):
     ("/v1/completions", {"prompt": [1, 10**9]}, None, 400, "outside the vocabulary"),
     ("/v1/completions", {"prompt": "x", "n": 2}, None, 400, "body.n:"),
     ("/v1/completions", {"prompt": "x", "temperature": -1}, None, 400, "body.temperature:"),
-    ("/v1/completions", {"prompt": [5] * (N_CTX + 5)}, None, 400, "restart the server with a larger --n-ctx"),
+    ("/v1/completions", {"prompt": [5] * (N_CTX + 5)}, None, 400,
+     f"the prompt has {N_CTX + 5} tokens, more than the server's context holds ({N_CTX}): shorten it, or restart"),
     ("/v1/completions", None, b"[1, 2]", 400, "valid dictionary"),
     ("/v1/chat/completions", {"messages": []}, None, 400, "messages"),
     ("/v1/sessions", {"tokens": [-1]}, None, 400, "outside the vocabulary"),
@@ -764,6 +765,14 @@ def test_bad_input_is_a_4xx_with_a_message_and_the_server_lives_on(server, path,
     assert got == status, out
     assert message in out["error"]["message"]
     assert server.request("GET", "/health")[0] == 200
+
+
+def test_a_body_not_sent_as_json_says_so(server):
+    """curl -d sends a form's content type: FastAPI's "Input should be a valid dictionary" did not say
+    what was wrong."""
+    got, out = server.request("POST", "/v1/completions", raw=b'{"prompt": "x"}',
+                              headers={"content-type": "application/x-www-form-urlencoded"})
+    assert got == 400 and "must be JSON, sent with 'Content-Type: application/json'" in out["error"]["message"]
 
 
 def test_a_strict_schema_we_cannot_enforce_is_a_400_a_non_strict_one_is_checked(server):

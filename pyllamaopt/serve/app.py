@@ -163,6 +163,10 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        kind = request.headers.get("content-type", "")
+        if request.method == "POST" and "json" not in kind:  # (what FastAPI says then: "Input should be a valid dictionary")
+            return error_response(request, ServiceError(f"the request body must be JSON, sent with 'Content-Type: "
+                                                        f"application/json' (got {kind or 'no content type'!r})"))
         where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         return error_response(request, ServiceError(f"invalid request body: {where}"))
 
