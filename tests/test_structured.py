@@ -137,8 +137,11 @@ def test_invalid_grammar_fails_before_generating(tiny_model):
         s = ctx.session()
         s.append_text("hello")
         n = s.n_tokens
-        for bad in ['root ::= "unclosed', "notroot ::= \"a\"", 'root ::= missing_rule']:
-            with pytest.raises(GrammarError):
+        # the parser's reason is in the message (patches/0017: it went to stderr only)
+        for bad, why in [('root ::= "unclosed', "unexpected end of input"), ("notroot ::= \"a\"", "root"),
+                         ('root ::= missing', "Undefined rule identifier 'missing'"),
+                         ('root ::= root "a"', "left recursion")]:
+            with pytest.raises(GrammarError, match=why):
                 s.generate(5, grammar=bad)
         assert s.n_tokens == n
         assert s.generate_text(3) is not None  # the session goes on
