@@ -5,6 +5,7 @@ import json
 import uuid
 from typing import Any
 
+import jiter
 from fastapi import APIRouter, Request
 
 from .schemas import AnthropicMessage, MessagesRequest
@@ -94,10 +95,17 @@ def _stop_reason(reply: ReplyParser, done: DoneEvent) -> str:
 
 
 def _input(call: ToolCall) -> Any:
+    """A call's arguments as an object; cut by max_tokens, what its partial JSON holds, read as the
+    anthropic SDK reads a streamed call's (jiter's partial mode: an unfinished string or key left
+    out), so that streaming and not give the same input."""
     try:
         return json.loads(call.arguments)
-    except json.JSONDecodeError:  # cut by max_tokens
-        return {}
+    except json.JSONDecodeError:
+        try:
+            value = jiter.from_json(call.arguments.encode(), partial_mode=True)
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
 
 
 class _Blocks:

@@ -239,6 +239,18 @@ def test_anthropic_tool_use_streaming_and_not_and_a_tool_result(served):
     partial = "".join(e.delta.partial_json for e in events if e.type == "content_block_delta")
     assert json.loads(partial) == block.input
     assert final.stop_reason == "tool_use" and [(b.name, b.input) for b in final.content] == [(block.name, block.input)]
+    # cut inside the call by max_tokens: the same input streamed (the SDK reads the partial JSON) and not
+    # (it was {} not streamed)
+    cut_inputs = []
+    for cut in range(whole.usage.output_tokens - 6, whole.usage.output_tokens):
+        short = {**ask, "max_tokens": cut}
+        with client.messages.stream(**short) as stream:
+            streamed = stream.get_final_message()
+        plain = client.messages.create(**short)
+        assert plain.stop_reason == streamed.stop_reason
+        assert [(b.type, b.name, b.input) for b in plain.content] == [(b.type, b.name, b.input) for b in streamed.content]
+        cut_inputs += [b.input for b in plain.content if plain.stop_reason == "max_tokens" and b.input != block.input]
+    assert cut_inputs and all(cut_inputs)  # cut calls were among them, each with a part of its input
     # the result goes back as a tool_result block; the answer is text
     history = ask["messages"] + [
         {"role": "assistant", "content": [b.model_dump(include={"type", "id", "name", "input"}) for b in whole.content]},
