@@ -131,8 +131,9 @@ def check_cancel(python: str, node: str, seconds: str) -> None:
     server stopped, the deadline cancelled the second one, the session went on; TypeScript's the same."""
     sync, kept, *_ = report(python)["sync"].splitlines()
     assert sync == "interrupted after 20 tokens", python
-    assert 20 <= int(re.fullmatch(r"appended the next turn; the history kept the (\d+) tokens generated before the "
-                                  r"stop", kept)[1]) < 1000, python
+    kept_tokens = re.fullmatch(r"appended the next turn; the history kept the (\d+) tokens generated before the "
+                               r"stop \(the server may have made one more than this client read\)", kept)
+    assert kept_tokens and 20 <= int(kept_tokens[1]) < 1000, python
     cancelled, appended = report(python)["async"].splitlines()
     assert re.fullmatch(rf"cancelled at the {seconds} s deadline, \d+ tokens received", cancelled), python
     assert re.fullmatch(r"appended the next turn; the session has \d+ tokens", appended), python

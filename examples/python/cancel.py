@@ -54,7 +54,8 @@ def main() -> None:
             print(f"\nsync: {generation.finish_reason} after {len(generation.tokens)} tokens")
             session.append(next_turn)  # waits for the server to stop (a "busy" answer is retried)
             kept = session.n_tokens - len(prompt) - len(next_turn)
-            print(f"sync: appended the next turn; the history kept the {kept} tokens generated before the stop")
+            print(f"sync: appended the next turn; the history kept the {kept} tokens generated before the stop "
+                  "(the server may have made one more than this client read)")
 
             asyncio.run(cancel_by_deadline(args, session.id, next_turn))
 

@@ -18,6 +18,13 @@ from collections.abc import Iterator
 from chatformat import client_of, connection_args, detect, tokens
 
 
+# long enough (more than one 64-token block) that the turns after the first show the reuse: a history
+# shorter than a block is computed again whole (docs/exactness.md)
+SYSTEM = ("You are a helpful assistant for travellers. Answer in one short sentence, with facts only: no "
+          "greetings, no questions back, no lists. If you do not know, say so in a few words. Names of places "
+          "are written in English. Numbers are written as digits. Keep the tone friendly and plain.")
+
+
 def messages(given: list[str]) -> Iterator[str]:
     yield from given
     if not given:  # interactive
@@ -28,7 +35,7 @@ def messages(given: list[str]) -> Iterator[str]:
 def main() -> None:
     parser = connection_args(__doc__.splitlines()[0])
     parser.add_argument("messages", nargs="*", help="the user's messages (default: read them from the terminal)")
-    parser.add_argument("--system", default="You are a helpful assistant. Answer in one sentence.")
+    parser.add_argument("--system", default=SYSTEM)
     parser.add_argument("--max-tokens", type=int, default=96, help="per reply")
     args = parser.parse_args()
 

@@ -28,7 +28,8 @@ try {
   console.log(`\nbreak: ${generation.finishReason} after ${generation.tokens.length} tokens`);
   await session.append(nextTurn); // right after a cancel, "busy" is retried until the server has stopped
   const kept = (await session.info()).n_tokens - prompt.length - nextTurn.length;
-  console.log(`break: appended the next turn; the history kept the ${kept} tokens generated before the stop`);
+  console.log(`break: appended the next turn; the history kept the ${kept} tokens generated before the stop ` +
+    "(the server may have made one more than this client read)");
 
   // an AbortSignal: here a deadline; a UI's "stop" button would abort its own AbortController
   const timed = session.generate({ maxTokens: LONG, signal: AbortSignal.timeout(Number(values["after-ms"])) });

@@ -12,7 +12,13 @@ import { createInterface } from "node:readline";
 import { commandLine, detect, tokens } from "./chatformat.js";
 
 const { client, values, positionals } = commandLine({
-  system: { type: "string", default: "You are a helpful assistant. Answer in one sentence." },
+  // long enough (more than one 64-token block) that the turns after the first show the reuse
+  system: {
+    type: "string",
+    default: "You are a helpful assistant for travellers. Answer in one short sentence, with facts only: no " +
+      "greetings, no questions back, no lists. If you do not know, say so in a few words. Names of places " +
+      "are written in English. Numbers are written as digits. Keep the tone friendly and plain.",
+  },
   "max-tokens": { type: "string", default: "96" },
 });
 const system = String(values.system);
