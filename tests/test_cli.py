@@ -194,4 +194,5 @@ def test_info_version_and_config_show_what_a_user_set(tiny_model_path):
     table = run("config", env={"LLAMA_OPT_DIFF_RECOMPUTE_SHARE": "0.1"}).stdout.splitlines()
     share = next(line for line in table if line.startswith("diff_recompute_share "))
     assert share.split()[:3] == ["diff_recompute_share", "0.1", "environment"]  # not 0.10000000149011612
-    assert "(default: " in next(line for line in table if line.startswith("persist_dir"))
+    persist = next(line for line in table if line.startswith("persist_dir")).split()
+    assert persist[1:4] == ["(default)", "default", "LLAMA_OPT_PERSIST_DIR"] and persist[5].endswith("kv")

@@ -748,7 +748,8 @@ def test_the_least_recently_used_idle_session_goes_first(server):
     ("/v1/completions", {"prompt": "x", "n": 2}, None, 400, "body.n:"),
     ("/v1/completions", {"prompt": "x", "temperature": -1}, None, 400, "body.temperature:"),
     ("/v1/completions", {"prompt": [5] * (N_CTX + 5)}, None, 400,
-     f"the prompt has {N_CTX + 5} tokens, more than the server's context holds ({N_CTX}): shorten it, or restart"),
+     f"the prompt has {N_CTX + 5} tokens, and the server's context holds {N_CTX} with the answer: shorten it"),
+    ("/v1/completions", {"prompt": [5] * N_CTX}, None, 400, f"the prompt has {N_CTX} tokens"),  # no room to answer
     ("/v1/completions", None, b"[1, 2]", 400, "valid dictionary"),
     ("/v1/chat/completions", {"messages": []}, None, 400, "messages"),
     ("/v1/sessions", {"tokens": [-1]}, None, 400, "outside the vocabulary"),
@@ -767,12 +768,17 @@ def test_bad_input_is_a_4xx_with_a_message_and_the_server_lives_on(server, path,
     assert server.request("GET", "/health")[0] == 200
 
 
-def test_a_body_not_sent_as_json_says_so(server):
+@pytest.mark.parametrize("kind, read", [("application/x-www-form-urlencoded", False), ("text/json", False),
+                                        ("application/json; charset=utf-8", True), ("application/vnd.x+json", True)])
+def test_a_body_not_sent_as_json_says_so(server, kind, read):
     """curl -d sends a form's content type: FastAPI's "Input should be a valid dictionary" did not say
-    what was wrong."""
-    got, out = server.request("POST", "/v1/completions", raw=b'{"prompt": "x"}',
-                              headers={"content-type": "application/x-www-form-urlencoded"})
-    assert got == 400 and "must be JSON, sent with 'Content-Type: application/json'" in out["error"]["message"]
+    what was wrong. (FastAPI reads application/json and application/*+json only.)"""
+    got, out = server.request("POST", "/v1/completions", raw=b'{"prompt": "x", "max_tokens": 1}',
+                              headers={"content-type": kind})
+    if read:
+        assert got == 200, out
+    else:
+        assert got == 400 and "must be JSON, sent with 'Content-Type: application/json'" in out["error"]["message"]
 
 
 def test_a_strict_schema_we_cannot_enforce_is_a_400_a_non_strict_one_is_checked(server):
@@ -905,6 +911,16 @@ def test_a_port_in_use_is_a_message_that_names_the_option(tiny_model_path, tmp_p
     assert result.returncode == 1
     assert result.stderr.strip() == (f"pyllamaopt serve: cannot listen on 127.0.0.1:{busy} (Address already in use): "
                                      f"another program listens there: stop it, or choose another port with {option}")
+
+
+def test_ctrl_c_stops_the_server_cleanly_with_exit_code_0(tiny_model_path, tmp_path):
+    """uvicorn re-raises the SIGINT it handled once it has shut down: the CLI said "interrupted" and
+    exited 130 after a clean stop."""
+    s = start_server(tiny_model_path, tmp_path)
+    s.process.send_signal(signal.SIGINT)
+    assert s.process.wait(timeout=60) == 0
+    log = s.log.read_text()
+    assert "pyllamaopt serve: stopped" in log and "interrupted" not in log
 
 
 def test_a_second_server_cannot_share_the_grpc_port_and_the_first_says_where_it_listens(tiny_model_path, tmp_path):

@@ -143,6 +143,14 @@ def test_invalid_grammar_fails_before_generating(tiny_model):
                          ('root ::= root "a"', "left recursion")]:
             with pytest.raises(GrammarError, match=why):
                 s.generate(5, grammar=bad)
+        # the parser's "at <the rest>" keeps 40 characters of the rest (a 2,000-rule grammar: 40 KB of error)
+        long = "root ::= (r0\n" + "".join(f'r{i} ::= "x{i}"\n' for i in range(2000))
+        with pytest.raises(GrammarError, match=r"expecting '\)' at ") as info:
+            s.generate(5, grammar=long)
+        assert len(str(info.value)) < 300, str(info.value)
+        # {min,max} with min > max: llama.cpp's parser allocated without end (the process was killed)
+        with pytest.raises(GrammarError, match=r"repetition \{3,1\} has its minimum above its maximum"):
+            s.generate(5, grammar='root ::= "a"{3,1}')
         assert s.n_tokens == n
         assert s.generate_text(3) is not None  # the session goes on
 

@@ -141,11 +141,12 @@ def config(args: argparse.Namespace) -> int:
     cfg = OptConfig()
     print(f"{'option':<28} {'value':<10} {'source':<12} variable")
     for name, value, source, env in cfg.table():
+        note = ""
         if isinstance(value, float):
             value = f"{value:.7g}"  # a C float: 7 significant digits give it back exactly
         elif name == "persist_dir" and not value:
-            value = f"(default: {default_persist_dir()})"
-        print(f"{name:<28} {value!s:<10} {source:<12} {env}")
+            value, note = "(default)", f"  = {default_persist_dir()}"
+        print(f"{name:<28} {value!s:<10} {source:<12} {env}{note}")
     print(f"\n{'feature':<12} {'tier':<5} {'compiled':<9} {'implemented':<12} runtime switch")
     values = cfg.as_dict()
     for feature in features():

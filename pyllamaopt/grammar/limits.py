@@ -14,12 +14,14 @@ MAX_RULES = 10000
 # literals and character classes (with backslash escapes) and comments: what does not nest
 _NOT_STRUCTURE = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|#[^\n]*')
 _PARENS = re.compile(r"[()]")
+_REPETITION = re.compile(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}")
 
 
 def check_gbnf_limits(gbnf: str) -> None:
     """GrammarError if `gbnf` nests groups deeper than MAX_NESTING or has more than MAX_RULES rules,
-    or is not text a parser can take (a lone surrogate); counted outside literals, character
-    classes and comments."""
+    has a repetition {min,max} with min > max (llama.cpp's parser then allocates without end), or is
+    not text a parser can take (a lone surrogate); counted outside literals, character classes and
+    comments."""
     try:
         gbnf.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -35,3 +37,7 @@ def check_gbnf_limits(gbnf: str) -> None:
                            "as rules of their own")
     if rules > MAX_RULES:
         raise GrammarError(f"the grammar has {rules} rules (at most {MAX_RULES})")
+    for bounds in _REPETITION.finditer(structure):  # llama.cpp's parser counts max - min down from 2^64 - 1
+        if int(bounds[1]) > int(bounds[2]):
+            raise GrammarError(f"the repetition {bounds[0]} has its minimum above its maximum: write {{min,max}} "
+                               "with min <= max")

@@ -164,7 +164,7 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         kind = request.headers.get("content-type", "")
-        if request.method == "POST" and "json" not in kind:  # (what FastAPI says then: "Input should be a valid dictionary")
+        if request.method == "POST" and not _is_json(kind):  # (FastAPI then says "Input should be a valid dictionary")
             return error_response(request, ServiceError(f"the request body must be JSON, sent with 'Content-Type: "
                                                         f"application/json' (got {kind or 'no content type'!r})"))
         where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
@@ -248,9 +248,10 @@ def serve(settings: ServeSettings) -> None:
 
     settings.check()
     # the ports are taken before the model loads: one in use is a message now, not a stack trace later
-    http = _listening_socket(settings.host, settings.port, "--port")
+    http = _listening_sockets(settings.host, settings.port, "--port")
     if settings.grpc_port is not None:
-        _listening_socket(settings.host, settings.grpc_port, "--grpc-port").close()  # gRPC binds it again
+        for sock in _listening_sockets(settings.host, settings.grpc_port, "--grpc-port"):
+            sock.close()  # gRPC binds it again
     app = create_app(settings)
     scheme = "https" if settings.tls_cert else "http"
     app.state.ready_line = (f"pyllamaopt serve: {app.state.model_name} on {scheme}://{_address(settings.host, settings.port)}"
@@ -258,27 +259,42 @@ def serve(settings: ServeSettings) -> None:
                             + f" (n_ctx {app.state.service.context.n_ctx}); Ctrl-C stops it")
     config = uvicorn.Config(app, log_level="info" if settings.verbose else "warning", timeout_graceful_shutdown=30,
                             ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
-    uvicorn.Server(config).run(sockets=[http])
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: a clean stop (uvicorn re-raises the signal it handled)
+        uvicorn.Server(config).run(sockets=http)
+
+
+def _is_json(content_type: str) -> bool:
+    """Whether FastAPI reads a body of this type as JSON: application/json or application/*+json."""
+    main, _, sub = content_type.split(";")[0].strip().lower().partition("/")
+    return main == "application" and (sub == "json" or sub.endswith("+json"))
 
 
 def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _listening_socket(host: str, port: int, option: str) -> socket.socket:
-    """A socket bound to host:port (as uvicorn would bind it), or a message saying what to change."""
+def _listening_sockets(host: str, port: int, option: str) -> list[socket.socket]:
+    """Listening sockets on every address `host` names (as asyncio binds a host: "localhost" is
+    127.0.0.1 and ::1), or a message saying what to change."""
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise SystemExit(f"pyllamaopt serve: --host {host}: not an address of this machine ({exc.strerror})") from None
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        hint = (f"another program listens there: stop it, or choose another port with {option}"
-                if exc.errno == errno.EADDRINUSE else "choose another address or port")
-        raise SystemExit(f"pyllamaopt serve: cannot listen on {_address(host, port)} ({exc.strerror}): {hint}") from None
-    return sock
+    sockets: list[socket.socket] = []
+    for family, kind, proto, _, address in dict.fromkeys(infos):
+        sock = socket.socket(family, kind, proto)
+        sockets.append(sock)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # (its IPv4 twin has its own socket)
+        try:
+            sock.bind(address)
+            sock.listen(2048)  # listening now: a second server's bind fails, even before this one serves
+        except OSError as exc:
+            for s in sockets:
+                s.close()
+            hint = (f"another program listens there: stop it, or choose another port with {option}"
+                    if exc.errno == errno.EADDRINUSE else "choose another address or port")
+            raise SystemExit(f"pyllamaopt serve: cannot listen on {_address(str(address[0]), port)} ({exc.strerror}): "
+                             f"{hint}") from None
+    return sockets

@@ -281,9 +281,10 @@ class Service:
         def start() -> tuple[Iterator[Any], Any]:
             if not tokens:
                 raise BadRequest("the prompt is empty: give at least one token (or a message with text)")
-            if len(tokens) > self.context.n_ctx:
-                raise ContextFull(f"the prompt has {len(tokens)} tokens, more than the server's context holds "
-                                  f"({self.context.n_ctx}): shorten it, or restart the server with a larger --n-ctx")
+            if len(tokens) >= self.context.n_ctx:  # (all of it: no room for an answer)
+                raise ContextFull(f"the prompt has {len(tokens)} tokens, and the server's context holds "
+                                  f"{self.context.n_ctx} with the answer: shorten it, or restart the server with a "
+                                  "larger --n-ctx")
             session = self._request_session(tokens)
             return _started(answer(session)), session
 
