@@ -15,6 +15,7 @@ from . import _core
 from .errors import ContextOverflowError, InvalidArgumentError, SessionClosedError, SessionEvictedError
 from .model import check_token_ids
 from .stats import Stats
+from .stop_strings import find_stop, held_back
 from .tokens import Token
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class Generation(Iterator[Token]):
                     self.finish_reason = "eos"
                 else:
                     full += decoder.decode(step.piece)
-                    cut = _find_stop(full, stop, len(self.text))
+                    cut = find_stop(full, stop, len(self.text))
                     if cut is not None:
                         full, self.stop_string, self.finish_reason = full[:cut[0]], cut[1], "stop"
                     elif max_tokens is not None and len(self.tokens) >= max_tokens:
@@ -131,7 +132,7 @@ class Generation(Iterator[Token]):
                     elif step.room == 0:
                         self.finish_reason = "context_full"
                 if self.finish_reason is None:
-                    release = len(full) - _held_back(full, stop)
+                    release = len(full) - held_back(full, stop)
                 else:
                     if self.finish_reason != "stop":
                         full += decoder.decode(b"", final=True)
@@ -169,17 +170,6 @@ _SPAN_KINDS = {"text": _core.SpanKind.text, "system": _core.SpanKind.system, "to
 def _budget(max_tokens: int | None, room: int) -> int:
     """The tokens an output may take: what schema_fit_max_tokens closes a grammar's output within."""
     return room if max_tokens is None else min(max_tokens, room)
-
-
-def _find_stop(text: str, stop: list[str], released: int) -> tuple[int, str] | None:
-    """Where the earliest stop string starts, and which it is, searching only where a new one can be."""
-    hits = [(i, s) for s in stop if (i := text.find(s, max(0, released - len(s) + 1))) >= 0]
-    return min(hits) if hits else None
-
-
-def _held_back(text: str, stop: list[str]) -> int:
-    """Length of the longest end of `text` that could still grow into a stop string."""
-    return max((n for s in stop for n in range(len(s) - 1, 0, -1) if text.endswith(s[:n])), default=0)
 
 
 class Session:

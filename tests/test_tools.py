@@ -195,6 +195,24 @@ def test_a_repeated_call_ends_the_reply_and_is_never_sent():
     assert parser.finish() == [] and parser.repeated and parser.complete and len(parser.calls) == 1
 
 
+def test_stop_strings_apply_to_the_answers_decoded_text_not_to_the_json():
+    """A stop string of a tool reply matched the JSON's text: a newline never (JSON writes it as an
+    escape), text inside a call's arguments always. Now: the answer's decoded text only, an end of it
+    that may still become a stop string held back until it does not, however the text is cut."""
+    text = '{"response":"Line one.\\nLine two, STOP here."}'
+    for cuts in ([], list(range(len(text))), [14, 24, 25]):
+        for stop, expected, found in ((["\n"], "Line one.", "\n"), (["STOP", "two"], "Line one.\nLine ", "two"),
+                                      (["STOPPED"], "Line one.\nLine two, STOP here.", None)):
+            parser = ReplyParser(True, "call_", stop)
+            pieces = [p for at, end in zip([0] + cuts, cuts + [len(text)]) for p in parser.feed(text[at:end])]
+            pieces += parser.finish()
+            assert parser.text == expected == "".join(p.text for p in pieces), (stop, cuts)
+            assert parser.stop_string == found and parser.complete == (found is None)
+    calls = ReplyParser(True, "call_", ["Paris"])  # not in arguments
+    calls.feed(CALL)
+    assert calls.complete and calls.stop_string is None and calls.calls[0].arguments == '{"city":"Paris"}'
+
+
 @pytest.mark.parametrize("name", ["gemma3", "chatml"])
 def test_the_next_request_extends_the_previous_prompt_and_answer(name):
     """The whole point: turn 2's prompt text starts with turn 1's prompt and the model's reply."""

@@ -158,7 +158,7 @@ async def messages(body: MessagesRequest, request: Request) -> Any:
     events = await started(service.complete(tokens, params, tool_spans=tool_results))
     message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
                "model": request.app.state.model_name}
-    reply = ReplyParser(prompt.generic, "toolu_")
+    reply = ReplyParser(prompt.generic, "toolu_", prompt.stop)
     if body.stream:
         blocks = _Blocks()
 

@@ -142,7 +142,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     events = await started(service.complete(tokens, params, tool_spans=tool_results))
     rid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), request.app.state.model_name
     head = {"id": rid, "created": created, "model": name}
-    reply = ReplyParser(prompt.generic, "call_")
+    reply = ReplyParser(prompt.generic, "call_", prompt.stop)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         first = [True]

@@ -34,7 +34,7 @@ import secrets
 import time
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..context import Context
 from ..grammar import SchemaCheck, SchemaGrammar, compile_json_schema
@@ -138,6 +138,14 @@ class InvariantViolation(ServiceError):
     error = InvariantViolationError
 
 
+class Watch(Protocol):
+    """Watches a generation's text (GenerateParams.until)."""
+
+    stop_string: str | None  # the stop string it found, if that is why it ended the generation
+
+    def __call__(self, text: str) -> str | None: ...  # the next token's text -> a finish reason, or None
+
+
 @dataclass
 class GenerateParams:
     max_tokens: int | None = 256
@@ -152,9 +160,9 @@ class GenerateParams:
     # OpenAI's meaning: True, every constraint enforced by the grammar or a 400 naming the keyword;
     # False, what a grammar can enforce is, and the answer says whether the output is valid
     schema_strict: bool = False
-    # fed each generated token's text (on the scheduler thread): True ends the generation after
-    # that token, finish reason "repeated_call" (tools.repeat_watch)
-    until: Callable[[str], bool] | None = None
+    # fed each generated token's text (on the scheduler thread): a finish reason ends the generation
+    # after that token (tools.ReplyWatch: a repeated call, a stop string in a tool reply's answer)
+    until: Watch | None = None
 
     def kwargs(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
@@ -630,9 +638,8 @@ class Service:
                         self.metrics.inter_token_latency_seconds.observe(now - last)
                     last = now
                     yield TokenEvent(token.id, token.text)
-                    if params.until is not None and params.until(token.text):
+                    if params.until is not None and (finish_reason := params.until(token.text)):
                         generation.close()
-                        finish_reason = "repeated_call"
                         break
                 self._verify(session, entry, grew_from=history)
                 stats = session.stats - before
@@ -643,7 +650,8 @@ class Service:
                               sparse_dropped=stats.sparse_tokens_dropped)
                 self.metrics.count_usage(usage)
                 check = None if schema is None else SchemaCheck(generation.schema_valid, generation.schema_error)
-                yield DoneEvent(finish_reason or generation.finish_reason or "stop", usage, generation.stop_string, check)
+                stop_string = params.until.stop_string if finish_reason and params.until else generation.stop_string
+                yield DoneEvent(finish_reason or generation.finish_reason or "stop", usage, stop_string, check)
             finally:
                 if generation is not None:
                     # a request cancelled mid-stream: the turn ends now (the session becomes evictable

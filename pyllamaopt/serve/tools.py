@@ -24,7 +24,7 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -33,6 +33,7 @@ from ..chat import prompt_tokens as chat_prompt_tokens
 from ..errors import ChatTemplateError, GrammarError
 from ..grammar import json_schema_to_gbnf
 from ..model import Model
+from ..stop_strings import find_stop, held_back
 from .service import BadRequest, GenerateParams
 
 INSTRUCTION = (
@@ -95,6 +96,8 @@ class Prompt:
     template: ChatTemplate | None = None
     messages: list[Message] = field(default_factory=list)
     render_args: dict[str, Any] = field(default_factory=dict)
+    # generic: the request's stop strings, for the answer's decoded text (ReplyParser), not the JSON's
+    stop: list[str] = field(default_factory=list)
 
 
 def compact(value: Any) -> str:
@@ -172,7 +175,8 @@ def prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool],
             raise BadRequest("response_format cannot be combined with tools: the reply's format is the tool-calling "
                              "one (docs/serve.md); describe the answer's shape as a tool's parameters instead")
         params.grammar = reply_grammar(tools, choice)
-        params.until = repeat_watch()
+        stop, params.stop = params.stop, []  # (they would match the JSON's text: a call's, escapes)
+        params.until = ReplyWatch(stop)
     else:
         _check_choice_without_tools(choice)
     native = generic and template.takes_tools
@@ -205,7 +209,7 @@ def prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool],
                              "continue it; send the request without it")
         text = text[:end]  # what the template puts after the turn (its end) is left out
         marked = [(a, b) for a, b in marked if b <= len(text)]
-    return Prompt(text, generic, marked, template, messages, render_args)
+    return Prompt(text, generic, marked, template, messages, render_args, stop if generic else [])
 
 
 _PREFILL_END = "\u2063pyllamaopt-prefill-end\u2063"  # (U+2063: text no message has, kept by any template)
@@ -404,16 +408,21 @@ def _rebased(node: Any, base: str) -> Any:
 
 # the reply, parsed as it streams
 
-def repeat_watch() -> Callable[[str], bool]:
-    """``GenerateParams.until`` for a generic reply: fed each token's text, True once the reply has
-    repeated a call (ReplyParser), so that the generation ends there."""
-    parser = ReplyParser(True, "")
+class ReplyWatch:
+    """``GenerateParams.until`` for a generic reply: fed each token's text, it says when the reply
+    ends before its JSON does — a repeated call ("repeated_call") or a stop string in the answer's
+    text ("stop", ``stop_string``) — so that the generation ends there (ReplyParser decides)."""
 
-    def repeated(text: str) -> bool:
-        parser.feed(text)
-        return parser.repeated
+    def __init__(self, stop: Sequence[str]) -> None:
+        self._parser = ReplyParser(True, "", stop)
 
-    return repeated
+    @property
+    def stop_string(self) -> str | None:
+        return self._parser.stop_string
+
+    def __call__(self, text: str) -> str | None:
+        self._parser.feed(text)
+        return "repeated_call" if self._parser.repeated else "stop" if self.stop_string else None
 
 
 @dataclass(frozen=True)
@@ -453,9 +462,13 @@ class ReplyParser:
     arguments text) ends the reply there (``repeated``; it is left out, the reply is complete).
     A small model otherwise repeats its call until max_tokens, and a client would run a tool with
     side effects twice. So that a repeat is never half sent, a call's pieces are held back while
-    its text so far may still become an earlier call's."""
+    its text so far may still become an earlier call's.
 
-    def __init__(self, generic: bool, id_prefix: str) -> None:
+    `stop` (a generic reply): stop strings of the answer's decoded text — the first ends the reply
+    there (``stop_string``; the text before it kept), and an end of the text that may still become
+    one is held back until it does not."""
+
+    def __init__(self, generic: bool, id_prefix: str, stop: Sequence[str] = ()) -> None:
         self._id_prefix = id_prefix
         self._buf = ""
         self._pos = 0
@@ -464,9 +477,12 @@ class ReplyParser:
         self._in_string = self._escaped = False
         self._args_from = 0
         self._held: list[Piece] = []  # the current call's pieces, while it may repeat an earlier call
+        self._stop = [x for x in stop if x] if generic else []
+        self._text_held = ""  # the answer's text that may still become a stop string
         self.text = ""
         self.calls: list[ToolCall] = []
         self.repeated = False
+        self.stop_string: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -481,14 +497,17 @@ class ReplyParser:
         return out
 
     def finish(self) -> list[Piece]:
-        """At the reply's end (whatever ended it; streamed or not): the pieces still held, of a call cut
-        short while it looked like a repeat. A call cut just before its closing brace, its arguments
-        an earlier call's, is the repeat: dropped, as a whole one is."""
+        """At the reply's end (whatever ended it; streamed or not): the pieces still held — the
+        answer's text held as a possible stop string, or a call cut short while it looked like a
+        repeat. A call cut just before its closing brace, its arguments an earlier call's, is the
+        repeat: dropped, as a whole one is."""
+        out: list[Piece] = []
+        self._release_text(out)
         held, self._held = self._held, []
         if held and self._repeats(self.calls[-1]):
             self._drop_repeat()
-            return []
-        return held
+            return out
+        return out + held
 
     def _drop_repeat(self) -> None:
         """The last call repeats an earlier one: the reply ends before it, complete."""
@@ -597,11 +616,33 @@ class ReplyParser:
         self._pos += i + (1 if self._state == "text_end" else 0)
         if decoded:
             self._emit_text("".join(decoded), out)
+        if self._state == "text_end":  # the answer is over: what was held cannot become a stop string
+            self._release_text(out)
         return self._state == "text_end"
 
     def _emit_text(self, text: str, out: list[Piece]) -> None:
-        self.text += text
-        out.append(TextPiece(text))
+        if not self._stop:
+            self.text += text
+            out.append(TextPiece(text))
+            return
+        whole = self.text + self._text_held + text
+        cut = find_stop(whole, self._stop, len(self.text))
+        if cut is not None:
+            self._text_held = whole[len(self.text):cut[0]]
+            self._release_text(out)
+            self.stop_string, self._state = cut[1], "stopped"
+            return
+        keep = held_back(whole, self._stop)
+        self._text_held = whole[len(self.text):]
+        self._release_text(out, keep)
+
+    def _release_text(self, out: list[Piece], keep: int = 0) -> None:
+        """The held text but its last `keep` characters, passed on."""
+        text = self._text_held[:len(self._text_held) - keep]
+        self._text_held = self._text_held[len(text):]
+        if text:
+            self.text += text
+            out.append(TextPiece(text))
 
     def _call_head(self, rest: str, out: list[Piece]) -> bool:
         head = '{"name":'

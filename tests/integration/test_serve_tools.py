@@ -128,6 +128,31 @@ def test_a_repeated_call_ends_the_reply_streamed_or_not(served, request):
     assert [(b.type, b.name, b.input) for b in message.content] == [("tool_use", n, json.loads(a)) for n, a in calls]
 
 
+def test_stop_strings_of_a_tool_reply_cut_the_answers_text(served):
+    """With tools the reply is JSON, and stop strings matched its text: an answer's newline never
+    (an escape there). They apply to the answer's decoded text: cut before the stop string, streamed
+    or not, on both surfaces, finish reason stop / stop_sequence."""
+    question = [ASK[0], {"role": "user", "content": "Say hello to me."}]
+    ask = dict(model="m", messages=question, tools=TOOLS, tool_choice="none", max_tokens=40)
+    client = served.client()
+    whole = client.chat.completions.create(**ask).choices[0].message.content
+    assert len(whole) >= 8, whole
+    stop = whole[len(whole) // 2:len(whole) // 2 + 3]  # cut about half way
+    expected = whole[:whole.index(stop)]
+    cut = client.chat.completions.create(stop=[stop], **ask).choices[0]
+    assert (cut.message.content, cut.finish_reason) == (expected, "stop")
+    # the JSON's own text is not the answer's (it cut every answer at once: '{"response":"')
+    assert client.chat.completions.create(stop=['{"', '":"'], **ask).choices[0].message.content == whole
+    chunks = list(client.chat.completions.create(stop=[stop], stream=True, **ask))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    claude = anthropic.Anthropic(base_url=served.url, api_key="unused", max_retries=0)
+    message = claude.messages.create(model="m", max_tokens=40, system=ASK[0]["content"], messages=question[1:],
+                                     tools=ANTHROPIC_TOOLS, tool_choice={"type": "none"}, stop_sequences=[stop])
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", stop)
+    assert [b.text for b in message.content] == [expected]
+
+
 def test_auto_gives_a_valid_call_or_text_and_none_gives_text(served):
     client = served.client()
     for question in ("What is the weather in Paris?", "Say hello to me."):
