@@ -141,7 +141,8 @@ class InvariantViolation(ServiceError):
 class Watch(Protocol):
     """Watches a generation's text (GenerateParams.until)."""
 
-    stop_string: str | None  # the stop string it found, if that is why it ended the generation
+    @property
+    def stop_string(self) -> str | None: ...  # the stop string it found, if that is why it ended the generation
 
     def __call__(self, text: str) -> str | None: ...  # the next token's text -> a finish reason, or None
 
