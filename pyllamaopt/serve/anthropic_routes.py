@@ -1,4 +1,5 @@
-"""Anthropic-compatible route: POST /v1/messages (streaming events and not, system blocks, tools)."""
+"""Anthropic-compatible routes: POST /v1/messages (streaming events and not, system blocks, tools) and
+POST /v1/messages/count_tokens."""
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ from typing import Any
 import jiter
 from fastapi import APIRouter, Request
 
-from .schemas import AnthropicMessage, MessagesRequest
-from .service import BadRequest, DoneEvent, Event, Service, ServiceError, TokenEvent, Usage
+from .schemas import AnthropicMessage, CountTokensRequest, MessagesRequest
+from .service import BadRequest, DoneEvent, Event, GenerateParams, Service, ServiceError, TokenEvent, Usage
 from .streaming import collect, sse, started
 from .tools import (
     ArgumentsPiece,
@@ -65,7 +66,12 @@ def _turn(m: AnthropicMessage, where: str) -> Turn:
     return turn
 
 
-def _tools(body: MessagesRequest) -> tuple[list[Tool], ToolChoice]:
+def _turns(body: CountTokensRequest) -> list[Turn]:
+    turns = [Turn("system", text_of(body.system, "system"))] if body.system else []
+    return turns + [_turn(m, f"messages[{i}]") for i, m in enumerate(body.messages)]
+
+
+def _tools(body: CountTokensRequest) -> tuple[list[Tool], ToolChoice]:
     tools = []
     for i, t in enumerate(body.tools or []):
         if t.type not in (None, "custom"):
@@ -148,12 +154,10 @@ class _Blocks:
 @router.post("/v1/messages")
 async def messages(body: MessagesRequest, request: Request) -> Any:
     service: Service = request.app.state.service
-    turns = [Turn("system", text_of(body.system, "system"))] if body.system else []
-    turns += [_turn(m, f"messages[{i}]") for i, m in enumerate(body.messages)]
     params = body.params(service.context.n_ctx)
     tools, choice = _tools(body)
-    prompt, tokens, tool_results = await render(request.app.state.chat_template, service.model, turns, tools, choice,
-                                                params, mark_tool_results=service.sparse_tool_results,
+    prompt, tokens, tool_results = await render(request.app.state.chat_template, service.model, _turns(body), tools,
+                                                choice, params, mark_tool_results=service.sparse_tool_results,
                                                 continue_last=True)
     events = await started(service.complete(tokens, params, tool_spans=tool_results))
     message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
@@ -186,3 +190,13 @@ async def messages(body: MessagesRequest, request: Request) -> Any:
     content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c)} for c in reply.calls]
     return {**message, "content": content, "stop_reason": _stop_reason(reply, done), "stop_sequence": done.stop_string,
             "usage": _usage(done.usage), "pyllamaopt": done.usage.as_dict()}
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, Any]:
+    """The prompt's tokens as /v1/messages renders them (tools and the generic format included)."""
+    service: Service = request.app.state.service
+    tools, choice = _tools(body)
+    _, tokens, _ = await render(request.app.state.chat_template, service.model, _turns(body), tools, choice,
+                                GenerateParams(), continue_last=True)
+    return {"input_tokens": len(tokens)}

@@ -153,7 +153,7 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
 
     def error_response(request: Request, exc: ServiceError) -> JSONResponse:
         path = request.url.path
-        shape = (anthropic_routes.error_body if path == "/v1/messages" else
+        shape = (anthropic_routes.error_body if path.startswith("/v1/messages") else
                  session_routes.error_body if path.startswith(("/v1/sessions", "/v1/tokenize")) else openai_routes.error_body)
         return JSONResponse(shape(exc), status_code=exc.status)
 

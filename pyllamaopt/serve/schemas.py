@@ -143,18 +143,23 @@ class AnthropicToolChoice(_Body):
     disable_parallel_tool_use: bool | None = None
 
 
-class MessagesRequest(_Body):
+class CountTokensRequest(_Body):
+    """Anthropic's prompt: what /v1/messages/count_tokens counts, and /v1/messages answers."""
+
     model: str | None = None
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+
+
+class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=0)
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)
     stop_sequences: list[str] | None = None
     stream: bool = False
-    tools: list[AnthropicTool] | None = None
-    tool_choice: AnthropicToolChoice | None = None
 
     def params(self, n_ctx: int) -> GenerateParams:
         return Sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=None, seed=None,

@@ -153,6 +153,19 @@ def test_stop_strings_of_a_tool_reply_cut_the_answers_text(served):
     assert [b.text for b in message.content] == [expected]
 
 
+def test_anthropic_count_tokens_counts_the_prompt_messages_answers(served):
+    """POST /v1/messages/count_tokens (the SDK's messages.count_tokens; agents call it to budget their
+    context) was a 404 in OpenAI's error shape: the prompt's tokens, as /v1/messages renders them."""
+    claude = anthropic.Anthropic(base_url=served.url, api_key="unused", max_retries=0)
+    for extra in ({}, {"tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "any"}}):
+        ask = dict(model="m", system=ASK[0]["content"], messages=ASK[1:], **extra)
+        counted = claude.messages.count_tokens(**ask).input_tokens
+        usage = claude.messages.create(max_tokens=1, **ask).usage
+        assert counted == usage.input_tokens + usage.cache_read_input_tokens > 0
+    with pytest.raises(anthropic.BadRequestError, match="messages"):  # the API's own error shape
+        claude.messages.count_tokens(model="m", messages=[])
+
+
 def test_auto_gives_a_valid_call_or_text_and_none_gives_text(served):
     client = served.client()
     for question in ("What is the weather in Paris?", "Say hello to me."):
