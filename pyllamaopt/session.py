@@ -15,7 +15,7 @@ from . import _core
 from .errors import ContextOverflowError, InvalidArgumentError, SessionClosedError, SessionEvictedError
 from .model import check_token_ids
 from .stats import Stats
-from .stop_strings import find_stop, held_back
+from .stop_strings import find_stop, held_back, stop_list
 from .tokens import Token
 
 if TYPE_CHECKING:
@@ -370,9 +370,7 @@ class Session:
                                       "evicted: open a new session and append its history again")
         if self.closed:
             raise SessionClosedError("the session is closed (or its context is): open a new one")
-        stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
-        if any(not isinstance(s, str) or not s for s in stops):
-            raise InvalidArgumentError("stop must be a non-empty string or a list of them")
+        stops = stop_list(stop)
         sampling = _core.Sampling()
         sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.seed = (
             float(temperature), int(top_k), float(top_p), float(min_p), seed)

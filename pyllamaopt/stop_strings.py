@@ -5,6 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .errors import InvalidArgumentError
+
+
+def stop_list(stop: str | Sequence[str] | None) -> list[str]:
+    """`stop` as a list; InvalidArgumentError unless each is a non-empty string."""
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
+    if any(not isinstance(s, str) or not s for s in stops):
+        raise InvalidArgumentError("stop must be a non-empty string or a list of them")
+    return stops
+
 
 def find_stop(text: str, stop: Sequence[str], released: int) -> tuple[int, str] | None:
     """Where the earliest stop string starts, and which it is, searching only where a new one can be."""

@@ -208,6 +208,9 @@ def test_stop_strings_apply_to_the_answers_decoded_text_not_to_the_json():
             pieces += parser.finish()
             assert parser.text == expected == "".join(p.text for p in pieces), (stop, cuts)
             assert parser.stop_string == found and parser.complete == (found is None)
+    with pytest.raises(BadRequest, match="stop must be a non-empty string"):  # as without tools
+        prompt(ChatTemplate("{{ messages[-1]['content'] }}"), [Turn("user", "q")], TOOLS, ToolChoice(),
+               GenerateParams(stop=[""]))
     calls = ReplyParser(True, "call_", ["Paris"])  # not in arguments
     calls.feed(CALL)
     assert calls.complete and calls.stop_string is None and calls.calls[0].arguments == '{"city":"Paris"}'

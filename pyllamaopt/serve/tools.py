@@ -30,10 +30,10 @@ from typing import Any, Literal
 
 from ..chat import ChatTemplate, Message, token_spans
 from ..chat import prompt_tokens as chat_prompt_tokens
-from ..errors import ChatTemplateError, GrammarError
+from ..errors import ChatTemplateError, GrammarError, InvalidArgumentError
 from ..grammar import json_schema_to_gbnf
 from ..model import Model
-from ..stop_strings import find_stop, held_back
+from ..stop_strings import find_stop, held_back, stop_list
 from .service import BadRequest, GenerateParams
 
 INSTRUCTION = (
@@ -175,7 +175,10 @@ def prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool],
             raise BadRequest("response_format cannot be combined with tools: the reply's format is the tool-calling "
                              "one (docs/serve.md); describe the answer's shape as a tool's parameters instead")
         params.grammar = reply_grammar(tools, choice)
-        stop, params.stop = params.stop, []  # (they would match the JSON's text: a call's, escapes)
+        try:  # (given to the engine, they would match the JSON's text: a call's, escapes)
+            stop, params.stop = stop_list(params.stop), []
+        except InvalidArgumentError as exc:
+            raise BadRequest(str(exc)) from None
         params.until = ReplyWatch(stop)
     else:
         _check_choice_without_tools(choice)
