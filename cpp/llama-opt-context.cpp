@@ -752,6 +752,9 @@ bool llama_opt_context::kv_make_room(int32_t seq, size_t n_old, size_t n_new, bo
     llama_memory_t mem   = llama_get_memory(ctx_);
     auto           tiles = [&](size_t n) { return (n + align_ - 1) / align_; };
     const size_t   grow  = tiles(n_new) > tiles(n_old) ? tiles(n_new) - tiles(n_old) : 0;
+    if (grow == 0) {
+        return true;  // (every decode step asks: the tiles are not counted when none is new)
+    }
     while (llama_memory_seq_tiles_free_above(mem, seq) < grow) {
         // only KV above the sequence's highest tile is in the way (all of it, for a sequence without KV)
         const size_t top = kv_top(seq);
