@@ -169,7 +169,8 @@ async def messages(body: MessagesRequest, request: Request) -> Any:
         def chunk(event: Event) -> list[dict[str, Any]]:
             if isinstance(event, TokenEvent):
                 return [e for piece in reply.feed(event.text) for e in blocks.events(piece)]
-            held = [e for piece in reply.finish() for e in blocks.events(piece)]  # a cut call held as a possible repeat
+            # what the parser still holds (ReplyParser.finish)
+            held = [e for piece in reply.finish() for e in blocks.events(piece)]
             return held + blocks.end() + [
                 {"type": "message_delta", "delta": {"stop_reason": _stop_reason(reply, event),
                                                     "stop_sequence": event.stop_string},

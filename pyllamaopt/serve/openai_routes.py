@@ -157,7 +157,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                     out.append({**c, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
                 return out
             out = []
-            for delta in filter(None, map(_delta, reply.finish())):  # a cut call held back as a possible repeat
+            for delta in filter(None, map(_delta, reply.finish())):  # what the parser still holds
                 out.append({**c, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
             delta = {"role": "assistant", "content": ""} if first[0] else {}
             return out + _ending(c, {"index": 0, "delta": delta, "finish_reason": _finish_reason(reply, event)},
