@@ -299,7 +299,7 @@ def test_model_reports_a_delta_whose_parent_is_gone(models, tmp_path, monkeypatc
     out = tmp_path / "ft.delta.gguf"
     decompose(models["finetune"], out, DecomposeOptions(rank=FINETUNE_RANK, matrices=("attn_q",), parent=parent))
     parent.unlink()
-    with pytest.raises(ModelLoadError, match="give its path with --parent"):
+    with pytest.raises(ModelLoadError, match=r"give its path \(pyllamaopt delta reconstruct DELTA OUT --parent PATH"):
         Model(out)
     assert not any((tmp_path / "cache" / "pyllamaopt" / "delta").iterdir())
 
@@ -494,6 +494,16 @@ def test_the_cli_never_writes_over_its_inputs(models, tmp_path, capsys):
         assert main(args) == 2, args
         assert "pyllamaopt: error:" in capsys.readouterr().err
     assert model.read_bytes() == before and not out.exists()
+    # each mistake named as it is (the report over the output said "would overwrite an input")
+    assert main(["delta", "decompose", str(model), str(out), "--report", str(out), *common]) == 2
+    assert "--report" in capsys.readouterr().err
+    assert main(["delta", "report", str(model), "--target-errors", "2"]) == 2
+    assert "target errors are relative errors between 0 and 1" in capsys.readouterr().err  # (named --target-error)
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    assert main(["delta", "decompose", str(text), str(out), *common]) == 2
+    err = capsys.readouterr().err
+    assert "does not start with 'GGUF'" in err and "unpack_from" not in err
 
 
 def test_report_plot(models, tmp_path, capsys):

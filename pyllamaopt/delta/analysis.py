@@ -191,6 +191,8 @@ def analyze(source: str | os.PathLike[str], *, matrices: Sequence[str] = DEFAULT
         raise DeltaError(f"ranks must be whole numbers >= 0 (0: the base alone), got {list(ranks)!r}")
     if not target_errors:
         raise DeltaError("give at least one target error")
+    if any(not 0 < t < 1 for t in target_errors):  # (each; DecomposeOptions checks only the smallest, by its flag)
+        raise DeltaError(f"target errors are relative errors between 0 and 1 (0.05 = 5 %), got {list(target_errors)!r}")
     options = DecomposeOptions(target_error=min(target_errors), n_bases=n_bases, matrices=tuple(matrices),
                                parent=Path(parent) if parent is not None else None, base_type=base_type)
     options.check()

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from ..errors import DeltaError
 from .names import DEFAULT_MATRICES
 
 EPILOG = """\
@@ -103,7 +104,9 @@ def decompose_command(args: argparse.Namespace) -> int:
     options = DecomposeOptions(rank=args.rank, target_error=args.target_error, n_bases=args.bases,
                                matrices=args.matrices, parent=args.parent, base_type=args.base_type)
     report_path = args.report or default_report_path(args.output)
-    check_output(report_path, _inputs(args) + [args.output])  # before the work: it could be the model itself
+    if Path(report_path).resolve() == Path(args.output).resolve():
+        raise DeltaError(f"--report {report_path} is the output model's path too: give the report another file")
+    check_output(report_path, _inputs(args))  # before the work: it could be the model itself
     report = decompose(args.input, args.output, options)
     report.save_json(report_path)
     print(report.table())

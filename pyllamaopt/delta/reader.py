@@ -61,6 +61,8 @@ class GGUFFile:
             raise ValueError(f"damaged or truncated header ({type(exc).__name__}: {exc})") from None
 
     def _parse(self, path: Path) -> None:
+        if self._map[:4] != b"GGUF":
+            raise ValueError("it does not start with 'GGUF': not a GGUF model file")
         magic, version, n_tensors, n_fields = struct.unpack_from("<IIQQ", self._map, 0)
         self._pos = 24
         if magic != gguf.GGUF_MAGIC:

@@ -58,7 +58,8 @@ def _open_parent(header: DeltaHeader, given: str | os.PathLike[str] | None, delt
     path = Path(given) if given is not None else Path(header.parent.path)
     if not path.is_file():
         raise DeltaError(f"{delta_path} needs its parent model {header.parent.name}, which is no longer at "
-                         f"{header.parent.path}: give its path with --parent")
+                         f"{header.parent.path}: give its path (pyllamaopt delta reconstruct DELTA OUT --parent PATH, "
+                         "then load OUT)")
     parent = GGUFModel(path, role="parent")
     parent.check_matrices(header.matrices, role="parent")
     if parent.n_layers != header.n_layers or parent.fingerprint(header.matrices) != header.parent.fingerprint:
