@@ -152,3 +152,30 @@ def test_cancel(served):
     python = run_python("cancel", address, "--after-seconds", "0.005")
     check_cancel(python, run_node("cancel", server.url, "--after-ms", "5"), "0.005")
     check_cancel(python, run_node("cancel", address, "--after-ms", "5"), "0.005")  # over gRPC
+
+
+def doc_snippet(doc: str, after: str, language: str) -> str:
+    """The first code block of `language` after the line `after` in docs/`doc`."""
+    text = (ROOT / "docs" / doc).read_text()
+    found = re.search(re.escape(after) + rf".*?```{language}\n(.*?)```", text, re.S)
+    assert found, f"no {language} block after {after!r} in docs/{doc}"
+    return found[1]
+
+
+def test_the_client_docs_snippets_run_as_written(served, tmp_path):
+    """docs/client.md's Python snippet and the TypeScript README's ran into names they never defined
+    (a newcomer's walkthrough): both run as written, the address aside."""
+    server, address = served
+    python = doc_snippet("client.md", "## Python: `pyllamaopt.client` (gRPC)", "python").replace(
+        "127.0.0.1:50051", address)
+    run = subprocess.run([sys.executable, "-c", python], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0 and run.stdout.strip(), run.stdout + run.stderr
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not on PATH: the TypeScript SDK needs Node 20+")
+    readme = (ROOT / "sdks" / "typescript" / "README.md").read_text()
+    js = re.search(r"```js\n(.*?)```", readme, re.S)[1].replace("127.0.0.1:50051", address).replace(
+        '"pyllamaopt-client"', f'"{ROOT / "sdks" / "typescript" / "src" / "index.js"}"')
+    (tmp_path / "readme.mjs").write_text(js)
+    run = subprocess.run([node, str(tmp_path / "readme.mjs")], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip(), run.stdout + run.stderr
