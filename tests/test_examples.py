@@ -162,17 +162,22 @@ def doc_snippet(doc: str, after: str, language: str) -> str:
     return found[1]
 
 
-def test_the_client_docs_snippets_run_as_written(served, tmp_path):
-    """docs/client.md's Python snippet and the TypeScript README's ran into names they never defined
-    (a newcomer's walkthrough): both run as written, the address aside."""
-    server, address = served
+def test_the_client_docs_python_snippet_runs_as_written(served, tmp_path):
+    """docs/client.md's Python snippet ran into names it never defined (a newcomer's walkthrough): it
+    runs as written, the address aside."""
+    _, address = served
     python = doc_snippet("client.md", "## Python: `pyllamaopt.client` (gRPC)", "python").replace(
         "127.0.0.1:50051", address)
     run = subprocess.run([sys.executable, "-c", python], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert run.returncode == 0 and run.stdout.strip(), run.stdout + run.stderr
+
+
+def test_the_typescript_readme_snippet_runs_as_written(served, tmp_path):
+    """The TypeScript README's snippet, likewise (its package name pointed at the SDK's source)."""
+    _, address = served
     node = shutil.which("node")
     if node is None:
-        pytest.skip("node is not on PATH: the TypeScript SDK needs Node 20+")
+        pytest.skip("node is not on PATH: the TypeScript SDK needs Node 20+")  # (as run_node; CI has Node 20)
     readme = (ROOT / "sdks" / "typescript" / "README.md").read_text()
     js = re.search(r"```js\n(.*?)```", readme, re.S)[1].replace("127.0.0.1:50051", address).replace(
         '"pyllamaopt-client"', f'"{ROOT / "sdks" / "typescript" / "src" / "index.js"}"')
