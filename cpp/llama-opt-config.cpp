@@ -1,11 +1,10 @@
-#include "llama-opt.h"
+#include "llama-opt-config.h"
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <sstream>
 
 #if !defined(LLAMA_OPT_DEDUP) || !defined(LLAMA_OPT_H2O)
 #error "compile with the LLAMA_OPT_* definitions of cmake/llama-opt-options.cmake"
@@ -375,74 +374,4 @@ std::map<std::string, std::string> llama_opt_environ() {
         }
     }
     return env;
-}
-
-//
-// statistics
-//
-
-#define STAT(name) { #name, &llama_opt_stats::name }
-
-const std::vector<llama_opt_stats_field> & llama_opt_stats_fields() {
-    static const std::vector<llama_opt_stats_field> fields = {
-        STAT(dedup_blocks_total), STAT(dedup_blocks_hit), STAT(dedup_tokens_saved), STAT(dedup_sequences_evicted),
-        STAT(diff_tokens_total), STAT(diff_tokens_unchanged), STAT(diff_tokens_recomputed), STAT(diff_tokens_shifted),
-        STAT(diff_shift_fallbacks_unsupported), STAT(diff_shift_fallbacks_shared), STAT(diff_shift_fallbacks_room),
-        STAT(schema_tokens_total), STAT(schema_tokens_skipped), STAT(schema_tokens_inferred), STAT(schema_check_us), STAT(schema_budget_picks),
-        STAT(canon_entries_total), STAT(canon_entries_deduped), STAT(canon_bytes_saved),
-        STAT(precompute_rope_hits), STAT(precompute_norm_hits), STAT(precompute_mask_hits),
-        STAT(persist_loads), STAT(persist_saves), STAT(persist_tokens_restored),
-        STAT(persist_misses), STAT(persist_misses_incompatible), STAT(persist_misses_corrupt), STAT(persist_errors),
-        STAT(memo_lookups), STAT(memo_hits), STAT(memo_tokens_skipped), STAT(memo_shared_hits),
-        STAT(memo_shared_tokens_skipped),
-        STAT(attn_blocks_pruned), STAT(attn_tokens_pruned), STAT(attn_blocks_restored), STAT(attn_tokens_restored),
-        STAT(attn_tokens_recomputed), STAT(attn_keys_scored), STAT(attn_score_us),
-        STAT(sparse_spans_dropped), STAT(sparse_tokens_dropped),
-        STAT(h2o_chunks), STAT(h2o_tokens_kept), STAT(h2o_select_us),
-        STAT(spec_prefill_prompts), STAT(spec_prefill_tokens_scored), STAT(spec_prefill_tokens_kept),
-        STAT(spec_prefill_tokens_dropped), STAT(spec_prefill_score_us),
-        STAT(act_lookups), STAT(act_hits),
-        STAT(noop_ops_elided),
-        STAT(tokens_prefilled), STAT(tokens_decoded), STAT(tokens_generated), STAT(forward_passes),
-        STAT(forward_us),
-        STAT(sessions_evicted),
-    };
-    return fields;
-}
-
-#undef STAT
-
-llama_opt_stats & llama_opt_stats::operator+=(const llama_opt_stats & other) {
-    for (const auto & f : llama_opt_stats_fields()) {
-        this->*(f.member) += other.*(f.member);
-    }
-    return *this;
-}
-
-llama_opt_stats llama_opt_stats::operator-(const llama_opt_stats & other) const {
-    llama_opt_stats d = *this;
-    for (const auto & f : llama_opt_stats_fields()) {
-        d.*(f.member) -= other.*(f.member);
-    }
-    return d;
-}
-
-std::string llama_opt_stats::to_string() const {
-    // Fields are grouped by their prefix ("dedup", "diff", ...), one line per group.
-    std::ostringstream out;
-    std::string group;
-    for (const auto & f : llama_opt_stats_fields()) {
-        const std::string name = f.name;
-        const std::string g    = name.substr(0, name.find('_'));
-        if (g != group) {
-            out << (group.empty() ? "" : "\n") << g << ":";
-            group = g;
-        }
-        out << " " << name.substr(g.size() + 1) << "=" << this->*(f.member);
-    }
-    return out.str();
-}
-
-void llama_opt_stats::print() const {
-    fprintf(stderr, "[llama-opt stats]\n%s\n", to_string().c_str());
 }
