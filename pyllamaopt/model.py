@@ -5,13 +5,10 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _core, models
 from .errors import InvalidTokenError
-
-if TYPE_CHECKING:
-    from .context import Context
 
 _INT32_MAX = 2**31 - 1
 
@@ -146,12 +143,6 @@ class Model:
     bos_token = property(lambda self: self._core.bos)
     eos_token = property(lambda self: self._core.eos)
     add_bos = property(lambda self: self._core.add_bos, doc="whether tokenize() prepends BOS")
-
-    def context(self, **kwargs: Any) -> Context:
-        """A new Context on this model (see Context for the arguments)."""
-        from .context import Context
-
-        return Context(self, **kwargs)
 
     def __repr__(self) -> str:
         return f"Model({self.path!r}, {self.description!r})"
