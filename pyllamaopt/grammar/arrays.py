@@ -8,6 +8,8 @@ from .schema import Unsatisfiable, as_count, schema_error, unenforceable
 
 
 class ArrayRules(ConverterBase):
+    """An array schema's rule (gen_array), and the brackets and commas around the items."""
+
     def gen_array(self, schema: dict, hint: str, path: str) -> Node:
         prefix = schema.get("prefixItems")
         items = schema.get("items")

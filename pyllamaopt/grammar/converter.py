@@ -20,6 +20,9 @@ from .schema import (ARRAY_KEYWORDS, NUMBER_KEYWORDS, OBJECT_KEYWORDS, STRING_KE
 
 
 class Converter(ObjectRules, ArrayRules, NumberRules):
+    """One schema's conversion: ``gen`` reads a subschema's keywords and gives its rule, through
+    the rules of its types; ``$ref`` targets and merged allOfs get a rule each (recursion ends in them)."""
+
     def __init__(self, root: Any, whitespace: str, strict: bool = True) -> None:
         super().__init__(root, whitespace, strict)
         self.ref_rules: dict[str, str] = {}

@@ -231,6 +231,8 @@ def _magnitudes(a: Fraction, b: Fraction, n: int) -> list[Node]:
 
 
 class NumberRules(ConverterBase):
+    """A number or integer schema's rule (gen_number); any integer or number in canonical form."""
+
     def integer(self) -> Node:
         return self.shared_rule("integer", lambda: alt(
             literal("0"),

@@ -15,7 +15,8 @@ from .strings import StringRules
 
 
 class ObjectRules(StringRules):
-    """(Built on the string rules: keys are strings.)"""
+    """An object schema's rule (gen_object), and the braces and commas around the members (on
+    the string rules: keys are strings)."""
 
     def gen_object(self, schema: dict, hint: str, path: str) -> Node:
         props = schema.get("properties", {})

@@ -19,6 +19,8 @@ _HEX = "[0-9a-fA-F]"
 
 
 class StringRules(ConverterBase):
+    """A string schema's rule (gen_string); the JSON string any key or value may be (string)."""
+
     def __init__(self, root: Any, whitespace: str, strict: bool = True) -> None:
         super().__init__(root, whitespace, strict)
         self.regex_nodes: dict[tuple, Node | None] = {}
