@@ -266,7 +266,7 @@ class Chat:
         that role) and stream the reply; the reply joins the messages when it ends. Tool
         messages are marked for sparse attention over tool results (``sparse_attn_enabled``,
         Tier 2, off by default: without it the marks change nothing)."""
-        self.session._end_generation_in_progress()  # a reply in progress ends (joining the messages) first
+        self.session.end_generation_in_progress()  # a reply in progress ends (joining the messages) first
         self.messages.append({"role": role, "content": content})
         try:
             tools = {i: [(0, len(m["content"]))] for i, m in enumerate(self.messages) if m["role"] == "tool"}

@@ -137,7 +137,9 @@ class OptConfig:
 
     def __init__(self, env: Mapping[str, str] | None = None, **values: Any) -> None:
         environment = os.environ if env is None else env
-        self._settings = _core.Settings.from_env(_opt_variables(environment), list(CLI_VARIABLES))
+        # the engine's object, named _core as Model's, Context's and Session's are: the package's other
+        # wrappers hand it to the engine (with the _core module, the only private names used across modules)
+        self._core = _core.Settings.from_env(_opt_variables(environment), list(CLI_VARIABLES))
         for name, value in values.items():
             self.set(name, value)
 
@@ -148,21 +150,21 @@ class OptConfig:
             close = difflib.get_close_matches(name, _FIELDS, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise _config_error(f"unknown configuration option {name!r}{hint}", name)
-        self._settings.set(name, _as_text(field, value), "argument")
+        self._core.set(name, _as_text(field, value), "argument")
 
     def source(self, name: str) -> str:
         """Where the value came from: 'default', 'environment' or 'argument'."""
         if name not in _FIELDS:
             raise _config_error(f"unknown configuration option {name!r}", name)
-        return self._settings.source_of(name)
+        return self._core.source_of(name)
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self._settings.values())
+        return dict(self._core.values())
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name not in _FIELDS:
             raise AttributeError(name)
-        return self._settings.values()[name]
+        return self._core.values()[name]
 
     def __repr__(self) -> str:
         changed = {k: v for k, v in self.as_dict().items() if self.source(k) != "default"}

@@ -57,7 +57,7 @@ class Context:
         for feature in switches_without_effect(self.config):
             warnings.warn(f"{feature.enabled_field}=1 {feature.no_effect}", stacklevel=2)
         self._core = _core.Context(
-            self.model._core, self.config._settings,
+            self.model._core, self.config._core,
             _check_int("n_ctx", n_ctx, 16, 2**24),
             _check_int("n_batch", n_batch, 1, 2**16),
             _check_int("n_seq_max", n_seq_max, 1, 255),

@@ -95,7 +95,7 @@ class Generation(Iterator[Token]):
     def _run(self, max_tokens: int | None, stop: list[str], sampling: _core.Sampling) -> Generator[Token, None, None]:
         session = self.session
         core = session._core
-        session._end_generation_in_progress()
+        session.end_generation_in_progress()
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         full = ""  # all text decoded so far; self.text is the part released
         start = len(core.tokens)
@@ -190,7 +190,7 @@ class Session:
         self._configured_for: object | None = None
         self._running: weakref.ref[Generation] | None = None  # the generation started and not ended
 
-    def _end_generation_in_progress(self) -> None:
+    def end_generation_in_progress(self) -> None:
         """Closes a generation of this session that started and did not end (finish_reason
         'interrupted'), as a new one begins: one turn at a time (it went on with the new one's
         grammar and budget, and the new one's end ended its turn)."""
@@ -262,7 +262,7 @@ class Session:
         for name, value in {**self.context.config.as_dict(), **values}.items():
             if name.startswith(_TIER2_PREFIXES):
                 config.set(name, value)
-        self._core.set_tier2(config._settings)
+        self._core.set_tier2(config._core)
 
     def drop_span(self, start: int, end: int) -> None:
         """Tier 2: take the KV of positions [start, end) out of attention (its cells are freed;
@@ -389,7 +389,7 @@ class Session:
             from .grammar.limits import check_gbnf_limits
 
             check_gbnf_limits(grammar)  # (the parser recurses: a deep one killed the process)
-        self._end_generation_in_progress()
+        self.end_generation_in_progress()
         # parsed now, once: a bad grammar fails before generating
         self._core.set_grammar(grammar or "", _budget(max_tokens, self._core.room))
         self._core.set_sampling(sampling)

@@ -16,10 +16,11 @@ The supported keywords and the canonical form: docs/structured-output.md.
 """
 from __future__ import annotations
 
-from .converter import (JSON_GBNF, MAX_WS, SUPPORTED_FORMATS, WHITESPACE, Relaxation, SchemaGrammar,
-                        compile_json_schema, json_schema_to_gbnf)
-from .validation import SchemaCheck
+from .base import MAX_WS, WHITESPACE, Relaxation
 from .numbers import MAX_EXP_DIGITS, MAX_FRAC_DIGITS, MAX_INT_DIGITS  # the canonical form's limits
+from .schema_grammar import JSON_GBNF, SchemaGrammar, compile_json_schema, json_schema_to_gbnf
+from .strings import SUPPORTED_FORMATS
+from .validation import SchemaCheck
 
 __all__ = ["JSON_GBNF", "json_schema_to_gbnf", "compile_json_schema", "SchemaGrammar", "SchemaCheck", "Relaxation",
            "SUPPORTED_FORMATS", "WHITESPACE"]

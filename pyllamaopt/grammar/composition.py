@@ -8,10 +8,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import GrammarError, UnenforceableSchemaError
+from .json_values import ALL_KINDS, json_key, json_kind
 from .regex import parse_regex
-from .json_values import _ALL_KINDS, _json_key, _json_kind
-from .schema import (_TYPES, Matches, Relax, _constrains, _raise, _Unsat, _check_keywords, _err, _kinds_of_type,
-                     _resolve, _schema_types, _unenforceable)
+from .schema import (TYPES, Matches, Relax, Unsatisfiable, check_keywords, constrains, kinds_of_type, refuse,
+                     schema_error, schema_types, unenforceable)
+from .schema import resolve as _resolve  # (module-private: tests count the references followed through it)
 
 
 def _flatten_all_of(root: Any, schema: Any, path: str, out: list, refs: tuple, top: bool, relax: Relax,
@@ -22,23 +23,23 @@ def _flatten_all_of(root: Any, schema: Any, path: str, out: list, refs: tuple, t
     if schema is True:
         return
     if schema is False:
-        raise _Unsat(path, "an 'allOf' member is 'false'")
+        raise Unsatisfiable(path, "an 'allOf' member is 'false'")
     if not isinstance(schema, dict):
-        raise _err(path, f"a schema must be an object or a boolean, got {type(schema).__name__}")
-    _check_keywords(schema, path, relax)
+        raise schema_error(path, f"a schema must be an object or a boolean, got {type(schema).__name__}")
+    check_keywords(schema, path, relax)
     if not top:
         for key in ("unevaluatedProperties", "unevaluatedItems"):
             if key in schema and schema[key] is not True:
-                relax(_unenforceable(path, key, f"'{key}' inside 'allOf' (or beside '$ref') is not supported: "
-                                                "it would forbid what the other members allow; move it to the "
-                                                "schema that holds the 'allOf'"))
+                relax(unenforceable(path, key, f"'{key}' inside 'allOf' (or beside '$ref') is not supported: "
+                                    "it would forbid what the other members allow; move it to the "
+                                    "schema that holds the 'allOf'"))
                 schema = {k: v for k, v in schema.items() if k != key}
-    rest = {k: v for k, v in schema.items() if k not in ("allOf", "$ref") and _constrains(k)}
+    rest = {k: v for k, v in schema.items() if k not in ("allOf", "$ref") and constrains(k)}
     if "$ref" in schema:
         ref = schema["$ref"]
         if ref in refs:
-            raise _err(path, f"'$ref' {ref!r} includes itself through 'allOf'/'$ref' without "
-                             "an enclosing object or array: the schema has no finite instance")
+            raise schema_error(path, f"'$ref' {ref!r} includes itself through 'allOf'/'$ref' without "
+                               "an enclosing object or array: the schema has no finite instance")
         if ref not in merged:
             merged.add(ref)
             try:
@@ -53,7 +54,7 @@ def _flatten_all_of(root: Any, schema: Any, path: str, out: list, refs: tuple, t
         out.append(rest)
 
 
-def _merge_all_of(root: Any, schema: dict, path: str, relax: Relax = _raise) -> dict:
+def merge_all_of(root: Any, schema: dict, path: str, relax: Relax = refuse) -> dict:
     parts: list[dict] = []
     _flatten_all_of(root, schema, path, parts, (), True, relax, set())
     merged: dict[str, Any] = {}
@@ -70,7 +71,7 @@ def _merge_all_of(root: Any, schema: dict, path: str, relax: Relax = _raise) -> 
             else:
                 prefix = part.get("prefixItems", [])
                 if not isinstance(prefix, list):
-                    raise _err(path, "'prefixItems' must be a list of schemas")
+                    raise schema_error(path, "'prefixItems' must be a list of schemas")
                 arr_parts.append((prefix, True if items is None else items, items is not None))
         for key, value in part.items():
             if key in ("properties", "additionalProperties", "prefixItems", "items", "additionalItems"):
@@ -82,8 +83,8 @@ def _merge_all_of(root: Any, schema: dict, path: str, relax: Relax = _raise) -> 
             if key in ("anyOf", "oneOf"):
                 deferred.append({key: value})
             elif key == "type":
-                a = _schema_types({"type": old}, path) or []
-                b = _schema_types({"type": value}, path) or []
+                a = schema_types({"type": old}, path) or []
+                b = schema_types({"type": value}, path) or []
                 both = []
                 for t in a:
                     if t in b:
@@ -95,14 +96,14 @@ def _merge_all_of(root: Any, schema: dict, path: str, relax: Relax = _raise) -> 
                     if u is not None and u not in both:
                         both.append(u)
                 if not both:
-                    raise _Unsat(path, f"'allOf' members require types {a} and {b}")
+                    raise Unsatisfiable(path, f"'allOf' members require types {a} and {b}")
                 merged[key] = both
             elif key == "enum":
-                keys = {_json_key(v) for v in value}
-                merged[key] = [v for v in old if _json_key(v) in keys]
+                keys = {json_key(v) for v in value}
+                merged[key] = [v for v in old if json_key(v) in keys]
             elif key == "const":
-                if _json_key(old) != _json_key(value):
-                    raise _Unsat(path, f"'allOf' members require const {old!r} and {value!r}")
+                if json_key(old) != json_key(value):
+                    raise Unsatisfiable(path, f"'allOf' members require const {old!r} and {value!r}")
             elif key == "required":
                 merged[key] = old + [x for x in value if x not in old]
             elif key in ("minLength", "minItems", "minProperties", "minimum"):
@@ -115,39 +116,39 @@ def _merge_all_of(root: Any, schema: dict, path: str, relax: Relax = _raise) -> 
             elif key in ("unevaluatedProperties", "unevaluatedItems"):
                 merged[key] = {"allOf": [old, value]}
             elif key == "patternProperties" and isinstance(old, dict) and isinstance(value, dict):
-                merged[key] = {**old, **{k: _all_of([old[k], v]) if k in old else v for k, v in value.items()}}
+                merged[key] = {**old, **{k: all_of([old[k], v]) if k in old else v for k, v in value.items()}}
             elif key == "uniqueItems":
                 merged[key] = old or value
-            elif _json_key(old) != _json_key(value):  # the first value is kept
-                relax(_unenforceable(path, key, f"'allOf' members give '{key}' different values ({old!r} and "
-                                                f"{value!r}); they cannot be merged: write one schema with the "
-                                                "combined constraint"))
+            elif json_key(old) != json_key(value):  # the first value is kept
+                relax(unenforceable(path, key, f"'allOf' members give '{key}' different values ({old!r} and "
+                                    f"{value!r}); they cannot be merged: write one schema with the "
+                                    "combined constraint"))
     if obj_parts:
         # a key of one member is checked by the other members' properties, or else by
         # their additionalProperties (absent: anything)
         names: list[str] = []
         for props, _ in obj_parts:
             if not isinstance(props, dict):
-                raise _err(path, "'properties' must be an object mapping names to schemas")
+                raise schema_error(path, "'properties' must be an object mapping names to schemas")
             names += [n for n in props if n not in names]
-        merged["properties"] = {n: _all_of([props[n] if n in props else addl for props, addl in obj_parts])
+        merged["properties"] = {n: all_of([props[n] if n in props else addl for props, addl in obj_parts])
                                 for n in names}
         if any("additionalProperties" in p for p in parts):
-            merged["additionalProperties"] = _all_of([addl for _, addl in obj_parts])
+            merged["additionalProperties"] = all_of([addl for _, addl in obj_parts])
     if arr_parts:
         # the same for arrays: item i is checked by each member's prefixItems[i], or else its items
         n = max(len(prefix) for prefix, _, _ in arr_parts)
         if n:
-            merged["prefixItems"] = [_all_of([prefix[i] if i < len(prefix) else rest
-                                              for prefix, rest, _ in arr_parts]) for i in range(n)]
+            merged["prefixItems"] = [all_of([prefix[i] if i < len(prefix) else rest
+                                             for prefix, rest, _ in arr_parts]) for i in range(n)]
         if any(given for _, _, given in arr_parts):
-            merged["items"] = _all_of([rest for _, rest, _ in arr_parts])
+            merged["items"] = all_of([rest for _, rest, _ in arr_parts])
     if deferred:
         merged["allOf"] = deferred
     return merged
 
 
-def _all_of(schemas: list) -> Any:
+def all_of(schemas: list) -> Any:
     """The conjunction of schemas, as a schema: nested conjunctions flattened, repeated members
     once (so that merging a recursive schema with itself does not grow without end)."""
     members: dict[str, Any] = {}
@@ -162,7 +163,7 @@ def _all_of(schemas: list) -> Any:
     return True if not kept else kept[0] if len(kept) == 1 else {"allOf": kept}
 
 
-def _exclusive(root: Any, alts: list, path: str, relax: Relax, matches: Matches) -> list:
+def exclusive_alternatives(root: Any, alts: list, path: str, relax: Relax, matches: Matches) -> list:
     """oneOf alternatives narrowed so that no value of one of them matches another: then "any of
     them" is "exactly one of them", which a grammar enforces. For each pair that may overlap,
     the first alternative is narrowed by a separator (_separator; a narrowing: its values are
@@ -174,8 +175,8 @@ def _exclusive(root: Any, alts: list, path: str, relax: Relax, matches: Matches)
     for alt in alts:
         try:
             if isinstance(alt, dict) and ("allOf" in alt or "$ref" in alt):
-                alt = _merge_all_of(root, alt, path)
-        except _Unsat:
+                alt = merge_all_of(root, alt, path)
+        except Unsatisfiable:
             alt = False
         except GrammarError:
             alt = {}  # not merged: may overlap anything
@@ -205,10 +206,10 @@ def _exclusive(root: Any, alts: list, path: str, relax: Relax, matches: Matches)
     if out:
         return out
     assert first_overlap is not None
-    relax(_unenforceable(path, "oneOf", f"'oneOf' alternatives {first_overlap[0]} and {first_overlap[1]} may both "
-                         "match the same value, and a grammar cannot enforce 'exactly one'. Use 'anyOf' if that is "
-                         "acceptable, or make them exclusive: different types, or a required property with a "
-                         "different 'const'/'enum' in each"))
+    relax(unenforceable(path, "oneOf", f"'oneOf' alternatives {first_overlap[0]} and {first_overlap[1]} may both "
+                        "match the same value, and a grammar cannot enforce 'exactly one'. Use 'anyOf' if that is "
+                        "acceptable, or make them exclusive: different types, or a required property with a "
+                        "different 'const'/'enum' in each"))
     return alts
 
 
@@ -217,7 +218,7 @@ def _overlap_candidates(views: list) -> Callable[[int], Iterable[int]]:
     values (enum/const) overlap only if they share one, so a listed alternative is compared with
     the listed ones sharing a value and with every unlisted one — linear for a oneOf of thousands
     of constants, which compared every pair."""
-    listed = [{_json_key(v) for v in values} if isinstance(view, dict) and (values := _values(view)) is not None
+    listed = [{json_key(v) for v in values} if isinstance(view, dict) and (values := _values(view)) is not None
               else None for view in views]
     holders: dict = defaultdict(set)
     for j, keys in enumerate(listed):
@@ -238,11 +239,11 @@ def _separator(root: Any, a: Any, b: Any) -> Any:
     property both have, with disjoint values, that one of them requires), else a schema to add
     to ``a``: the types of ``b`` left out; that property required; a property ``b`` requires
     forbidden (objects only, where both admit other kinds too); None if there is none. ``a`` and
-    ``b`` are merged views (_merge_all_of)."""
+    ``b`` are merged views (merge_all_of)."""
     if not isinstance(a, dict) or not isinstance(b, dict):
         return None
     kinds_a, kinds_b = _kinds(a, root), _kinds(b, root)
-    kept = [t for t in _TYPES if _kinds_of_type(t) <= kinds_a and not _kinds_of_type(t) & kinds_b]
+    kept = [t for t in TYPES if kinds_of_type(t) <= kinds_a and not kinds_of_type(t) & kinds_b]
     if "number" in kept and "integer" in kept:
         kept.remove("integer")
     if kept:
@@ -280,8 +281,8 @@ def _view(root: Any, schema: Any, depth: int) -> Any:
     """A schema with its top-level $ref / allOf resolved, for the disjointness test."""
     if isinstance(schema, dict) and ("$ref" in schema or "allOf" in schema) and depth < 16:
         try:
-            return _merge_all_of(root, schema, "#")
-        except (_Unsat, GrammarError):
+            return merge_all_of(root, schema, "#")
+        except (Unsatisfiable, GrammarError):
             return schema if not isinstance(schema, dict) else {}
     return schema
 
@@ -292,16 +293,16 @@ def _kinds(schema: Any, root: Any = None, depth: int = 0) -> set[str]:
     if schema is False:
         return set()
     if not isinstance(schema, dict):
-        return set(_ALL_KINDS)
-    kinds = set(_ALL_KINDS)
+        return set(ALL_KINDS)
+    kinds = set(ALL_KINDS)
     t = schema.get("type")
     if isinstance(t, str):
         t = [t]
-    if isinstance(t, list) and all(x in _TYPES for x in t):
-        kinds = set().union(*(_kinds_of_type(x) for x in t))
+    if isinstance(t, list) and all(x in TYPES for x in t):
+        kinds = set().union(*(kinds_of_type(x) for x in t))
     values = _values(schema)
     if values is not None:
-        kinds &= {_json_kind(v) for v in values}
+        kinds &= {json_kind(v) for v in values}
     for key in ("anyOf", "oneOf"):
         if root is not None and isinstance(schema.get(key), list) and depth < 8:
             kinds &= set().union(*(_kinds(_view(root, alt, depth + 1), root, depth + 1) for alt in schema[key]))
@@ -324,7 +325,7 @@ def _disjoint(root: Any, a: Any, b: Any, depth: int) -> bool:
     if not isinstance(a, dict) or not isinstance(b, dict):
         return False
     va, vb = _values(a), _values(b)
-    if va is not None and vb is not None and not ({_json_key(v) for v in va} & {_json_key(v) for v in vb}):
+    if va is not None and vb is not None and not ({json_key(v) for v in va} & {json_key(v) for v in vb}):
         return True
     common = _kinds(a, root, depth) & _kinds(b, root, depth)
     if not common:
@@ -355,100 +356,3 @@ def _forbids(schema: dict, name: Any) -> bool:
         return isinstance(patterns, dict) and not any(parse_regex(p).search(name) for p in patterns)
     except GrammarError:  # a pattern not understood: it may match
         return False
-
-
-# ---- keywords rewritten into ones a grammar enforces (exactly, or as a narrowing)
-
-#: at most this many dependencies are split into alternatives (each one doubles them)
-MAX_DEPENDENCIES = 4
-
-
-def _without_property(schema: dict, name: str) -> dict:
-    """The schema with property ``name`` forbidden. Where the schema lists no properties this
-    lists one (``name: false``), which in the canonical form also ends other extra keys: a
-    narrowing."""
-    return {**schema, "properties": {**schema.get("properties", {}), name: False}}
-
-
-def _split_dependencies(schema: dict) -> dict | None:
-    """dependentRequired / dependentSchemas / draft-4 dependencies as alternatives: the
-    property absent, or present with what it brings (``{"anyOf": [...]}``; exact). None if the
-    schema has none, or too many to split (the caller relaxes them)."""
-    for key in ("dependentRequired", "dependentSchemas", "dependencies"):
-        deps = schema.get(key)
-        if not isinstance(deps, dict) or not deps:
-            continue
-        if sum(len(v) for k, v in schema.items() if k in ("dependentRequired", "dependentSchemas", "dependencies")
-               and isinstance(v, dict)) > MAX_DEPENDENCIES:
-            return None
-        name, dep = next(iter(deps.items()))
-        rest = {k: v for k, v in schema.items() if k != key}
-        if len(deps) > 1:
-            rest[key] = {k: v for k, v in deps.items() if k != name}
-        required = list(rest.get("required", []))
-        if isinstance(dep, list):
-            present = {**rest, "required": required + [x for x in [name, *dep] if x not in required and x != ""]}
-            present["required"] = list(dict.fromkeys(present["required"]))
-        else:
-            present = {**rest, "required": list(dict.fromkeys([*required, name])),
-                       "allOf": [*rest.get("allOf", []), dep]}
-        if name in required:
-            return present
-        return {"anyOf": [_without_property(rest, name), present]}
-    return None
-
-
-def _negate(schema: dict) -> dict | None:
-    """``not`` where its schema is one a grammar can complement: {} or false (nothing / anything),
-    ``required`` (some of them absent), ``type`` (the other types). None otherwise."""
-    neg = schema["not"]
-    rest = {k: v for k, v in schema.items() if k != "not"}
-    if neg is False:
-        return rest
-    if neg is True or neg == {}:
-        return {"anyOf": [False]}  # nothing is valid
-    if not isinstance(neg, dict):
-        return None
-    keys = [k for k in neg if _constrains(k)]
-    if keys == ["required"] and isinstance(neg["required"], list) and neg["required"]:
-        alts = [_without_property(rest, name) for name in neg["required"] if isinstance(name, str)]
-        return alts[0] if len(alts) == 1 else {"anyOf": alts}
-    if keys == ["type"]:
-        banned = neg["type"] if isinstance(neg["type"], list) else [neg["type"]]
-        allowed = rest.get("type", list(_TYPES))
-        allowed = allowed if isinstance(allowed, list) else [allowed]
-        if "number" in banned:
-            banned = [*banned, "integer"]
-        kept = [t for t in allowed if t not in banned]
-        if "integer" in banned and "number" in kept:  # numbers that are not integers: not expressible
-            return None
-        return {**rest, "type": kept} if kept else {"anyOf": [False]}  # (no type left: nothing)
-    return None
-
-
-def _exclusive_required(alts: list) -> list | None:
-    """oneOf alternatives that each only require one property, as alternatives that are
-    exclusive: that property present and the others absent (exact). None otherwise."""
-    names = []
-    for alt in alts:
-        if not isinstance(alt, dict) or [k for k in alt if _constrains(k)] != ["required"]:
-            return None
-        req = alt["required"]
-        if not (isinstance(req, list) and len(req) == 1 and isinstance(req[0], str)):
-            return None
-        names.append(req[0])
-    if len(set(names)) != len(names):
-        return None
-    return [{"required": [n], "properties": {m: False for m in names if m != n}} for n in names]
-
-
-def _split_conditional(schema: dict) -> dict | None:
-    """if/then/else as alternatives: (if and then) or (not if, and else), where ``not if`` is one
-    _negate can write (exact). None otherwise."""
-    rest = {k: v for k, v in schema.items() if k not in ("if", "then", "else")}
-    cond, then, other = schema["if"], schema.get("then", True), schema.get("else", True)
-    unless = _negate({**rest, "not": cond})
-    if unless is None:
-        return None
-    yes = {**rest, "allOf": [*rest.get("allOf", []), cond, then]}
-    return {"anyOf": [yes, unless if other is True else {"allOf": [unless, other]}]}

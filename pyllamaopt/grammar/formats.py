@@ -1,5 +1,5 @@
 """String formats (``format``) as anchored regular expressions, turned into grammar rules by
-regex.py like any ``pattern`` (so minLength/maxLength are fitted the same way).
+regex_rules.py like any ``pattern`` (so minLength/maxLength are fitted the same way).
 
 Each expression describes a subset of the format's valid strings (a canonical form: lowercase
 hex in UUIDs and IPv6 addresses, uppercase ``T``/``Z`` in times, no user info in URIs...):

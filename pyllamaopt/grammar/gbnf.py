@@ -9,11 +9,11 @@ Node = tuple
 EMPTY: Node = ("seq", ())
 
 
-def _lit(text: str) -> Node:
+def literal(text: str) -> Node:
     return ("lit", text) if text else EMPTY
 
 
-def _seq(*items: Node) -> Node:
+def seq(*items: Node) -> Node:
     out: list[Node] = []
     for item in items:
         for part in (item[1] if item[0] == "seq" else (item,)):
@@ -24,7 +24,7 @@ def _seq(*items: Node) -> Node:
     return out[0] if len(out) == 1 else ("seq", tuple(out))
 
 
-def _alt(*items: Node) -> Node:
+def alt(*items: Node) -> Node:
     """Alternation; an empty alternative makes the whole optional."""
     out: dict[Node, None] = {}  # in order, each once (a list's `in` made a 200k-value enum take minutes)
     empty = False
@@ -38,10 +38,10 @@ def _alt(*items: Node) -> Node:
         return EMPTY
     parts = tuple(out)
     node = parts[0] if len(parts) == 1 else ("alt", parts)
-    return _opt(node) if empty else node
+    return optional(node) if empty else node
 
 
-def _r(node: Node, lo: int, hi: int | None) -> Node:
+def repeat(node: Node, lo: int, hi: int | None) -> Node:
     """Repetition within llama.cpp's limits (callers make sure of them)."""
     if hi == 0 or node == EMPTY:
         return EMPTY
@@ -52,15 +52,15 @@ def _r(node: Node, lo: int, hi: int | None) -> Node:
     return ("rep", node, lo, hi)
 
 
-def _opt(node: Node) -> Node:
-    return _r(node, 0, 1)
+def optional(node: Node) -> Node:
+    return repeat(node, 0, 1)
 
 
-def _is_atom(node: Node) -> bool:
+def is_atom(node: Node) -> bool:
     return node[0] in ("lit", "cls", "ref")
 
 
-def _gbnf_char(c: str, in_class: bool) -> str:
+def gbnf_char(c: str, in_class: bool) -> str:
     o = ord(c)
     if c == "\\":
         return "\\\\"
@@ -81,23 +81,23 @@ def _gbnf_char(c: str, in_class: bool) -> str:
     return c
 
 
-def _render(node: Node, ctx: str = "top") -> str:
+def render(node: Node, ctx: str = "top") -> str:
     kind = node[0]
     if kind == "lit":
-        return '"' + "".join(_gbnf_char(c, False) for c in node[1]) + '"'
+        return '"' + "".join(gbnf_char(c, False) for c in node[1]) + '"'
     if kind in ("cls", "ref"):
         return node[1]
     if kind == "seq":
         if not node[1]:
             return '""'
-        text = " ".join(_render(p, "seq") for p in node[1])
+        text = " ".join(render(p, "seq") for p in node[1])
         return f"({text})" if ctx == "rep" else text
     if kind == "alt":
-        text = " | ".join(_render(p, "alt") for p in node[1])
+        text = " | ".join(render(p, "alt") for p in node[1])
         return text if ctx == "top" else f"({text})"
     if kind == "rep":
         child, lo, hi = node[1], node[2], node[3]
-        inner = _render(child, "rep")
+        inner = render(child, "rep")
         if (child[0] == "lit" and len(child[1]) > 1) or child[0] == "rep":
             inner = f"({inner})"
         if (lo, hi) == (0, 1):
@@ -116,44 +116,44 @@ def _render(node: Node, ctx: str = "top") -> str:
     raise AssertionError(node)
 
 
-def _walk_refs(node: Node, out: list[str]) -> None:
+def walk_refs(node: Node, out: list[str]) -> None:
     kind = node[0]
     if kind == "ref":
         out.append(node[1])
     elif kind in ("seq", "alt"):
         for p in node[1]:
-            _walk_refs(p, out)
+            walk_refs(p, out)
     elif kind == "rep":
-        _walk_refs(node[1], out)
+        walk_refs(node[1], out)
 
 
-def _nullable(node: Node, nullable: set[str]) -> bool:
+def is_nullable(node: Node, nullable: set[str]) -> bool:
     kind = node[0]
     if kind in ("lit", "cls"):
         return False
     if kind == "ref":
         return node[1] in nullable
     if kind == "seq":
-        return all(_nullable(p, nullable) for p in node[1])
+        return all(is_nullable(p, nullable) for p in node[1])
     if kind == "alt":
-        return any(_nullable(p, nullable) for p in node[1])
-    return node[2] == 0 or _nullable(node[1], nullable)
+        return any(is_nullable(p, nullable) for p in node[1])
+    return node[2] == 0 or is_nullable(node[1], nullable)
 
 
-def _productive(node: Node, prod: set[str]) -> bool:
+def is_productive(node: Node, prod: set[str]) -> bool:
     kind = node[0]
     if kind in ("lit", "cls"):
         return True
     if kind == "ref":
         return node[1] in prod
     if kind == "seq":
-        return all(_productive(p, prod) for p in node[1])
+        return all(is_productive(p, prod) for p in node[1])
     if kind == "alt":
-        return any(_productive(p, prod) for p in node[1])
-    return node[2] == 0 or _productive(node[1], prod)
+        return any(is_productive(p, prod) for p in node[1])
+    return node[2] == 0 or is_productive(node[1], prod)
 
 
-def _left_refs(node: Node, nullable: set[str], out: set[str]) -> bool:
+def left_refs(node: Node, nullable: set[str], out: set[str]) -> bool:
     """Adds the rules that can start ``node`` to ``out``; returns whether node is nullable."""
     kind = node[0]
     if kind in ("lit", "cls"):
@@ -163,12 +163,12 @@ def _left_refs(node: Node, nullable: set[str], out: set[str]) -> bool:
         return node[1] in nullable
     if kind == "seq":
         for p in node[1]:
-            if not _left_refs(p, nullable, out):
+            if not left_refs(p, nullable, out):
                 return False
         return True
     if kind == "alt":
         result = False
         for p in node[1]:
-            result = _left_refs(p, nullable, out) or result
+            result = left_refs(p, nullable, out) or result
         return result
-    return _left_refs(node[1], nullable, out) or node[2] == 0
+    return left_refs(node[1], nullable, out) or node[2] == 0

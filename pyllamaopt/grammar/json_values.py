@@ -9,7 +9,7 @@ from fractions import Fraction
 from typing import Any
 
 
-def _json_text(value: Any, spaced: bool = False) -> str:
+def json_text(value: Any, spaced: bool = False) -> str:
     """JSON text of a value (key order kept), compact or with json.dumps's ", " and ": ";
     lone surrogates escaped."""
     separators = (", ", ": ") if spaced else (",", ":")
@@ -17,7 +17,7 @@ def _json_text(value: Any, spaced: bool = False) -> str:
     return re.sub("[\ud800-\udfff]", lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-def _json_kind(value: Any) -> str | None:
+def json_kind(value: Any) -> str | None:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -37,10 +37,10 @@ def _json_kind(value: Any) -> str | None:
     return None
 
 
-_ALL_KINDS = frozenset({"null", "boolean", "integer", "fraction", "string", "array", "object"})
+ALL_KINDS = frozenset({"null", "boolean", "integer", "fraction", "string", "array", "object"})
 
 
-def _json_key(value: Any) -> Any:
+def json_key(value: Any) -> Any:
     """A hashable key under which JSON-equal values (1 and 1.0) are equal."""
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return (type(value).__name__, value)
@@ -48,7 +48,7 @@ def _json_key(value: Any) -> Any:
         finite = isinstance(value, int) or math.isfinite(value)  # (math.isfinite(10**400) would overflow)
         return ("number", Fraction(value)) if finite else ("?", repr(value))
     if isinstance(value, (list, tuple)):
-        return ("array", tuple(_json_key(v) for v in value))
+        return ("array", tuple(json_key(v) for v in value))
     if isinstance(value, dict):
-        return ("object", frozenset((k, _json_key(v)) for k, v in value.items()))
+        return ("object", frozenset((k, json_key(v)) for k, v in value.items()))
     return ("?", repr(value))

@@ -1,11 +1,13 @@
-"""Numbers in canonical form: the digit limits, and the decimal texts of the integers or
-numbers in a range."""
+"""The rules of a number or integer schema, in canonical form: the digit limits, the decimal
+texts of the integers or numbers in a range, and minimum/maximum/multipleOf."""
 from __future__ import annotations
 
 import math
 from fractions import Fraction
 
-from .gbnf import EMPTY, Node, _alt, _lit, _opt, _r, _seq
+from .base import ConverterBase
+from .gbnf import EMPTY, Node, alt, literal, optional, repeat, seq
+from .schema import Unsatisfiable, as_number, bounds, schema_error, unenforceable
 
 #: integers (and the integer part of numbers) have at most this many digits
 MAX_INT_DIGITS = 16
@@ -30,11 +32,11 @@ def _tenths(m: Fraction) -> int | None:
 
 
 def _uint() -> Node:
-    return _alt(_lit("0"), _seq(("cls", "[1-9]"), _r(("cls", "[0-9]"), 0, MAX_INT_DIGITS - 1)))
+    return alt(literal("0"), seq(("cls", "[1-9]"), repeat(("cls", "[0-9]"), 0, MAX_INT_DIGITS - 1)))
 
 
 def _frac_opt() -> Node:
-    return _opt(_seq(_lit("."), _r(("cls", "[0-9]"), 1, MAX_FRAC_DIGITS)))
+    return optional(seq(literal("."), repeat(("cls", "[0-9]"), 1, MAX_FRAC_DIGITS)))
 
 
 def _uint_range(a: int, b: int) -> list[Node]:
@@ -42,7 +44,7 @@ def _uint_range(a: int, b: int) -> list[Node]:
     alts: list[Node] = []
     full_from: int | None = None  # first length of a run of lengths covered entirely
     if a == 0:
-        alts.append(_lit("0"))
+        alts.append(literal("0"))
         if b == 0:
             return alts
         a = 1
@@ -50,7 +52,7 @@ def _uint_range(a: int, b: int) -> list[Node]:
     def flush(upto: int) -> None:
         nonlocal full_from
         if full_from is not None:
-            alts.append(_seq(("cls", "[1-9]"), _r(("cls", "[0-9]"), full_from - 1, upto - 1)))
+            alts.append(seq(("cls", "[1-9]"), repeat(("cls", "[0-9]"), full_from - 1, upto - 1)))
             full_from = None
 
     for n in range(len(str(a)), len(str(b)) + 1):
@@ -69,32 +71,32 @@ def _uint_range(a: int, b: int) -> list[Node]:
 
 
 def _digits(a: str, b: str) -> Node:
-    return _lit(a) if a == b else ("cls", f"[{a}-{b}]")
+    return literal(a) if a == b else ("cls", f"[{a}-{b}]")
 
 
 def _same_length(x: str, y: str) -> list[Node]:
     """Digit strings of the same length between x and y (inclusive)."""
     n = len(x)
     if x == y:
-        return [_lit(x)]
+        return [literal(x)]
     if n == 1:
         return [_digits(x, y)]
     if x[0] == y[0]:
-        return [_seq(_lit(x[0]), _alt(*_same_length(x[1:], y[1:])))]
+        return [seq(literal(x[0]), alt(*_same_length(x[1:], y[1:])))]
     tail_lo, tail_hi = "0" * (n - 1), "9" * (n - 1)
     if x[1:] == tail_lo and y[1:] == tail_hi:
-        return [_seq(_digits(x[0], y[0]), _r(("cls", "[0-9]"), n - 1, n - 1))]
+        return [seq(_digits(x[0], y[0]), repeat(("cls", "[0-9]"), n - 1, n - 1))]
     out = []
     first, last = int(x[0]), int(y[0])
     if x[1:] != tail_lo:
-        out.append(_seq(_lit(x[0]), _alt(*_same_length(x[1:], tail_hi))))
+        out.append(seq(literal(x[0]), alt(*_same_length(x[1:], tail_hi))))
         first += 1
     if y[1:] != tail_hi:
         last -= 1
     if first <= last:
-        out.append(_seq(_digits(str(first), str(last)), _r(("cls", "[0-9]"), n - 1, n - 1)))
+        out.append(seq(_digits(str(first), str(last)), repeat(("cls", "[0-9]"), n - 1, n - 1)))
     if y[1:] != tail_hi:
-        out.append(_seq(_lit(y[0]), _alt(*_same_length(tail_lo, y[1:]))))
+        out.append(seq(literal(y[0]), alt(*_same_length(tail_lo, y[1:]))))
     return out
 
 
@@ -104,7 +106,7 @@ def _int_range(a: int, b: int) -> list[Node]:
     if b >= 0:
         alts += _uint_range(max(a, 0), b)
     if a < 0:
-        alts.append(_seq(_lit("-"), _alt(*_uint_range(max(-b, 1), -a))))
+        alts.append(seq(literal("-"), alt(*_uint_range(max(-b, 1), -a))))
     return alts
 
 
@@ -156,7 +158,7 @@ def _fraction_digits(lo: str | None, hi: str | None, n: int, nonempty: bool) -> 
         lo = None
     least = 1 if nonempty else 0
     if lo is None and hi in (None, ""):  # any digits, or only zeros
-        return _r(("cls", "[0-9]") if hi is None else _lit("0"), least, n) if n >= least else None
+        return repeat(("cls", "[0-9]") if hi is None else literal("0"), least, n) if n >= least else None
     alts: list[Node] = []
     if not least and lo is None:
         alts.append(EMPTY)
@@ -174,9 +176,9 @@ def _fraction_digits(lo: str | None, hi: str | None, n: int, nonempty: bool) -> 
         for (lo2, hi2), cs in groups.items():
             rest = _fraction_digits(lo2, hi2, n - 1, False)
             if rest is not None:
-                first: Node = _lit(cs[0]) if len(cs) == 1 else ("cls", f"[{cs[0]}-{cs[-1]}]")
-                alts.append(_seq(first, rest))
-    return _alt(*alts) if alts else None
+                first: Node = literal(cs[0]) if len(cs) == 1 else ("cls", f"[{cs[0]}-{cs[-1]}]")
+                alts.append(seq(first, rest))
+    return alt(*alts) if alts else None
 
 
 def _fraction(lo: str | None, hi: str | None, n: int) -> Node | None:
@@ -185,8 +187,8 @@ def _fraction(lo: str | None, hi: str | None, n: int) -> Node | None:
     digits = _fraction_digits(lo, hi, n, True) if n else None
     alts = [EMPTY] if (lo is None or lo == "") else []
     if digits is not None:
-        alts.append(_seq(_lit("."), digits))
-    return _alt(*alts) if alts else None
+        alts.append(seq(literal("."), digits))
+    return alt(*alts) if alts else None
 
 
 def decimal_range(lo: Fraction, hi: Fraction, frac_digits: int) -> list[Node]:
@@ -198,7 +200,7 @@ def decimal_range(lo: Fraction, hi: Fraction, frac_digits: int) -> list[Node]:
         out += _magnitudes(max(lo, Fraction(0)), hi, frac_digits)
     if lo <= 0:
         for x in _magnitudes(max(-hi, Fraction(0)), -lo, frac_digits):
-            out.append(_seq(_lit("-"), x))
+            out.append(seq(literal("-"), x))
     return out
 
 
@@ -211,18 +213,88 @@ def _magnitudes(a: Fraction, b: Fraction, n: int) -> list[Node]:
     out: list[Node] = []
     if ia == ib:
         f = _fraction(fa, fb, n)
-        return [_seq(_lit(str(ia)), f)] if f is not None else []
+        return [seq(literal(str(ia)), f)] if f is not None else []
     first = ia
     if fa:  # the integer part ia needs a fraction of at least 0.fa
         f = _fraction(fa, None, n)
         if f is not None:
-            out.append(_seq(_lit(str(ia)), f))
+            out.append(seq(literal(str(ia)), f))
         first = ia + 1
     last = ib if fb == "9" * n else ib - 1  # (b = ib.99…9: the integer part ib takes any fraction)
     if first <= last:
-        out.append(_seq(_alt(*_int_range(first, last)), _fraction(None, None, n) or EMPTY))
+        out.append(seq(alt(*_int_range(first, last)), _fraction(None, None, n) or EMPTY))
     if last < ib:
         f = _fraction(None, fb, n)
         if f is not None:
-            out.append(_seq(_lit(str(ib)), f))
+            out.append(seq(literal(str(ib)), f))
     return out
+
+
+class NumberRules(ConverterBase):
+    """A number or integer schema's rule (gen_number); any integer or number in canonical form."""
+
+    def integer(self) -> Node:
+        return self.shared_rule("integer", lambda: alt(
+            literal("0"),
+            seq(optional(literal("-")), ("cls", "[1-9]"), repeat(("cls", "[0-9]"), 0, MAX_INT_DIGITS - 1))))
+
+    def number(self) -> Node:
+        return self.shared_rule("number", lambda: seq(
+            optional(literal("-")), _uint(), _frac_opt(),
+            optional(seq(literal("e"), optional(("cls", "[-+]")), repeat(("cls", "[0-9]"), 1, MAX_EXP_DIGITS)))))
+
+    def gen_number(self, t: str, schema: dict, hint: str, path: str) -> Node:
+        lo, hi = bounds(schema, path)
+        frac_digits = MAX_FRAC_DIGITS
+        limit = _INT_MAX + 1  # |value| below this
+        if "multipleOf" in schema:
+            m = as_number(schema["multipleOf"], path, "multipleOf")
+            if m <= 0:
+                raise schema_error(path, "'multipleOf' must be > 0")
+            tenths = _tenths(m)
+            if t == "integer" and (1 / m).denominator == 1:
+                pass  # every integer is a multiple
+            elif t == "number" and tenths is not None and tenths <= MAX_SAFE_DIGITS - 1:
+                # multiples of 10^-s: at most s fraction digits, and at most 15 significant digits
+                # in all, so that the text's double reads back as the same decimal
+                frac_digits = tenths
+                if tenths:
+                    limit = 10 ** (MAX_SAFE_DIGITS - tenths)
+            else:
+                self.relax(unenforceable(path, "multipleOf", f"'multipleOf' {schema['multipleOf']!r} is not "
+                                         "supported (only powers of ten such as 0.01 or 1 on numbers, and "
+                                         "where every integer is a multiple on integers); drop it and check the "
+                                         "value after generation"))
+        if t == "integer":
+            if lo is None and hi is None:
+                return self.integer()
+            a = -math.inf if lo is None else (math.floor(lo[0]) + 1 if lo[1] else math.ceil(lo[0]))
+            b = math.inf if hi is None else (math.ceil(hi[0]) - 1 if hi[1] else math.floor(hi[0]))
+            if a > b:
+                raise Unsatisfiable(path, "no integer lies between minimum and maximum")
+            a, b = max(a, -_INT_MAX), min(b, _INT_MAX)
+            if a > b:
+                raise schema_error(path, f"the bounds leave no integer of at most {MAX_INT_DIGITS} digits (the limit "
+                                   "of the canonical form)")
+            return self.define(hint, alt(*_int_range(a, b)))
+        if lo is None and hi is None and frac_digits == MAX_FRAC_DIGITS:
+            return self.number()
+        # every bound as an inclusive decimal threshold (exact for how jsonschema compares)
+        high = limit - Fraction(1, 10 ** frac_digits)
+        low = -high
+        for key, lower in (("minimum", True), ("exclusiveMinimum", True), ("maximum", False),
+                           ("exclusiveMaximum", False)):
+            value = schema.get(key)
+            if value is None or isinstance(value, bool):
+                continue
+            exclusive = key.startswith("exclusive") or schema.get("exclusiveM" + key[1:]) is True
+            # a bound beyond the range written (10**400 has no double) acts as one at its edge
+            value = min(max(value, -limit), limit)
+            if lower:
+                low = max(low, lower_threshold(value, exclusive, frac_digits))
+            else:
+                high = min(high, upper_threshold(value, exclusive, frac_digits))
+        alts = decimal_range(low, high, frac_digits) if low <= high else []
+        if not alts:
+            raise Unsatisfiable(path, "no number lies between minimum and maximum")
+        return self.define(hint, alt(*alts))

@@ -7,8 +7,8 @@ import re
 from typing import Callable
 
 from ..errors import GrammarError
-from .gbnf import (EMPTY, Node, _alt, _is_atom, _left_refs, _nullable, _productive, _r, _render, _seq,
-                   _walk_refs)
+from .gbnf import (EMPTY, Node, alt, is_atom, left_refs, is_nullable, is_productive, repeat, render, seq,
+                   walk_refs)
 
 
 # llama.cpp turns S{m,n} with n > 2000 into S{m,} (and refuses m > 2000); longer repetitions
@@ -29,7 +29,7 @@ def _sanitize(hint: str) -> str:
     return hint or "r"
 
 
-class _Rules:
+class Rules:
     """The rules of the grammar being built (the converter's base): equal bodies share a rule."""
 
     def __init__(self) -> None:
@@ -65,9 +65,9 @@ class _Rules:
 
     def simple(self, node: Node, hint: str) -> Node:
         """A node llama.cpp may repeat {m,n} times (it counts the rules inside a group)."""
-        if _is_atom(node):
+        if is_atom(node):
             return node
-        if node[0] in ("seq", "alt") and all(_is_atom(p) for p in node[1]):
+        if node[0] in ("seq", "alt") and all(is_atom(p) for p in node[1]):
             return node
         return self.define(hint, node)
 
@@ -83,26 +83,27 @@ class _Rules:
             node, lo, hi = node[1], 0, None if node[3] is None or hi is None else node[3] * hi
         if lo == 1 and hi == 1:
             return node
-        if not _is_atom(node) and max(lo, hi or 0) > 100:
+        if not is_atom(node) and max(lo, hi or 0) > 100:
             node = self.define(hint, node)  # llama.cpp counts the rules a repeated group creates
         node = self.simple(node, hint)
         if lo <= _LLAMA_REP_LIMIT and (hi is None or hi <= _LLAMA_REP_LIMIT):
-            return _r(node, lo, hi)
+            return repeat(node, lo, hi)
         if lo > _LLAMA_REP_LIMIT * _CHUNK or (hi is not None and hi > _LLAMA_REP_LIMIT * _CHUNK):
             raise GrammarError(f"a repetition bound of {hi or lo} is too large for a grammar "
                                f"(at most {_LLAMA_REP_LIMIT * _CHUNK}); lower minLength/maxLength/"
                                "minItems/maxItems")
-        chunk = self.define(f"{hint}-x{_CHUNK}", _r(node, _CHUNK, _CHUNK))
+        chunk = self.define(f"{hint}-x{_CHUNK}", repeat(node, _CHUNK, _CHUNK))
         q, r = divmod(lo, _CHUNK)
-        mandatory = _seq(_r(chunk, q, q), _r(node, r, r))
+        mandatory = seq(repeat(chunk, q, q), repeat(node, r, r))
         if hi is None:
-            return _seq(mandatory, _r(node, 0, None))
+            return seq(mandatory, repeat(node, 0, None))
         d = hi - lo
         if d <= _LLAMA_REP_LIMIT:
-            return _seq(mandatory, _r(node, 0, d))
+            return seq(mandatory, repeat(node, 0, d))
         a, b = divmod(d, _CHUNK)
-        upto = _alt(_seq(_r(chunk, 0, a - 1), _r(node, 0, _CHUNK - 1)), _seq(_r(chunk, a, a), _r(node, 0, b)))
-        return _seq(mandatory, upto)
+        upto = alt(seq(repeat(chunk, 0, a - 1), repeat(node, 0, _CHUNK - 1)),
+                   seq(repeat(chunk, a, a), repeat(node, 0, b)))
+        return seq(mandatory, upto)
 
     def shared_rule(self, key: str, build: Callable[[], Node]) -> Node:
         if key not in self.shared:
@@ -124,7 +125,7 @@ class _Rules:
                 raise AssertionError(f"rule {name} has no body")
             reached[name] = body
             refs: list[str] = []
-            _walk_refs(body, refs)
+            walk_refs(body, refs)
             for r in refs:
                 if r not in seen:
                     seen.add(r)
@@ -140,7 +141,7 @@ class _Rules:
             return (kind, tuple(self.hoist(p, name) for p in node[1]))
         if kind == "rep":
             child = self.hoist(node[1], name)
-            if child[0] in ("seq", "alt") and not all(_is_atom(p) for p in child[1]):
+            if child[0] in ("seq", "alt") and not all(is_atom(p) for p in child[1]):
                 child = self.define(f"{name}-part", child)
             return ("rep", child, node[2], node[3])
         return node
@@ -155,7 +156,7 @@ class _Rules:
         counts: dict[str, int] = {}
         for b in rules.values():
             refs: list[str] = []
-            _walk_refs(b, refs)
+            walk_refs(b, refs)
             for r in refs:
                 counts[r] = counts.get(r, 0) + 1
         for n, b in rules.items():  # self.rules[n] is still b: only rules already visited change
@@ -166,11 +167,11 @@ class _Rules:
         users: dict[str, set[str]] = {n: set() for n in rules}  # rule -> the rules that refer to it
         for n, b in rules.items():
             refs = []
-            _walk_refs(b, refs)
+            walk_refs(b, refs)
             for r in refs:
                 users[r].add(n)
-        nullable = _least_fixpoint(rules, users, _nullable)
-        prod = _least_fixpoint(rules, users, _productive)
+        nullable = _least_fixpoint(rules, users, is_nullable)
+        prod = _least_fixpoint(rules, users, is_productive)
         bad = [n for n in rules if n not in prod]
         if bad:
             raise GrammarError(f"the JSON Schema only admits infinitely nested values (through {bad[0]!r}): a "
@@ -179,13 +180,13 @@ class _Rules:
         starts: dict[str, set[str]] = {}
         for n, b in rules.items():
             starts[n] = set()
-            _left_refs(b, nullable, starts[n])
+            left_refs(b, nullable, starts[n])
         looped = _on_a_cycle(starts)
         if looped is not None:
             raise GrammarError(f"the JSON Schema refers to itself (through {looped!r}) without an enclosing "
                                "object or array (e.g. anyOf/allOf of its own $ref): such a schema "
                                "adds nothing; remove the self-reference")
-        return "".join(f"{n} ::= {_render(b)}\n" for n, b in rules.items())
+        return "".join(f"{n} ::= {render(b)}\n" for n, b in rules.items())
 
 
 def _least_fixpoint(rules: dict[str, Node], users: dict[str, set[str]],

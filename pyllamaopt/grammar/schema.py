@@ -10,14 +10,14 @@ from typing import Any, Callable
 from urllib.parse import unquote
 
 from ..errors import GrammarError, UnenforceableSchemaError
-from .json_values import _json_kind
+from .json_values import json_kind
 from .formats import format_pattern
 from .refs import follow
 from .regex import parse_regex
 
 
 # keywords that only annotate (known to JSON Schema or common in the wild): ignored. Any other
-# keyword not in _SUPPORTED / _UNSUPPORTED is an annotation too (JSON Schema: unknown keywords
+# keyword not in SUPPORTED_KEYWORDS / UNSUPPORTED_KEYWORDS is an annotation too (JSON Schema: unknown keywords
 # are annotations), unless it looks like a typo of a keyword that constrains (_typo_of).
 
 
@@ -29,7 +29,7 @@ _ANNOTATIONS = frozenset({
 })
 
 
-_SUPPORTED = frozenset({
+SUPPORTED_KEYWORDS = frozenset({
     "type", "enum", "const", "properties", "required", "additionalProperties", "unevaluatedProperties",
     "minProperties", "maxProperties", "items", "prefixItems", "additionalItems", "unevaluatedItems",
     "minItems", "maxItems", "uniqueItems", "anyOf", "oneOf", "allOf", "$ref", "minLength",
@@ -41,7 +41,7 @@ _SUPPORTED = frozenset({
 # known keywords the converter cannot express, and what to do instead
 
 
-_UNSUPPORTED = {
+UNSUPPORTED_KEYWORDS = {
     "propertyNames": "drop it and list the keys under 'properties'",
     "dependentRequired": "make the properties required, or split the alternatives with 'anyOf'",
     "dependentSchemas": "split the alternatives with 'anyOf'",
@@ -58,9 +58,9 @@ _UNSUPPORTED = {
 }
 
 
-def _constrains(key: str) -> bool:
+def constrains(key: str) -> bool:
     """Whether a keyword constrains the value (else it annotates, and is ignored)."""
-    return key in _SUPPORTED or key in _UNSUPPORTED
+    return key in SUPPORTED_KEYWORDS or key in UNSUPPORTED_KEYWORDS
 
 
 def _osa_distance(a: str, b: str) -> int:
@@ -88,7 +88,7 @@ def _typo_of(key: str) -> str | None:
     if key[:1] in ("_", "$", "@") or key.startswith("x-"):
         return None
     bare = key.rstrip(': "')
-    for word in sorted(_SUPPORTED | set(_UNSUPPORTED)):
+    for word in sorted(SUPPORTED_KEYWORDS | set(UNSUPPORTED_KEYWORDS)):
         if word.startswith("$"):
             continue
         if bare.lower() == word.lower():
@@ -103,35 +103,35 @@ def _typo_of(key: str) -> str | None:
     return None
 
 
-_OBJECT_KEYWORDS = ("properties", "required", "additionalProperties", "unevaluatedProperties",
-                    "minProperties", "maxProperties", "patternProperties")
+OBJECT_KEYWORDS = ("properties", "required", "additionalProperties", "unevaluatedProperties",
+                   "minProperties", "maxProperties", "patternProperties")
 
 
-_ARRAY_KEYWORDS = ("items", "prefixItems", "additionalItems", "unevaluatedItems", "minItems", "maxItems",
-                   "uniqueItems")
+ARRAY_KEYWORDS = ("items", "prefixItems", "additionalItems", "unevaluatedItems", "minItems", "maxItems",
+                  "uniqueItems")
 
 
-_STRING_KEYWORDS = ("minLength", "maxLength", "format", "pattern")
+STRING_KEYWORDS = ("minLength", "maxLength", "format", "pattern")
 
 
-_NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 
 
-_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 
 
-class _Unsat(Exception):
+class Unsatisfiable(Exception):
     """No value matches this (sub)schema; an enclosing anyOf / optional property may drop it."""
 
     def __init__(self, path: str, why: str) -> None:
         super().__init__(f"{path}: {why}")
 
 
-def _err(path: str, msg: str) -> GrammarError:
+def schema_error(path: str, msg: str) -> GrammarError:
     return GrammarError(f"JSON Schema at {path}: {msg}")
 
 
-def _unenforceable(path: str, keyword: str, msg: str) -> UnenforceableSchemaError:
+def unenforceable(path: str, keyword: str, msg: str) -> UnenforceableSchemaError:
     """A constraint a grammar cannot enforce: refused with strict=True, else left to the check
     of the finished output."""
     return UnenforceableSchemaError(f"JSON Schema at {path}: {msg}", keyword, path)
@@ -143,11 +143,11 @@ Relax = Callable[[UnenforceableSchemaError], None]
 Matches = Callable[[Any, Any], bool]
 
 
-def _raise(err: UnenforceableSchemaError) -> None:
+def refuse(err: UnenforceableSchemaError) -> None:
     raise err
 
 
-def _kinds_of_type(t: str) -> set[str]:
+def kinds_of_type(t: str) -> set[str]:
     return {"integer", "fraction"} if t == "number" else {t}
 
 
@@ -156,136 +156,137 @@ def check_json(value: Any, path: str = "#", ancestors: frozenset[int] = frozense
     str, finite numbers, bools and None, and no container inside itself (a Python caller can
     pass anything; a sub-schema used in two places is fine)."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise _err(path, f"{value!r} is not a JSON number")
+        raise schema_error(path, f"{value!r} is not a JSON number")
     if isinstance(value, (dict, list)):
         if id(value) in ancestors:
-            raise _err(path, "the schema contains itself (a JSON Schema is a tree: use $ref)")
+            raise schema_error(path, "the schema contains itself (a JSON Schema is a tree: use $ref)")
         if isinstance(value, dict) and not all(isinstance(key, str) for key in value):
-            raise _err(path, f"an object's keys must be strings, got {[k for k in value if not isinstance(k, str)]!r}")
+            raise schema_error(path, "an object's keys must be strings, got "
+                                     f"{[k for k in value if not isinstance(k, str)]!r}")
         inside = ancestors | {id(value)}
         for key, item in value.items() if isinstance(value, dict) else enumerate(value):
-            check_json(item, f"{path}/{_pointer_escape(str(key))}", inside)
+            check_json(item, f"{path}/{pointer_escape(str(key))}", inside)
     elif value is not None and not isinstance(value, (bool, int, float, str)):
-        raise _err(path, f"a {type(value).__name__} is not a JSON value")
+        raise schema_error(path, f"a {type(value).__name__} is not a JSON value")
 
 
-def _as_count(value: Any, path: str, key: str) -> int:
+def as_count(value: Any, path: str, key: str) -> int:
     if (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
             or (isinstance(value, float) and not value.is_integer())):
-        raise _err(path, f"'{key}' must be a non-negative integer, got {value!r}")
+        raise schema_error(path, f"'{key}' must be a non-negative integer, got {value!r}")
     return int(value)
 
 
-def _as_number(value: Any, path: str, key: str) -> Fraction:
+def as_number(value: Any, path: str, key: str) -> Fraction:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float)
-                                                                         and not math.isfinite(value)):
-        raise _err(path, f"'{key}' must be a number, got {value!r}")  # (math.isfinite(10**400) would overflow)
+                                                                          and not math.isfinite(value)):
+        raise schema_error(path, f"'{key}' must be a number, got {value!r}")  # (math.isfinite(10**400) would overflow)
     return Fraction(repr(value)) if isinstance(value, float) else Fraction(value)
 
 
-def _schema_types(schema: dict, path: str) -> list[str] | None:
+def schema_types(schema: dict, path: str) -> list[str] | None:
     t = schema.get("type")
     if t is None:
         return None
     types = [t] if isinstance(t, str) else t
     if not isinstance(types, list) or not types or any(not isinstance(x, str) for x in types):
-        raise _err(path, f"'type' must be a type name or a non-empty list of them, got {t!r}")
+        raise schema_error(path, f"'type' must be a type name or a non-empty list of them, got {t!r}")
     for x in types:
-        if x not in _TYPES:
-            raise _err(path, f"unknown type {x!r}; the JSON Schema types are {', '.join(_TYPES)}")
+        if x not in TYPES:
+            raise schema_error(path, f"unknown type {x!r}; the JSON Schema types are {', '.join(TYPES)}")
     if len(set(types)) != len(types):
-        raise _err(path, f"'type' lists a type twice: {t!r}")
+        raise schema_error(path, f"'type' lists a type twice: {t!r}")
     return list(types)
 
 
-def _check_keywords(schema: dict, path: str, relax: Relax) -> None:
+def check_keywords(schema: dict, path: str, relax: Relax) -> None:
     """The keywords' values checked. A keyword that looks like a misspelling is refused (strict)
     or, relaxed, ignored as JSON Schema ignores unknown keywords (jsonschema's check too)."""
     for key in schema:
         if not isinstance(key, str):
-            raise _err(path, f"keyword {key!r} is not a string")
-        if key in _SUPPORTED or key in _ANNOTATIONS:
+            raise schema_error(path, f"keyword {key!r} is not a string")
+        if key in SUPPORTED_KEYWORDS or key in _ANNOTATIONS:
             continue
-        if key in _UNSUPPORTED:
+        if key in UNSUPPORTED_KEYWORDS:
             continue  # the converter refuses or relaxes it
         meant = _typo_of(key)
         if meant is not None:
-            relax(_unenforceable(path, key, f"unknown keyword '{key}' looks like a misspelling of '{meant}', which "
-                                 "would then not be enforced: correct it (or prefix it with 'x-' if it only "
-                                 "annotates)"))
+            relax(unenforceable(path, key, f"unknown keyword '{key}' looks like a misspelling of '{meant}', which "
+                                "would then not be enforced: correct it (or prefix it with 'x-' if it only "
+                                "annotates)"))
     for key in ("anyOf", "oneOf", "allOf"):
         if key in schema and (not isinstance(schema[key], list) or not schema[key]):
-            raise _err(path, f"'{key}' must be a non-empty list of schemas")
+            raise schema_error(path, f"'{key}' must be a non-empty list of schemas")
     if "enum" in schema and not isinstance(schema["enum"], list):
-        raise _err(path, "'enum' must be a list of values")
+        raise schema_error(path, "'enum' must be a list of values")
     if "required" in schema:
         req = schema["required"]
         if not isinstance(req, list) or any(not isinstance(x, str) for x in req) or len(set(req)) != len(req):
-            raise _err(path, "'required' must be a list of distinct property names")
+            raise schema_error(path, "'required' must be a list of distinct property names")
     if "patternProperties" in schema and (not isinstance(schema["patternProperties"], dict)
                                           or any(not isinstance(k, str) for k in schema["patternProperties"])):
-        raise _err(path, "'patternProperties' must be an object mapping regular expressions to schemas")
+        raise schema_error(path, "'patternProperties' must be an object mapping regular expressions to schemas")
     if "properties" in schema and (not isinstance(schema["properties"], dict)
                                    or any(not isinstance(k, str) for k in schema["properties"])):
-        raise _err(path, "'properties' must be an object mapping names to schemas")
+        raise schema_error(path, "'properties' must be an object mapping names to schemas")
     for key in ("additionalProperties", "unevaluatedProperties", "additionalItems", "unevaluatedItems"):
         if key in schema and not isinstance(schema[key], (bool, dict)):
-            raise _err(path, f"'{key}' must be a schema (an object or a boolean)")
+            raise schema_error(path, f"'{key}' must be a schema (an object or a boolean)")
     for key in ("not", "if", "then", "else", "contains", "propertyNames"):
         if key in schema and not isinstance(schema[key], (bool, dict)):
-            raise _err(path, f"'{key}' must be a schema (an object or a boolean)")
+            raise schema_error(path, f"'{key}' must be a schema (an object or a boolean)")
     for key in ("dependentRequired", "dependentSchemas", "dependencies"):
         # property name -> the names it requires (dependentRequired), a schema (dependentSchemas), or either
         for name, dep in (schema[key].items() if isinstance(schema.get(key), dict) else ()):
             names_ok = key != "dependentSchemas" and isinstance(dep, list) and all(isinstance(x, str) for x in dep)
             if not names_ok and (key == "dependentRequired" or not isinstance(dep, (bool, dict))):
-                raise _err(path, f"'{key}' of {name!r} must be "
-                                 + {"dependentRequired": "a list of property names", "dependentSchemas": "a schema",
-                                    "dependencies": "a list of property names or a schema"}[key])
+                raise schema_error(path, f"'{key}' of {name!r} must be "
+                                   + {"dependentRequired": "a list of property names", "dependentSchemas": "a schema",
+                                      "dependencies": "a list of property names or a schema"}[key])
         if key in schema and not isinstance(schema[key], dict):
-            raise _err(path, f"'{key}' must be an object mapping property names to what they bring")
+            raise schema_error(path, f"'{key}' must be an object mapping property names to what they bring")
     if "items" in schema and not isinstance(schema["items"], (bool, dict, list)):
-        raise _err(path, "'items' must be a schema (an object or a boolean)")
+        raise schema_error(path, "'items' must be a schema (an object or a boolean)")
     if "prefixItems" in schema and not isinstance(schema["prefixItems"], list):
-        raise _err(path, "'prefixItems' must be a list of schemas")
+        raise schema_error(path, "'prefixItems' must be a list of schemas")
     for key in ("format", "pattern", "$ref"):
         if key in schema and not isinstance(schema[key], str):
-            raise _err(path, f"'{key}' must be a string, got {schema[key]!r}")
+            raise schema_error(path, f"'{key}' must be a string, got {schema[key]!r}")
     if "uniqueItems" in schema and not isinstance(schema["uniqueItems"], bool):
-        raise _err(path, "'uniqueItems' must be a boolean")
+        raise schema_error(path, "'uniqueItems' must be a boolean")
     for key in ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"):
         if key in schema:
-            _as_count(schema[key], path, key)
+            as_count(schema[key], path, key)
     for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
         if key in schema and not (key.startswith("exclusive") and isinstance(schema[key], bool)):
-            _as_number(schema[key], path, key)
+            as_number(schema[key], path, key)
     for key in ("$defs", "definitions"):
         if key in schema and not isinstance(schema[key], dict):
-            raise _err(path, f"'{key}' must be an object mapping names to schemas")
+            raise schema_error(path, f"'{key}' must be an object mapping names to schemas")
 
 
-def _resolve(root: Any, ref: Any, path: str) -> Any:
+def resolve(root: Any, ref: Any, path: str) -> Any:
     if not isinstance(ref, str):
-        raise _err(path, f"'$ref' must be a string, got {ref!r}")
+        raise schema_error(path, f"'$ref' must be a string, got {ref!r}")
     if not ref.startswith("#"):
-        raise _unenforceable(path, "$ref", f"'$ref': {ref!r} refers to another document; only references into the same "
-                         "schema are resolved ('#/$defs/Name', '#anchor', or a '$id' the schema declares): "
-                         "inline the referenced schema under '$defs'")
+        raise unenforceable(path, "$ref", f"'$ref': {ref!r} refers to another document; only references into the same "
+                            "schema are resolved ('#/$defs/Name', '#anchor', or a '$id' the schema declares): "
+                            "inline the referenced schema under '$defs'")
     fragment = unquote(ref[1:])
     if fragment and not fragment.startswith("/"):
-        raise _err(path, f"'$ref': {ref!r} names an anchor that no subschema declares ('$anchor', or "
-                         "'$id'/'id' \"#name\"); declare it or use a JSON pointer such as '#/$defs/Name'")
+        raise schema_error(path, f"'$ref': {ref!r} names an anchor that no subschema declares ('$anchor', or "
+                           "'$id'/'id' \"#name\"); declare it or use a JSON pointer such as '#/$defs/Name'")
     try:
         return follow(root, fragment)
     except KeyError as e:
-        raise _err(path, f"'$ref': {ref!r} does not resolve: no {e.args[0]!r} in the schema") from None
+        raise schema_error(path, f"'$ref': {ref!r} does not resolve: no {e.args[0]!r} in the schema") from None
 
 
-def _pointer_escape(name: str) -> str:
+def pointer_escape(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
 
 
-def _bounds(schema: dict, path: str) -> tuple:
+def bounds(schema: dict, path: str) -> tuple:
     lo: tuple | None = None  # (value, exclusive)
     hi: tuple | None = None
 
@@ -298,15 +299,15 @@ def _bounds(schema: dict, path: str) -> tuple:
 
     emin, emax = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
     if "minimum" in schema:
-        lo = (_as_number(schema["minimum"], path, "minimum"), emin is True)
+        lo = (as_number(schema["minimum"], path, "minimum"), emin is True)
     if "maximum" in schema:
-        hi = (_as_number(schema["maximum"], path, "maximum"), emax is True)
+        hi = (as_number(schema["maximum"], path, "maximum"), emax is True)
     for key, val, lower in (("exclusiveMinimum", emin, True), ("exclusiveMaximum", emax, False)):
         if isinstance(val, bool):
             if val and ("minimum" if lower else "maximum") not in schema:
-                raise _err(path, f"'{key}': true needs '{'minimum' if lower else 'maximum'}'")
+                raise schema_error(path, f"'{key}': true needs '{'minimum' if lower else 'maximum'}'")
         elif val is not None:
-            b = (_as_number(val, path, key), True)
+            b = (as_number(val, path, key), True)
             if lower:
                 lo = tighter(lo, b, True)
             else:
@@ -317,14 +318,14 @@ def _bounds(schema: dict, path: str) -> tuple:
 # keywords beside enum/const that filter the values
 
 
-_VALUE_CHECKS = frozenset({"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
-                           "required", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "pattern",
-                           "format"})
+VALUE_CHECKS = frozenset({"minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
+                          "required", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "pattern",
+                          "format"})
 
 
-def _value_ok(v: Any, schema: dict, path: str) -> bool:
-    """Whether an enum/const value satisfies the _VALUE_CHECKS keywords of the schema."""
-    kind = _json_kind(v)
+def value_ok(v: Any, schema: dict, path: str) -> bool:
+    """Whether an enum/const value satisfies the VALUE_CHECKS keywords of the schema."""
+    kind = json_kind(v)
     if kind == "string":
         n = len(v)
         for source in (schema.get("pattern"), format_pattern(schema.get("format"))):
@@ -349,11 +350,11 @@ def _value_ok(v: Any, schema: dict, path: str) -> bool:
             bound = schema.get(key)
             if isinstance(bound, bool):  # draft 4
                 if bound and key == "exclusiveMinimum" and "minimum" in schema:
-                    if not x > _as_number(schema["minimum"], path, "minimum"):
+                    if not x > as_number(schema["minimum"], path, "minimum"):
                         return False
                 if bound and key == "exclusiveMaximum" and "maximum" in schema:
-                    if not x < _as_number(schema["maximum"], path, "maximum"):
+                    if not x < as_number(schema["maximum"], path, "maximum"):
                         return False
-            elif bound is not None and not ok(_as_number(bound, path, key)):
+            elif bound is not None and not ok(as_number(bound, path, key)):
                 return False
     return True
