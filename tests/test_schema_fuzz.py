@@ -144,3 +144,20 @@ def test_a_sub_schema_used_twice_and_huge_integers_are_fine():
                                    "required": ["a", "b"]})
     assert grammar.check('{"a":1,"b":2}').valid
     assert compile_json_schema({"const": 10**400}).check(str(10**400)).valid
+
+
+@pytest.mark.parametrize("schema, accepted, refused", [
+    ({"exclusiveMaximum": False, "type": "integer"}, ["0", "1", "-1"], []),
+    ({"maximum": 3, "exclusiveMaximum": True, "type": "integer"}, ["2"], ["3", "4"]),
+    ({"minimum": 3, "exclusiveMinimum": True, "type": "integer"}, ["4"], ["3", "2"]),
+    ({"exclusiveMaximum": 2, "type": "integer"}, ["1"], ["2"]),
+], ids=repr)
+def test_a_boolean_exclusive_bound_means_draft_4s_to_the_grammar_and_to_the_check(schema, accepted, refused):
+    """The fuzzing found {"exclusiveMaximum": false}: the grammar read draft 4's boolean (no bound)
+    while jsonschema's 2020-12 keyword compared the instance with False as with 0."""
+    grammar = compile_json_schema(schema)
+    parsed = parse_gbnf(grammar.gbnf)
+    for text in accepted:
+        assert parsed.matches(text) and grammar.check(text).valid, text
+    for text in refused:
+        assert not parsed.matches(text) and grammar.check(text).valid is False, text

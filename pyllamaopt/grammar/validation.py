@@ -1,10 +1,12 @@
 """The check of a finished output against the whole schema, with jsonschema (for what the
 grammar does not enforce with strict=False, and as a second opinion on what it does).
 
-Two readings differ from jsonschema's defaults, both toward JSON Schema's text: ``multipleOf``
+Three readings differ from jsonschema's defaults, all toward JSON Schema's text: ``multipleOf``
 is decided on the decimal value (jsonschema divides floats: 0.07 would not be a multiple of
-0.01), and formats are checked (jsonschema's FormatChecker; a format whose checker needs a
-package that is not installed, e.g. rfc3987 for "uri", passes).
+0.01), formats are checked (jsonschema's FormatChecker; a format whose checker needs a
+package that is not installed, e.g. rfc3987 for "uri", passes), and a boolean
+``exclusiveMinimum``/``exclusiveMaximum`` is draft 4's in any dialect, as the grammar reads it
+(jsonschema's 2020-12 keyword compares the instance with False or True as with 0 or 1).
 """
 from __future__ import annotations
 
@@ -38,6 +40,17 @@ def _multiple_of(validator: Any, m: Any, instance: Any, schema: Any) -> Iterator
         yield ValidationError(f"{instance!r} is not a multiple of {m!r}")
 
 
+def _draft4_exclusive(bound: str, number_check: Any) -> Any:
+    """exclusiveMinimum/exclusiveMaximum: a number as the dialect says, a boolean as draft 4 does
+    (true: the instance differs from ``bound``, which the dialect's own keyword already checks)."""
+    def check(validator: Any, exclusive: Any, instance: Any, schema: Any) -> Iterator[ValidationError]:
+        if not isinstance(exclusive, bool):
+            yield from number_check(validator, exclusive, instance, schema)
+        elif exclusive and validator.is_type(instance, "number") and instance == schema.get(bound):
+            yield ValidationError(f"{instance!r} equals the exclusive {bound} {schema[bound]!r}")
+    return check
+
+
 def validator(schema: Any) -> Any:
     """A jsonschema validator of the schema's dialect ($schema; draft 4 for schemas that name
     themselves with 'id'; else 2020-12), with formats checked and decimal multipleOf."""
@@ -46,7 +59,11 @@ def validator(schema: Any) -> Any:
         base = Draft4Validator
     else:
         base = jsonschema.validators.validator_for(schema, default=Draft202012Validator)
-    cls = jsonschema.validators.extend(base, {"multipleOf": _multiple_of})
+    keywords = {"multipleOf": _multiple_of}
+    for keyword, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if keyword in base.VALIDATORS:  # draft 4 reads the booleans inside minimum/maximum itself
+            keywords[keyword] = _draft4_exclusive(bound, base.VALIDATORS[keyword])
+    cls = jsonschema.validators.extend(base, keywords)
     return cls(schema, format_checker=base.FORMAT_CHECKER)
 
 
