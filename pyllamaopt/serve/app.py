@@ -37,7 +37,8 @@ from ..session import Session
 from . import anthropic_routes, openai_routes, session_routes
 from .metrics import Metrics
 from .scheduler import Scheduler
-from .service import InternalError, Service, ServiceError
+from .errors import InternalError, ServiceError
+from .service import Service
 
 
 @dataclass
