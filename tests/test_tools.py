@@ -290,7 +290,7 @@ def test_a_last_assistant_message_is_continued_when_asked(name):
 def test_a_model_without_a_template_is_a_bad_request_with_tool_results_marked_too():
     """--sparse-tool-results renders with marks: a model without a chat template is the same 400
     as without the option (it was an AttributeError, a 500)."""
-    from pyllamaopt.serve.app import _NoTemplate
+    from pyllamaopt.serve.app import NoChatTemplate as _NoTemplate
 
     for marked in (False, True):
         with pytest.raises(BadRequest, match="no chat template here"):

@@ -5,30 +5,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..errors import (
-    ContextOverflowError,
-    GrammarError,
-    InvalidArgumentError,
-    InvalidTokenError,
-    InvariantViolationError,
-    PyllamaoptError,
-    ServerError,
-    ServerOverloadedError,
-    SessionBusyError,
-    SessionClosedError,
-    SessionEvictedError,
-)
+from ..errors import (ContextOverflowError, GrammarError, InvalidArgumentError, InvalidTokenError, InvariantViolationError,
+                      PyllamaoptError, ServerError, ServerOverloadedError, SessionBusyError, SessionClosedError,
+                      SessionEvictedError)
 
 T = TypeVar("T")
 
 
 class ServiceError(Exception):
-    """An error a client caused or must handle; ``status`` is its HTTP-style status, ``error`` the
-    pyllamaopt exception class a client library raises for it (the engine's own, when it raised one)."""
+    """An error a client caused or must handle; ``status`` is its HTTP-style status, ``kind`` its
+    type in an error body, ``error`` the pyllamaopt exception class a client library raises for it
+    (the engine's own, when it raised one). A subclass gives them as class keywords."""
 
     status = 400
     kind = "invalid_request_error"
     error: type[PyllamaoptError] = InvalidArgumentError
+
+    def __init_subclass__(cls, *, status: int | None = None, kind: str | None = None,
+                          error: type[PyllamaoptError] | None = None) -> None:
+        super().__init_subclass__()
+        cls.status = cls.status if status is None else status
+        cls.kind = cls.kind if kind is None else kind
+        cls.error = cls.error if error is None else error
 
     def __init__(self, message: str, error: type[PyllamaoptError] | None = None) -> None:
         super().__init__(message)
@@ -38,54 +36,37 @@ class ServiceError(Exception):
 
 
 class BadRequest(ServiceError):
-    pass
+    """The request cannot be served as it is; the message says what to change."""
 
 
-class ContextFull(BadRequest):
+class ContextFull(BadRequest, error=ContextOverflowError):
     """More tokens than the context holds (a 400 unless the prompt itself fits: see PrefillCoordinator)."""
 
-    error = ContextOverflowError
+
+class NotFound(ServiceError, status=404, kind="not_found_error", error=SessionClosedError):
+    """A session id that names no open session: never created, or closed, expired or evicted."""
 
 
-class NotFound(ServiceError):
-    status = 404
-    kind = "not_found_error"
-    error = SessionClosedError
+class Busy(ServiceError, status=409, kind="conflict_error", error=SessionBusyError):
+    """A session in the middle of another operation (one at a time per session)."""
 
 
-class Busy(ServiceError):
-    status = 409
-    kind = "conflict_error"
-    error: type[PyllamaoptError] = SessionBusyError
-
-
-class SessionsFull(Busy):
+class SessionsFull(Busy, error=ServerOverloadedError):
     """Every session slot (--max-sessions) is taken by a busy session: a 409 like Busy, but over gRPC
     a RESOURCE_EXHAUSTED (it is the server that is full, not this session that is busy)."""
 
-    error = ServerOverloadedError
+
+class Overloaded(ServiceError, status=503, kind="overloaded_error", error=ServerOverloadedError):
+    """The server cannot take the request now (every sequence in use, the KV cache full with work in
+    progress): a client retries later."""
 
 
-class Overloaded(ServiceError):
-    status = 503
-    kind = "overloaded_error"
-    error = ServerOverloadedError
-
-
-class InternalError(ServiceError):
+class InternalError(ServiceError, status=500, kind="api_error", error=ServerError):
     """A failure no request should cause (a bug): reported as a 500, with the traceback on stderr."""
 
-    status = 500
-    kind = "api_error"
-    error = ServerError
 
-
-class InvariantViolation(ServiceError):
+class InvariantViolation(ServiceError, status=500, kind="invariant_violation", error=InvariantViolationError):
     """The specification's FAILED_PRECONDITION (003 §2.8): a bug surfaced, never papered over."""
-
-    status = 500
-    kind = "invariant_violation"
-    error = InvariantViolationError
 
 
 def typed_errors(fn: Callable[[], T]) -> T:
