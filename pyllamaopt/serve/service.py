@@ -4,7 +4,7 @@ It knows nothing of HTTP. Each operation validates its input, runs on the schedu
 and raises a ``ServiceError`` (errors.py) with a status a transport maps to its own (HTTP 4xx,
 gRPC codes). It is a facade over the parts that hold the state: the protocol sessions
 (session_registry.py), the idle request sessions (request_pool.py), the prompts being computed
-(prefill_coordinator.py) and the compiled schemas (schema_cache.py).
+(prefill_coordinator.py) and the generations (generation.py).
 
 Two ways in:
 - ``complete``: a stateless prompt (the OpenAI and Anthropic routes). It runs on the session a
@@ -33,19 +33,17 @@ from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from typing import Any
 
 from ..context import Context
-from ..grammar import SchemaCheck
 from ..session import Session
 from ..stats import Stats
 from .errors import BadRequest, ContextFull, InvariantViolation, typed_errors
-from .events import DoneEvent, Event, TokenEvent, Usage, done_last
+from .events import Event, done_last
+from .generation import GenerationRunner
 from .metrics import Metrics
 from .params import GenerateParams
 from .pinning import pinned
 from .prefill_coordinator import PrefillCoordinator
-from .reply_parser import ReplyParser
 from .request_pool import IdleRequestPool
 from .scheduler import PENDING, Scheduler, primed
-from .schema_cache import SchemaCache
 from .session_registry import ProtocolSession, SessionRegistry
 
 
@@ -60,7 +58,7 @@ class Service:
                                          changed=self._update_gauges)
         self._idle = IdleRequestPool(context)
         self._prefills = PrefillCoordinator(context, scheduler, metrics)
-        self._schemas = SchemaCache()
+        self._generations = GenerationRunner(metrics)
         self._health: dict[str, Any] = {}
         self._update_gauges()
 
@@ -81,7 +79,7 @@ class Service:
             before = session.stats
             with pinned(session):  # from the prompt to the answer: another prompt's room is a 503, not this
                 try:
-                    yield PENDING  # see primed
+                    yield PENDING  # see scheduler.primed
                     yield from self._prefills.prefill(session, tokens, sync=True, kept=kept, tool_spans=tool_spans)
                 except GeneratorExit:  # the client left: what was computed stays usable
                     self._idle.keep(session)
@@ -240,63 +238,21 @@ class Service:
     def _generation(self, session: Session, prompt_tokens: int, params: GenerateParams, before: Stats, *,
                     entry: ProtocolSession | None = None, done: Callable[[Session], None] | None = None,
                     started: float | None = None) -> Iterator[Any]:
-        """The events of one generation (after a first PENDING); `before`: the session's counters before
-        this request; `started`: when the request came (time to first token), else now. A chat reply
-        is parsed as it comes (its stop strings and a repeated call end it) and its events carry the parse."""
-        started = time.perf_counter() if started is None else started
-        history = session.n_tokens
-        self.metrics.session_history_tokens.observe(history)
-        generation = None
-        reply = (None if params.reply is None else
-                 ReplyParser(params.reply.generic, params.reply.call_id_prefix, params.stop))
-        with pinned(session):
-            try:
-                yield PENDING  # see primed
-                schema = None
-                if params.json_schema is not None:
-                    wanted = params.json_schema
-                    schema = typed_errors(lambda: self._schemas.compiled(wanted, params.schema_strict))
-                generation = typed_errors(lambda: session.generate(params.max_tokens, json_schema=schema,
-                                                                   **params.engine_kwargs()))
-                last = None
-                ended_by = None  # the reply's end reason, if the reply ended the generation
-                steps = iter(generation)
-                while (token := typed_errors(lambda: next(steps, None))) is not None:
-                    now = time.perf_counter()
-                    if last is None:
-                        self.metrics.time_to_first_token_seconds.observe(now - started)
-                    else:
-                        self.metrics.inter_token_latency_seconds.observe(now - last)
-                    last = now
-                    pieces = () if reply is None else tuple(reply.feed(token.text))
-                    yield TokenEvent(token.id, token.text, pieces)
-                    if reply is not None and (ended_by := reply.end_reason):
-                        generation.close()
-                        break
-                self._verify(session, entry, grew_from=history)
-                stats = session.stats - before
-                usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=len(generation.tokens),
-                              computed=stats.tokens_prefilled,
-                              restored=stats.persist_tokens_restored, drafted=stats.memo_tokens_skipped,
-                              forced=stats.schema_tokens_inferred, approximate=session.approx_from is not None,
-                              sparse_dropped=stats.sparse_tokens_dropped)
-                self.metrics.count_usage(usage)
-                check = None if schema is None else SchemaCheck(generation.schema_valid, generation.schema_error)
-                stop_string = reply.stop_string if ended_by and reply is not None else generation.stop_string
-                held = () if reply is None else tuple(reply.finish())
-                yield DoneEvent(ended_by or generation.finish_reason or "stop", usage, stop_string, check,
-                                None if reply is None else reply.result(), held)
-            finally:
-                if generation is not None:
-                    # a request cancelled mid-stream: the turn ends now (the session becomes evictable
-                    # again), not when the garbage collector finds the generation (it is a cycle)
-                    generation.close()
-                if entry is not None:
-                    entry.busy = None
-                    entry.last_used = time.monotonic()
-                if done is not None:
-                    done(session)
-                self._update_gauges()
+        """The events of one generation (GenerationRunner.events; `started`: when the request came,
+        else now), then the bookkeeping: a protocol session's `entry` idle again, `done(session)`
+        for a request session, the gauges."""
+        def finished() -> None:
+            if entry is not None:
+                entry.busy = None
+                entry.last_used = time.monotonic()
+            if done is not None:
+                done(session)
+            self._update_gauges()
+
+        return self._generations.events(session, prompt_tokens, params, before,
+                                        started=time.perf_counter() if started is None else started,
+                                        verify=lambda history: self._verify(session, entry, grew_from=history),
+                                        finished=finished)
 
     def _update_gauges(self) -> None:
         """On the scheduler thread, after each change: the gauges, and what /health says."""

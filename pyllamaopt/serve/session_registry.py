@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,9 +37,6 @@ class SessionRegistry:
 
     def __getitem__(self, session_id: str) -> ProtocolSession:
         return self._entries[session_id]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
 
     def add(self, session: Session, busy: str | None = None) -> tuple[str, ProtocolSession]:
         """Registers `session` under a new id (counted as created once `created` says so)."""
