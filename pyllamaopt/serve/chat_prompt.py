@@ -33,7 +33,7 @@ from ..chat import prompt_tokens as chat_prompt_tokens
 from ..errors import ChatTemplateError, InvalidArgumentError
 from ..model import Model
 from ..stop_strings import stop_list
-from .chat_messages import Tool, ToolCall, ToolChoice, ToolResult, Turn, compact
+from .chat_messages import Tool, ToolChoice, Turn, compact
 from .errors import BadRequest
 from .params import GenerateParams, ReplyFormat
 from .reply_grammar import reply_grammar
