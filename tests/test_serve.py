@@ -29,8 +29,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyllamaopt import ChatTemplate, Context, Model, OptConfig, Session
 from pyllamaopt.serve.metrics import Metrics
 from pyllamaopt.serve.scheduler import STREAM_AHEAD, Scheduler
-from pyllamaopt.serve.service import (Busy, DoneEvent, GenerateParams, InvariantViolation, NotFound, Overloaded,
-                                      Service, TokenEvent)
+from pyllamaopt.serve.errors import Busy, InvariantViolation, NotFound, Overloaded
+from pyllamaopt.serve.events import DoneEvent, TokenEvent
+from pyllamaopt.serve.params import GenerateParams
+from pyllamaopt.serve.service import Service
 from tinymodel import CHATML, WORDS, write_tiny_llama
 
 N_CTX = 1024

@@ -14,8 +14,9 @@ import pytest
 
 from pyllamaopt import Chat, ChatTemplate, Context, InvalidArgumentError, OptConfig
 from pyllamaopt.chat import BUILTIN_TEMPLATES, token_spans
-from pyllamaopt.serve.service import GenerateParams
-from pyllamaopt.serve.tools import Tool, ToolCall, ToolChoice, ToolResult, Turn, prompt, prompt_tokens
+from pyllamaopt.serve.chat_messages import Tool, ToolCall, ToolChoice, ToolResult, Turn
+from pyllamaopt.serve.chat_prompt import prompt, prompt_tokens
+from pyllamaopt.serve.params import GenerateParams
 from tinymodel import CHATML, WORDS
 
 SPARSE = dict(sparse_attn_enabled=True, sparse_attn_keep_edges=16, sparse_attn_span=16)

@@ -14,22 +14,12 @@ from hypothesis import strategies as st
 from gbnf_check import parse_gbnf
 from pyllamaopt import ChatTemplate
 from pyllamaopt.chat import BUILTIN_TEMPLATES
-from pyllamaopt.serve.service import BadRequest, GenerateParams
-from pyllamaopt.serve.tools import (
-    ArgumentsPiece,
-    CallEnd,
-    CallStart,
-    ReplyParser,
-    TextPiece,
-    Tool,
-    ToolCall,
-    ToolChoice,
-    ToolResult,
-    Turn,
-    arguments_text,
-    prompt,
-    reply_grammar,
-)
+from pyllamaopt.serve.chat_messages import Tool, ToolCall, ToolChoice, ToolResult, Turn, arguments_text
+from pyllamaopt.serve.chat_prompt import prompt
+from pyllamaopt.serve.errors import BadRequest
+from pyllamaopt.serve.params import GenerateParams
+from pyllamaopt.serve.reply_grammar import reply_grammar
+from pyllamaopt.serve.reply_parser import ArgumentsPiece, CallEnd, CallStart, ReplyParser, TextPiece
 from tinymodel import CHATML
 
 TEMPLATES = {"gemma3": ChatTemplate(BUILTIN_TEMPLATES["gemma3"], bos_token="<bos>"), "chatml": ChatTemplate(CHATML)}
@@ -300,7 +290,7 @@ def test_a_last_assistant_message_is_continued_when_asked(name):
 def test_a_model_without_a_template_is_a_bad_request_with_tool_results_marked_too():
     """--sparse-tool-results renders with marks: a model without a chat template is the same 400
     as without the option (it was an AttributeError, a 500)."""
-    from pyllamaopt.serve.app import _NoTemplate
+    from pyllamaopt.serve.app import NoChatTemplate as _NoTemplate
 
     for marked in (False, True):
         with pytest.raises(BadRequest, match="no chat template here"):

@@ -4,31 +4,24 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import jiter
 from fastapi import APIRouter, Request
 
+from fastapi.responses import StreamingResponse
+
+from .chat_answer import answer_chat
+from .chat_messages import ChoiceMode, Tool, ToolCall, ToolChoice, ToolResult, Turn, arguments_text, text_of
+from .chat_prompt import render_in_thread
+from .errors import BadRequest, ServiceError
+from .events import DoneEvent, Event, TokenEvent, Usage
+from .params import GenerateParams
+from .reply_parser import ArgumentsPiece, CallEnd, CallStart, Piece, TextPiece
 from .schemas import AnthropicMessage, CountTokensRequest, MessagesRequest
-from .service import BadRequest, DoneEvent, Event, GenerateParams, Service, ServiceError, TokenEvent, Usage
-from .streaming import collect, sse, started
-from .tools import (
-    ArgumentsPiece,
-    CallEnd,
-    CallStart,
-    ChoiceMode,
-    Piece,
-    ReplyParser,
-    TextPiece,
-    Tool,
-    ToolCall,
-    ToolChoice,
-    ToolResult,
-    Turn,
-    arguments_text,
-    render,
-    text_of,
-)
+from .service import Service
+from .streaming import sse
 
 router = APIRouter()
 
@@ -96,8 +89,9 @@ def _usage(usage: Usage) -> dict[str, Any]:
             "cache_creation_input_tokens": 0, "output_tokens": usage.completion_tokens}
 
 
-def _stop_reason(reply: ReplyParser, done: DoneEvent) -> str:
-    return "tool_use" if reply.complete and reply.calls else STOP_REASONS[done.finish_reason]
+def _stop_reason(done: DoneEvent) -> str:
+    reply = done.reply
+    return "tool_use" if reply is not None and reply.called_tools else STOP_REASONS[done.finish_reason]
 
 
 def _input(call: ToolCall) -> Any:
@@ -151,46 +145,50 @@ class _Blocks:
         return (self.stop() if self.count else self.start({"type": "text", "text": ""})) + self.stop()
 
 
+class _Message:
+    """A message's answer in Anthropic's shapes (chat_answer.ChatSurface)."""
+
+    call_id_prefix = "toolu_"
+
+    def __init__(self, model_name: str) -> None:
+        self.message: dict[str, Any] = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model_name}
+        self.blocks = _Blocks()
+
+    def stream(self, events: AsyncGenerator[Event, None], prompt_tokens: int) -> StreamingResponse:
+        # the prompt's tokens as input here (how many came from the cache is known at the end:
+        # message_delta splits them into input_tokens and cache_read_input_tokens, the same sum)
+        opened = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None,
+                  "usage": {"input_tokens": prompt_tokens, "cache_read_input_tokens": 0,
+                            "cache_creation_input_tokens": 0, "output_tokens": 0}}
+        return sse(events, self.events, error_body, done_line=False, named=True,
+                   prologue=[{"type": "message_start", "message": opened}])
+
+    def events(self, event: Event) -> list[dict[str, Any]]:
+        # at the end, first what the parser held back (ReplyParser.finish)
+        out = [e for piece in event.pieces for e in self.blocks.events(piece)]
+        if isinstance(event, TokenEvent):
+            return out
+        return out + self.blocks.end() + [
+            {"type": "message_delta", "delta": {"stop_reason": _stop_reason(event), "stop_sequence": event.stop_string},
+             "usage": _usage(event.usage), "pyllamaopt": event.usage.as_dict()},
+            {"type": "message_stop"}]
+
+    def whole(self, done: DoneEvent) -> dict[str, Any]:
+        reply = done.reply
+        assert reply is not None
+        content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text or not reply.calls else []
+        content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c)} for c in reply.calls]
+        return {**self.message, "content": content, "stop_reason": _stop_reason(done), "stop_sequence": done.stop_string,
+                "usage": _usage(done.usage), "pyllamaopt": done.usage.as_dict()}
+
+
 @router.post("/v1/messages")
 async def messages(body: MessagesRequest, request: Request) -> Any:
     service: Service = request.app.state.service
     params = body.params(service.context.n_ctx)
     tools, choice = _tools(body)
-    prompt, tokens, tool_results = await render(request.app.state.chat_template, service.model, _turns(body), tools,
-                                                choice, params, mark_tool_results=service.sparse_tool_results,
-                                                continue_last=True)
-    events = await started(service.complete(tokens, params, tool_spans=tool_results))
-    message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
-               "model": request.app.state.model_name}
-    reply = ReplyParser(prompt.generic, "toolu_", prompt.stop)
-    if body.stream:
-        blocks = _Blocks()
-
-        def chunk(event: Event) -> list[dict[str, Any]]:
-            if isinstance(event, TokenEvent):
-                return [e for piece in reply.feed(event.text) for e in blocks.events(piece)]
-            # what the parser still holds (ReplyParser.finish)
-            held = [e for piece in reply.finish() for e in blocks.events(piece)]
-            return held + blocks.end() + [
-                {"type": "message_delta", "delta": {"stop_reason": _stop_reason(reply, event),
-                                                    "stop_sequence": event.stop_string},
-                 "usage": _usage(event.usage), "pyllamaopt": event.usage.as_dict()},
-                {"type": "message_stop"}]
-
-        # the prompt's tokens as input here (how many came from the cache is known at the end:
-        # message_delta splits them into input_tokens and cache_read_input_tokens, the same sum)
-        opened = {**message, "content": [], "stop_reason": None, "stop_sequence": None,
-                  "usage": {"input_tokens": len(tokens), "cache_read_input_tokens": 0,
-                            "cache_creation_input_tokens": 0, "output_tokens": 0}}
-        return sse(events, chunk, error_body, done_line=False, named=True, prologue=[{"type": "message_start",
-                                                                                     "message": opened}])
-    _, text, done = await collect(events, request.receive)
-    reply.feed(text)
-    reply.finish()
-    content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text or not reply.calls else []
-    content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c)} for c in reply.calls]
-    return {**message, "content": content, "stop_reason": _stop_reason(reply, done), "stop_sequence": done.stop_string,
-            "usage": _usage(done.usage), "pyllamaopt": done.usage.as_dict()}
+    return await answer_chat(request, _Message(request.app.state.model_name), _turns(body), tools, choice, params,
+                             stream=bool(body.stream), continue_last=True)
 
 
 @router.post("/v1/messages/count_tokens")
@@ -198,6 +196,6 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, 
     """The prompt's tokens as /v1/messages renders them (tools and the generic format included)."""
     service: Service = request.app.state.service
     tools, choice = _tools(body)
-    _, tokens, _ = await render(request.app.state.chat_template, service.model, _turns(body), tools, choice,
-                                GenerateParams(), continue_last=True)
+    _, tokens, _ = await render_in_thread(request.app.state.chat_template, service.model, _turns(body), tools, choice,
+                                          GenerateParams(), continue_last=True)
     return {"input_tokens": len(tokens)}

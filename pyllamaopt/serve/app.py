@@ -37,7 +37,8 @@ from ..session import Session
 from . import anthropic_routes, openai_routes, session_routes
 from .metrics import Metrics
 from .scheduler import Scheduler
-from .service import InternalError, Service, ServiceError
+from .errors import InternalError, ServiceError
+from .service import Service
 
 
 @dataclass
@@ -135,7 +136,7 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
     try:
         app.state.chat_template = ChatTemplate.for_model(model)
     except ChatTemplateError as exc:  # chat routes will say so; the rest works
-        app.state.chat_template = _NoTemplate(str(exc))
+        app.state.chat_template = NoChatTemplate(str(exc))
 
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)
@@ -222,7 +223,7 @@ def _authorized(request: Request, key: str) -> bool:
     return hmac.compare_digest(given.encode(), key.encode())
 
 
-class _NoTemplate:
+class NoChatTemplate:
     """Stands in for a model without a chat template: chat routes answer 400 with the reason."""
 
     takes_tools = False

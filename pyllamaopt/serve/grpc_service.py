@@ -21,8 +21,10 @@ from pydantic import ValidationError
 from ..v1 import runtime_pb2 as pb
 from ..v1 import runtime_pb2_grpc
 from .schemas import SessionGenerateRequest
-from .service import (BadRequest, Busy, ContextFull, DoneEvent, Event, InternalError, InvariantViolation, NotFound,
-                      Overloaded, Service, ServiceError, SessionsFull)
+from .errors import (BadRequest, Busy, ContextFull, InternalError, InvariantViolation, NotFound, Overloaded,
+                     ServiceError, SessionsFull)
+from .events import DoneEvent, Event
+from .service import Service
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 if TYPE_CHECKING:
     from ..stats import Stats
-    from .service import Usage
+    from .events import Usage
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _TOKEN_BUCKETS = tuple(float(4**k) for k in range(1, 10))  # 4 .. 262144

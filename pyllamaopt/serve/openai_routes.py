@@ -3,29 +3,21 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi import APIRouter, Request
 
+from fastapi.responses import StreamingResponse
+
+from .chat_answer import answer_chat
+from .chat_messages import NO_PARAMETERS, Tool, ToolCall, ToolChoice, ToolResult, Turn, arguments_text, text_of
+from .errors import BadRequest, ServiceError
+from .events import DoneEvent, Event, TokenEvent, Usage
+from .reply_parser import ArgumentsPiece, CallStart, Piece, TextPiece
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
-from .service import BadRequest, DoneEvent, Event, Service, ServiceError, TokenEvent, Usage
+from .service import Service
 from .streaming import collect, sse, started
-from .tools import (
-    NO_PARAMETERS,
-    ArgumentsPiece,
-    CallStart,
-    Piece,
-    ReplyParser,
-    TextPiece,
-    Tool,
-    ToolCall,
-    ToolChoice,
-    ToolResult,
-    Turn,
-    arguments_text,
-    render,
-    text_of,
-)
 
 router = APIRouter()
 
@@ -127,8 +119,48 @@ def _delta(piece: Piece) -> dict[str, Any] | None:
     return None  # a call's end: OpenAI's stream does not mark it
 
 
-def _finish_reason(reply: ReplyParser, done: DoneEvent) -> str:
-    return "tool_calls" if reply.complete and reply.calls else FINISH_REASONS[done.finish_reason]
+def _finish_reason(done: DoneEvent) -> str:
+    reply = done.reply
+    return "tool_calls" if reply is not None and reply.called_tools else FINISH_REASONS[done.finish_reason]
+
+
+class _ChatCompletion:
+    """A chat completion's answer in OpenAI's shapes (chat_answer.ChatSurface)."""
+
+    call_id_prefix = "call_"
+
+    def __init__(self, model_name: str, include_usage: bool) -> None:
+        self.head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model_name}
+        self.include_usage = include_usage
+        self.first = True  # the first delta also says the role
+
+    def stream(self, events: AsyncGenerator[Event, None], prompt_tokens: int) -> StreamingResponse:
+        return sse(events, self.chunks, error_body)
+
+    def chunks(self, event: Event) -> list[dict[str, Any]]:
+        c = {**self.head, "object": "chat.completion.chunk"}
+        out = []
+        for delta in filter(None, map(_delta, event.pieces)):  # at the end: what the parser held back
+            if self.first and isinstance(event, TokenEvent):
+                delta, self.first = {"role": "assistant", **delta}, False
+            out.append({**c, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+        if isinstance(event, TokenEvent):
+            return out
+        delta = {"role": "assistant", "content": ""} if self.first else {}
+        return out + _ending(c, {"index": 0, "delta": delta, "finish_reason": _finish_reason(event)}, event,
+                             self.include_usage)
+
+    def whole(self, done: DoneEvent) -> dict[str, Any]:
+        reply = done.reply
+        assert reply is not None
+        message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+        if reply.calls:
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in reply.calls]}
+        return {**self.head, "object": "chat.completion",
+                "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(done), "logprobs": None}],
+                "usage": _usage(done.usage), "pyllamaopt": done.extension()}
 
 
 @router.post("/v1/chat/completions")
@@ -137,42 +169,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     params = body.params(max_tokens, service.context.n_ctx, body.response_format)
     tools, choice = _tools(body)
-    prompt, tokens, tool_results = await render(request.app.state.chat_template, service.model, _turns(body.messages),
-                                                tools, choice, params, mark_tool_results=service.sparse_tool_results)
-    events = await started(service.complete(tokens, params, tool_spans=tool_results))
-    rid, created, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), request.app.state.model_name
-    head = {"id": rid, "created": created, "model": name}
-    reply = ReplyParser(prompt.generic, "call_", prompt.stop)
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        first = [True]
-
-        def chunk(event: Event) -> list[dict[str, Any]]:
-            c = {**head, "object": "chat.completion.chunk"}
-            if isinstance(event, TokenEvent):
-                out = []
-                for delta in filter(None, map(_delta, reply.feed(event.text))):
-                    if first[0]:
-                        delta, first[0] = {"role": "assistant", **delta}, False
-                    out.append({**c, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-                return out
-            out = []
-            for delta in filter(None, map(_delta, reply.finish())):  # what the parser still holds
-                out.append({**c, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-            delta = {"role": "assistant", "content": ""} if first[0] else {}
-            return out + _ending(c, {"index": 0, "delta": delta, "finish_reason": _finish_reason(reply, event)},
-                                 event, include_usage)
-
-        return sse(events, chunk, error_body)
-    _, text, done = await collect(events, request.receive)
-    reply.feed(text)
-    reply.finish()
-    message: dict[str, Any] = {"role": "assistant", "content": reply.text}
-    if reply.calls:
-        message = {"role": "assistant", "content": None, "tool_calls": [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in reply.calls]}
-    return {**head, "object": "chat.completion",
-            "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(reply, done),
-                         "logprobs": None}],
-            "usage": _usage(done.usage), "pyllamaopt": done.extension()}
+    surface = _ChatCompletion(request.app.state.model_name,
+                              bool(body.stream_options and body.stream_options.include_usage))
+    return await answer_chat(request, surface, _turns(body.messages), tools, choice, params, stream=bool(body.stream))

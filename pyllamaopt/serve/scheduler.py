@@ -174,3 +174,11 @@ class Scheduler:
             s.loop.call_soon_threadsafe(s.out.put_nowait, item)
         except RuntimeError:  # the event loop is closed: nobody is listening
             pass
+
+
+def primed(steps: Iterator[Any]) -> Iterator[Any]:
+    """A stream's generator whose first item is PENDING, advanced past it: closing it from now on
+    runs its cleanup (a generator never started runs none), even if a client that left at once
+    means the scheduler never steps it."""
+    next(steps)
+    return steps

@@ -9,7 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from .service import BadRequest, GenerateParams
+from .errors import BadRequest
+from .params import GenerateParams
 
 
 class _Body(BaseModel):

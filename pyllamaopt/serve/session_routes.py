@@ -18,7 +18,9 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from .schemas import SessionGenerateRequest, TokenizeRequest, Tokens
-from .service import Event, Service, ServiceError, TokenEvent
+from .errors import ServiceError
+from .events import Event, TokenEvent
+from .service import Service
 from .streaming import collect, sse, started
 
 router = APIRouter(prefix="/v1/sessions")

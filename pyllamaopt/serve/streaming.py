@@ -12,7 +12,8 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from .service import DoneEvent, Event, InternalError, ServiceError, TokenEvent
+from .errors import InternalError, ServiceError
+from .events import DoneEvent, Event, TokenEvent
 
 
 async def started(events: AsyncGenerator[Event, None]) -> AsyncGenerator[Event, None]:

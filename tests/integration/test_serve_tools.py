@@ -379,8 +379,9 @@ def test_sparse_tool_results_marks_exactly_the_results_on_the_real_tokenizers(sm
     as the prompt spells it (JSON-escaped) on both tokenizers, and through the server a long result
     loses spans (the budget: half of it) and the answer says it is approximate."""
     from pyllamaopt import ChatTemplate, Model
-    from pyllamaopt.serve.service import GenerateParams
-    from pyllamaopt.serve.tools import Tool, ToolCall, ToolChoice, ToolResult, Turn, prompt, prompt_tokens
+    from pyllamaopt.serve.chat_messages import Tool, ToolCall, ToolChoice, ToolResult, Turn
+    from pyllamaopt.serve.chat_prompt import prompt, prompt_tokens
+    from pyllamaopt.serve.params import GenerateParams
 
     log = "".join(f"step {i}: loss {1 / (i + 1):.4f} \"ok\"\n" for i in range(60)) + "Traceback: ValueError ünï"
     for path in (smollm2_path, gemma_path):

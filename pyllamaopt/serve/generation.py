@@ -1,0 +1,80 @@
+"""One generation's events, on the scheduler thread: its tokens (a chat reply parsed as they come,
+its stop strings and a repeated call ending it), then its end with what it cost; timed and counted."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..grammar import SchemaCheck
+from ..session import Session
+from ..stats import Stats
+from .errors import typed_errors
+from .events import DoneEvent, TokenEvent, Usage
+from .metrics import Metrics
+from .params import GenerateParams
+from .pinning import pinned
+from .reply_parser import ReplyParser
+from .scheduler import PENDING
+from .schema_cache import SchemaCache
+
+
+class GenerationRunner:
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._schemas = SchemaCache()
+
+    def events(self, session: Session, prompt_tokens: int, params: GenerateParams, before: Stats, *,
+               started: float, verify: Callable[[int], None], finished: Callable[[], None]) -> Iterator[Any]:
+        """The events of one generation (after a first PENDING: see scheduler.primed); `before`: the
+        session's counters before this request; `started`: when the request came (time to first
+        token); `verify(history)`: the invariants checked after it, given the history's length before
+        it; `finished()`: run at its end, however it ends."""
+        history = session.n_tokens
+        self.metrics.session_history_tokens.observe(history)
+        generation = None
+        reply = (None if params.reply is None else
+                 ReplyParser(params.reply.generic, params.reply.call_id_prefix, params.stop))
+        with pinned(session):
+            try:
+                yield PENDING
+                schema = None
+                if params.json_schema is not None:
+                    wanted = params.json_schema
+                    schema = typed_errors(lambda: self._schemas.compiled(wanted, params.schema_strict))
+                generation = typed_errors(lambda: session.generate(params.max_tokens, json_schema=schema,
+                                                                   **params.engine_kwargs()))
+                last = None
+                ended_by = None  # the reply's end reason, if the reply ended the generation
+                steps = iter(generation)
+                while (token := typed_errors(lambda: next(steps, None))) is not None:
+                    now = time.perf_counter()
+                    if last is None:
+                        self.metrics.time_to_first_token_seconds.observe(now - started)
+                    else:
+                        self.metrics.inter_token_latency_seconds.observe(now - last)
+                    last = now
+                    pieces = () if reply is None else tuple(reply.feed(token.text))
+                    yield TokenEvent(token.id, token.text, pieces)
+                    if reply is not None and (ended_by := reply.end_reason):
+                        generation.close()
+                        break
+                verify(history)
+                stats = session.stats - before
+                usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=len(generation.tokens),
+                              computed=stats.tokens_prefilled,
+                              restored=stats.persist_tokens_restored, drafted=stats.memo_tokens_skipped,
+                              forced=stats.schema_tokens_inferred, approximate=session.approx_from is not None,
+                              sparse_dropped=stats.sparse_tokens_dropped)
+                self.metrics.count_usage(usage)
+                check = None if schema is None else SchemaCheck(generation.schema_valid, generation.schema_error)
+                stop_string = reply.stop_string if ended_by and reply is not None else generation.stop_string
+                held = () if reply is None else tuple(reply.finish())
+                yield DoneEvent(ended_by or generation.finish_reason or "stop", usage, stop_string, check,
+                                None if reply is None else reply.result(), held)
+            finally:
+                if generation is not None:
+                    # a request cancelled mid-stream: the turn ends now (the session becomes evictable
+                    # again), not when the garbage collector finds the generation (it is a cycle)
+                    generation.close()
+                finished()

@@ -1,0 +1,43 @@
+"""What a generation is asked: sampling, budget, stop strings and constraints (GenerateParams), and
+for a chat reply, how the service parses it as it streams (ReplyFormat)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ReplyFormat:
+    """A chat reply, parsed once as it streams (ReplyParser, on the scheduler thread)."""
+
+    generic: bool  # the tool-calling format's JSON (chat_prompt.py), else plain text
+    call_id_prefix: str  # of the ids given to its calls ("call_", "toolu_")
+
+
+@dataclass
+class GenerateParams:
+    max_tokens: int | None = 256
+    temperature: float = 0.0
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    seed: int | None = None
+    # the request's stop strings: the engine matches them in the generated text, except in a generic
+    # reply, whose parser matches them in the answer's decoded text (in the JSON they would match a
+    # call's text, or escapes)
+    stop: list[str] = field(default_factory=list)
+    grammar: str | None = None
+    json_schema: dict[str, Any] | bool | None = None
+    # OpenAI's meaning: True, every constraint enforced by the grammar or a 400 naming the keyword;
+    # False, what a grammar can enforce is, and the answer says whether the output is valid
+    schema_strict: bool = False
+    reply: ReplyFormat | None = None  # a chat reply: parsed as it streams (the events carry the parse)
+
+    @property
+    def generic_reply(self) -> bool:
+        return self.reply is not None and self.reply.generic
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Session.generate's sampling arguments."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+                "seed": self.seed, "stop": [] if self.generic_reply else self.stop, "grammar": self.grammar}
