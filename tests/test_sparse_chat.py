@@ -15,7 +15,7 @@ import pytest
 from pyllamaopt import Chat, ChatTemplate, Context, InvalidArgumentError, OptConfig
 from pyllamaopt.chat import BUILTIN_TEMPLATES, token_spans
 from pyllamaopt.serve.chat_messages import Tool, ToolCall, ToolChoice, ToolResult, Turn
-from pyllamaopt.serve.chat_prompt import prompt, prompt_tokens
+from pyllamaopt.serve.chat_prompt import prompt_tokens, render_prompt
 from pyllamaopt.serve.params import GenerateParams
 from tinymodel import CHATML, WORDS
 
@@ -98,8 +98,8 @@ def test_the_generic_format_marks_each_tool_results_content(tiny_model):
     for name, template in {"chatml": ChatTemplate(CHATML),
                            "gemma3": ChatTemplate(BUILTIN_TEMPLATES["gemma3"], bos_token="<bos>")}.items():
         for shape, turns in shapes.items():
-            plain = prompt(template, turns, tools, ToolChoice(), GenerateParams())
-            marked = prompt(template, turns, tools, ToolChoice(), GenerateParams(), mark_tool_results=True)
+            plain = render_prompt(template, turns, tools, ToolChoice(), GenerateParams())
+            marked = render_prompt(template, turns, tools, ToolChoice(), GenerateParams(), mark_tool_results=True)
             assert marked.text == plain.text and plain.tool_results == [], (name, shape)
             escaped = [json.dumps(c, ensure_ascii=False)[1:-1] for c in contents]
             assert [marked.text[a:b] for a, b in marked.tool_results] == escaped, (name, shape)

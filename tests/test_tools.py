@@ -15,7 +15,7 @@ from gbnf_check import parse_gbnf
 from pyllamaopt import ChatTemplate
 from pyllamaopt.chat import BUILTIN_TEMPLATES
 from pyllamaopt.serve.chat_messages import Tool, ToolCall, ToolChoice, ToolResult, Turn, arguments_text
-from pyllamaopt.serve.chat_prompt import prompt
+from pyllamaopt.serve.chat_prompt import render_prompt
 from pyllamaopt.serve.errors import BadRequest
 from pyllamaopt.serve.params import GenerateParams
 from pyllamaopt.serve.reply_grammar import reply_grammar
@@ -85,9 +85,9 @@ def test_tool_choice_and_schemas_that_cannot_be_served_are_bad_requests():
             ([], ToolChoice("required"), "has no tools"),
             ([], ToolChoice("required", "f"), "names the function 'f', but the request has no tools")):
         with pytest.raises(BadRequest, match=message):
-            prompt(template, user, tools, choice, params)
+            render_prompt(template, user, tools, choice, params)
     with pytest.raises(BadRequest, match="response_format cannot be combined with tools"):
-        prompt(template, user, TOOLS, ToolChoice(), GenerateParams(json_schema={"type": "object"}))
+        render_prompt(template, user, TOOLS, ToolChoice(), GenerateParams(json_schema={"type": "object"}))
 
 
 def test_arguments_are_taken_verbatim_when_compact_and_must_be_a_json_object():
@@ -141,7 +141,7 @@ def test_any_reply_the_grammar_admits_parses_the_same_in_any_pieces_and_renders_
 def render_reply(parser: ReplyParser) -> str:
     """The assistant message's content as the history renders it."""
     turns = [Turn("user", "q"), Turn("assistant", parser.text, parser.calls)]
-    return prompt(ChatTemplate("{{ messages[-1]['content'] }}"), turns, TOOLS, ToolChoice(), GenerateParams()).text
+    return render_prompt(ChatTemplate("{{ messages[-1]['content'] }}"), turns, TOOLS, ToolChoice(), GenerateParams()).text
 
 
 def test_a_cut_reply_keeps_what_came_and_is_not_complete():
@@ -199,7 +199,7 @@ def test_stop_strings_apply_to_the_answers_decoded_text_not_to_the_json():
             assert parser.text == expected == "".join(p.text for p in pieces), (stop, cuts)
             assert parser.stop_string == found and parser.complete == (found is None)
     with pytest.raises(BadRequest, match="stop must be a non-empty string"):  # as without tools
-        prompt(ChatTemplate("{{ messages[-1]['content'] }}"), [Turn("user", "q")], TOOLS, ToolChoice(),
+        render_prompt(ChatTemplate("{{ messages[-1]['content'] }}"), [Turn("user", "q")], TOOLS, ToolChoice(),
                GenerateParams(stop=[""]))
     calls = ReplyParser(True, "call_", ["Paris"])  # not in arguments
     calls.feed(CALL)
@@ -211,27 +211,28 @@ def test_the_next_request_extends_the_previous_prompt_and_answer(name):
     """The whole point: turn 2's prompt text starts with turn 1's prompt and the model's reply."""
     template = TEMPLATES[name]
     history = [Turn("system", "Be brief."), Turn("user", "Weather in Paris? And move to 1,-2.")]
-    first = prompt(template, history, TOOLS, ToolChoice("required"), GenerateParams())
+    first = render_prompt(template, history, TOOLS, ToolChoice("required"), GenerateParams())
     reply, _ = parse(TWO_CALLS, [7, 33, 90])
     history += [Turn("assistant", "", reply.calls),
                 Turn("user", results=[ToolResult(reply.calls[0].id, "Sunny, 21 °C")]),
                 Turn("user", results=[ToolResult(reply.calls[1].id, "cannot move", is_error=True)]),
                 Turn("user", "Thanks. Anything else?")]
     params = GenerateParams()
-    second = prompt(template, history, TOOLS, ToolChoice("auto"), params)
+    second = render_prompt(template, history, TOOLS, ToolChoice("auto"), params)
     assert second.text.startswith(first.text + TWO_CALLS)
     # the two results and the user's text are one user message (Gemma's roles must alternate)
     assert ('{"tool_results":[{"name":"get_weather","content":"Sunny, 21 °C"},'
             '{"name":"move","content":"cannot move","is_error":true}]}\n\nThanks. Anything else?') in second.text
     # the tools are in the system message, the same whatever tool_choice says
     assert first.text.count('{"name":"get_weather","description":"Current weather in a city"') == 1
-    assert prompt(template, history[:2], TOOLS, ToolChoice("none"), GenerateParams()).text == first.text
+    assert render_prompt(template, history[:2], TOOLS, ToolChoice("none"), GenerateParams()).text == first.text
     # an answer in text comes back as the JSON the model wrote
     reply, _ = parse(ANSWER, [20])
-    third = prompt(template, history + [Turn("assistant", reply.text), Turn("user", "ok")], TOOLS, ToolChoice(),
+    third = render_prompt(template, history + [Turn("assistant", reply.text), Turn("user", "ok")], TOOLS, ToolChoice(),
                    GenerateParams())
     assert third.text.startswith(second.text + ANSWER)
-    assert params.grammar is not None and second.generic
+    assert second.generate_params(params, "call_").grammar is not None and second.generic
+    assert params.grammar is None  # rendering changes nothing of the request
 
 
 def test_a_history_with_calls_renders_without_tools_too_but_results_need_their_call():
@@ -240,13 +241,13 @@ def test_a_history_with_calls_renders_without_tools_too_but_results_need_their_c
     turns = [Turn("user", "q"), Turn("assistant", "Let me look.", [call]),
              Turn("user", results=[ToolResult("call_1", "Rain")]), Turn("assistant", "Rain.")]
     params = GenerateParams()
-    out = prompt(template, turns, [], ToolChoice(), params)
-    assert not out.generic and params.grammar is None
+    out = render_prompt(template, turns, [], ToolChoice(), params)
+    assert not out.generic and out.generate_params(params, "call_").grammar is None
     assert ('<|im_start|>assistant\nLet me look.\n{"tool_calls":[{"name":"get_weather","arguments":{"city":"Oslo"}}]}'
             '<|im_end|>\n<|im_start|>user\n{"tool_results":[{"name":"get_weather","content":"Rain"}]}<|im_end|>\n'
             '<|im_start|>assistant\nRain.<|im_end|>') in out.text
     with pytest.raises(BadRequest, match=r"messages\[1\]: a tool result for call 'call_9', but no earlier"):
-        prompt(template, [Turn("user", "q"), Turn("user", results=[ToolResult("call_9", "x")])], TOOLS, ToolChoice(),
+        render_prompt(template, [Turn("user", "q"), Turn("user", results=[ToolResult("call_9", "x")])], TOOLS, ToolChoice(),
                GenerateParams())
 
 
@@ -255,7 +256,7 @@ def test_a_template_that_takes_tools_gets_them():
               "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}")
     template = ChatTemplate(source)
     assert template.takes_tools and not TEMPLATES["chatml"].takes_tools and not TEMPLATES["gemma3"].takes_tools
-    text = prompt(template, [Turn("user", "hi")], TOOLS, ToolChoice(), GenerateParams()).text
+    text = render_prompt(template, [Turn("user", "hi")], TOOLS, ToolChoice(), GenerateParams()).text
     assert text.startswith("<tools>get_weather;move;</tools>[system]Reply with one JSON object")
     assert '"description"' not in text  # not listed twice
 
@@ -266,25 +267,25 @@ def test_a_last_assistant_message_is_continued_when_asked(name):
     open (no end of turn, no new turn); an empty one is a new turn; what cannot be continued is a 400."""
     template = TEMPLATES[name]
     turns = [Turn("user", "Say hello"), Turn("assistant", "Hel")]
-    text = prompt(template, turns, [], ToolChoice(), GenerateParams(), continue_last=True).text
+    text = render_prompt(template, turns, [], ToolChoice(), GenerateParams(), continue_last=True).text
     for prefill in ("Hel", "|", ">", "<", "_of"):  # the last three also spell parts of the turn's end
-        continued = prompt(template, [turns[0], Turn("assistant", prefill)], [], ToolChoice(), GenerateParams(),
+        continued = render_prompt(template, [turns[0], Turn("assistant", prefill)], [], ToolChoice(), GenerateParams(),
                            continue_last=True).text
         closed = template.render([{"role": "user", "content": "Say hello"}, {"role": "assistant", "content": prefill}],
                                  add_generation_prompt=False)
         assert continued.endswith(prefill) and closed.startswith(continued), (prefill, continued)
         assert closed[len(continued):].lstrip().startswith(("<|im_end|>", "<end_of_turn>")), (prefill, continued)
-    fresh = prompt(template, turns[:1], [], ToolChoice(), GenerateParams(), continue_last=True).text
-    assert prompt(template, [*turns[:1], Turn("assistant", "")], [], ToolChoice(), GenerateParams(),
+    fresh = render_prompt(template, turns[:1], [], ToolChoice(), GenerateParams(), continue_last=True).text
+    assert render_prompt(template, [*turns[:1], Turn("assistant", "")], [], ToolChoice(), GenerateParams(),
                   continue_last=True).text == fresh
-    assert prompt(template, turns, [], ToolChoice(), GenerateParams()).text != text  # OpenAI: a new turn
+    assert render_prompt(template, turns, [], ToolChoice(), GenerateParams()).text != text  # OpenAI: a new turn
     with pytest.raises(BadRequest, match="trailing whitespace"):
-        prompt(template, [turns[0], Turn("assistant", "Hel ")], [], ToolChoice(), GenerateParams(), continue_last=True)
+        render_prompt(template, [turns[0], Turn("assistant", "Hel ")], [], ToolChoice(), GenerateParams(), continue_last=True)
     with pytest.raises(BadRequest, match="cannot be combined with tools"):
-        prompt(template, turns, [WEATHER], ToolChoice(), GenerateParams(), continue_last=True)
+        render_prompt(template, turns, [WEATHER], ToolChoice(), GenerateParams(), continue_last=True)
     call = Turn("assistant", "", [ToolCall("toolu_1", "get_weather", '{"city":"Oslo"}')])
     with pytest.raises(BadRequest, match="send its result"):
-        prompt(template, [turns[0], call], [WEATHER], ToolChoice(), GenerateParams(), continue_last=True)
+        render_prompt(template, [turns[0], call], [WEATHER], ToolChoice(), GenerateParams(), continue_last=True)
 
 
 def test_a_model_without_a_template_is_a_bad_request_with_tool_results_marked_too():
@@ -294,5 +295,5 @@ def test_a_model_without_a_template_is_a_bad_request_with_tool_results_marked_to
 
     for marked in (False, True):
         with pytest.raises(BadRequest, match="no chat template here"):
-            prompt(_NoTemplate("no chat template here"), [Turn("user", "hi")], [], ToolChoice(), GenerateParams(),
+            render_prompt(_NoTemplate("no chat template here"), [Turn("user", "hi")], [], ToolChoice(), GenerateParams(),
                    mark_tool_results=marked)

@@ -123,17 +123,6 @@ def render_prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence
     return ChatPrompt(text, generic, marked, template, messages, render_args, grammar)
 
 
-def prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool], choice: ToolChoice,
-           params: GenerateParams, *, mark_tool_results: bool = False, continue_last: bool = False) -> ChatPrompt:
-    """`render_prompt`, with its reply's grammar written into `params`: the shape tests/test_tools.py
-    checks (the server renders with render_prompt, which changes nothing)."""
-    rendered = render_prompt(template, turns, tools, choice, params, mark_tool_results=mark_tool_results,
-                             continue_last=continue_last)
-    if rendered.generic:
-        params.grammar = rendered.reply_grammar
-    return rendered
-
-
 _PREFILL_END = "\u2063pyllamaopt-prefill-end\u2063"  # (U+2063: text no message has, kept by any template)
 
 

@@ -380,7 +380,7 @@ def test_sparse_tool_results_marks_exactly_the_results_on_the_real_tokenizers(sm
     loses spans (the budget: half of it) and the answer says it is approximate."""
     from pyllamaopt import ChatTemplate, Model
     from pyllamaopt.serve.chat_messages import Tool, ToolCall, ToolChoice, ToolResult, Turn
-    from pyllamaopt.serve.chat_prompt import prompt, prompt_tokens
+    from pyllamaopt.serve.chat_prompt import prompt_tokens, render_prompt
     from pyllamaopt.serve.params import GenerateParams
 
     log = "".join(f"step {i}: loss {1 / (i + 1):.4f} \"ok\"\n" for i in range(60)) + "Traceback: ValueError ünï"
@@ -388,7 +388,7 @@ def test_sparse_tool_results_marks_exactly_the_results_on_the_real_tokenizers(sm
         model = Model(path)
         turns = [Turn("user", "Why did it fail?"), Turn("assistant", calls=[ToolCall("call_1", "read", '{"path":"log"}')]),
                  Turn("user", "and?", results=[ToolResult("call_1", log)])]
-        marked = prompt(ChatTemplate.for_model(model), turns, [Tool("read", None, {"type": "object"})], ToolChoice(),
+        marked = render_prompt(ChatTemplate.for_model(model), turns, [Tool("read", None, {"type": "object"})], ToolChoice(),
                         GenerateParams(), mark_tool_results=True)
         tokens, [(a, b)] = prompt_tokens(model, marked)
         spelled = b"".join(model.token_bytes(t, special=True) for t in tokens[a:b]).decode()
