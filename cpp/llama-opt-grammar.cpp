@@ -2,7 +2,7 @@
 
 #include "llama-grammar.h"  // llama.cpp's internal grammar and vocabulary (src/)
 #include "llama-vocab.h"
-#include "llama-kv-cache-persist.h"
+#include "llama-opt-checksum.h"
 #include "llama-opt-log.h"
 
 #include <algorithm>
