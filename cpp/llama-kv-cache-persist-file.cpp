@@ -100,7 +100,7 @@ uint64_t llama_opt_persist_file_size(const llama_opt_persist_layout & layout, ui
 
 bool llama_opt_persist_write_entry(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
                                    const std::vector<uint64_t> & chain, const uint8_t * rows,
-                                   const std::function<bool(const void *, uint64_t, uint64_t)> & write) {
+                                   const llama_opt_persist_writer & write) {
     const uint64_t n_blocks    = chain.size();
     const uint64_t block_bytes = layout.block_bytes();
     std::vector<uint64_t> sums(n_blocks);

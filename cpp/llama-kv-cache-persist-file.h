@@ -56,11 +56,14 @@ bool llama_opt_persist_has_entry_suffix(const std::string & name);
 // The size of the file of an entry of n_blocks blocks.
 uint64_t llama_opt_persist_file_size(const llama_opt_persist_layout & layout, uint64_t n_blocks);
 
+// Writes n_bytes from src at offset of a file; false on an error.
+using llama_opt_persist_writer = std::function<bool(const void * src, uint64_t n_bytes, uint64_t offset)>;
+
 // Writes an entry of chain.size() blocks (tokens: chain.size() * block_size token ids, rows:
-// their KV rows) through write(src, n_bytes, offset); false as soon as a write fails.
+// their KV rows); false as soon as a write fails.
 bool llama_opt_persist_write_entry(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
                                    const std::vector<uint64_t> & chain, const uint8_t * rows,
-                                   const std::function<bool(const void *, uint64_t, uint64_t)> & write);
+                                   const llama_opt_persist_writer & write);
 
 // Reads an entry's header and tables (and its token ids, if `tokens`), checking their checksum;
 // false, with entry.problem saying why, if the file is not a sound entry. Never follows a link.

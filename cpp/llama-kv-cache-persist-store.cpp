@@ -133,9 +133,31 @@ bool llama_opt_persist_store::save(const llama_opt_persist_layout & layout, cons
               std::to_string(max_bytes >> 20) + " MiB, persist_max_mb)";
         return false;
     }
-
-    static std::atomic<uint64_t> counter{ 0 };
     const std::string name = llama_opt_persist_entry_name(layout, chain.back());
+    const std::string path = dir_ + "/" + name;
+    const auto        fill = [&](const llama_opt_persist_writer & write) {
+        return llama_opt_persist_write_entry(layout, tokens, chain, rows, write);
+    };
+    if (!write_atomically(name, fill, why)) {
+        return false;
+    }
+    // entries holding a prefix of this context are subsumed: it restores those prefixes too
+    for (const llama_opt_persist_entry & e : list()) {
+        if (e.problem.empty() && e.path != path && e.layout == layout && e.chain.size() < chain.size() &&
+            std::equal(e.chain.begin(), e.chain.end(), chain.begin())) {
+            remove(e.path);
+        }
+    }
+    if (max_bytes > 0) {
+        cleanup(0, max_bytes, path);
+    }
+    return true;
+}
+
+bool llama_opt_persist_store::write_atomically(const std::string & name,
+                                               const std::function<bool(const llama_opt_persist_writer &)> & fill,
+                                               std::string & why) const {
+    static std::atomic<uint64_t> counter{ 0 };
     const std::string path = dir_ + "/" + name;
     // the pid and a random part: a process killed mid-save leaves its file, and a later one with the
     // same pid (the first process of a restarted container) must not find its name taken
@@ -174,7 +196,7 @@ bool llama_opt_persist_store::save(const llama_opt_persist_layout & layout, cons
         }
         return true;
     };
-    const bool ok = llama_opt_persist_write_entry(layout, tokens, chain, rows, put) && fsync(f.fd) == 0;
+    const bool ok = fill(put) && fsync(f.fd) == 0;
     if (!ok) {
         why = llama_opt_errno_text("cannot write " + tmp);
         unlink(tmp.c_str());
@@ -190,16 +212,6 @@ bool llama_opt_persist_store::save(const llama_opt_persist_layout & layout, cons
     llama_opt_fd d{ open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC) };
     if (d.fd >= 0) {
         fsync(d.fd);  // the rename itself survives a crash
-    }
-    // entries holding a prefix of this context are subsumed: it restores those prefixes too
-    for (const llama_opt_persist_entry & e : list()) {
-        if (e.problem.empty() && e.path != path && e.layout == layout && e.chain.size() < chain.size() &&
-            std::equal(e.chain.begin(), e.chain.end(), chain.begin())) {
-            remove(e.path);
-        }
-    }
-    if (max_bytes > 0) {
-        cleanup(0, max_bytes, path);
     }
     return true;
 }

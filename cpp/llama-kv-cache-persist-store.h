@@ -84,4 +84,8 @@ private:
 
     // The names of the directory's entries (not the temporary files of saves), in order.
     std::vector<std::string> entry_names() const;
+    // Creates the file `name` with what `fill` writes, atomically: a temporary file, fsynced,
+    // renamed. False (and why) on an error: nothing is left behind.
+    bool write_atomically(const std::string & name, const std::function<bool(const llama_opt_persist_writer &)> & fill,
+                          std::string & why) const;
 };
