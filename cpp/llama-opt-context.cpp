@@ -2,6 +2,9 @@
 
 #include "llama-context-hash.h"
 #include "llama-h2o.h"
+#include "llama-kv-cache-persist-dir.h"
+#include "llama-opt-checksum.h"
+#include "llama-opt-file-hash.h"
 #include "llama-opt-log.h"
 #include "llama.h"
 

@@ -19,7 +19,7 @@
 #include "llama-opt-attn-capture.h"
 #include "llama-opt-h2o-capture.h"
 #include "llama-opt-op-profile.h"
-#include "llama-kv-cache-persist.h"
+#include "llama-kv-cache-persist-store.h"
 #include "llama-memo.h"
 #include "llama-opt-model.h"
 #include "llama-opt-spec-prefill.h"

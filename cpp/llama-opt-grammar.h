@@ -10,59 +10,25 @@
 // lowest id). forced() answers "does the grammar allow exactly one token here?" by scanning
 // the tokens that start with the one allowed character until a second allowed one turns up.
 // Answers that needed a scan are remembered per grammar state in the model's
-// llama_opt_grammar_vocab, shared by all grammars on that model: states recur (every element
-// of an array, every turn of an agent that sends the same tool schema).
+// llama_opt_grammar_vocab (llama-opt-grammar-vocab).
 //
 // Uses llama.cpp's internal grammar (src/llama-grammar.h): the public sampler API has no way
-// to ask what a state allows without a full scan.
+// to ask what a state allows without a full scan. This class is written in three files: the
+// grammar state and what it allows (llama-opt-grammar.cpp), picks by logit among the allowed
+// tokens (llama-opt-grammar-mask.cpp), and the tokens and text the grammar forces, with the
+// specification's interface to them (llama-opt-grammar-forced.cpp).
 
-#include "llama-opt.h"
+#include "llama-opt-grammar-budget.h"
+#include "llama-opt-grammar-vocab.h"
 #include "llama.h"
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 struct llama_grammar;
-
-// What grammars learn about one model's vocabulary; one per model (llama_opt_model owns it),
-// so token ids never leak between vocabularies.
-class llama_opt_grammar_vocab {
-public:
-    explicit llama_opt_grammar_vocab(const llama_vocab * vocab);
-
-    const llama_vocab *              vocab() const { return vocab_; }
-    int32_t                          n_tokens() const { return (int32_t) n_tokens_; }
-    const std::vector<llama_token> & starting_with(uint8_t byte) const { return by_first_byte_[byte]; }
-    // tokens whose text starts with these two bytes; second = -1: the one-byte tokens `byte`
-    const std::vector<llama_token> & starting_with(uint8_t byte, int second) const {
-        return by_first_two_[byte * 257 + second + 1];
-    }
-    const std::vector<llama_token> & eog() const { return eog_; }
-
-    using token_list = std::shared_ptr<const std::vector<llama_token>>;
-    // the allowed tokens of a grammar state (by llama_opt_grammar::state_key), if remembered
-    token_list allowed(uint64_t state) const;
-    void       remember_allowed(uint64_t state, token_list tokens);
-    // the only allowed token of a state (-1: several, -2: none), if remembered
-    bool forced(uint64_t state, llama_token & token) const;
-    void remember_forced(uint64_t state, llama_token token);
-
-private:
-    const llama_vocab *                   vocab_;
-    size_t                                n_tokens_;
-    std::vector<std::vector<llama_token>> by_first_byte_;  // by the first byte of the token's text
-    std::vector<std::vector<llama_token>> by_first_two_;   // by its first two bytes (see starting_with)
-    std::vector<llama_token>              eog_;
-
-    mutable std::mutex                         mutex_;
-    std::unordered_map<uint64_t, token_list>  allowed_;
-    size_t                                     allowed_total_ = 0;  // tokens held by allowed_
-    std::unordered_map<uint64_t, llama_token> forced_;
-};
 
 class llama_opt_grammar {
 public:
@@ -93,35 +59,36 @@ public:
     // Advances the grammar by a token (which must be allowed); counts down the budget.
     void accept(llama_token token);
 
-    // Ending within a budget (schema_fit_max_tokens): with `tokens` left for the output,
-    // best() and top_allowed() take only tokens after which the grammar can still end in time:
-    // its shortest completion, a token per character (every character has one), then the
-    // end-of-generation token. A pick changes only when after the model's choice that
-    // completion has more characters than tokens are left: an output that would be cut off is
-    // closed in time. When no allowed token fits (a budget too small from the start), the budget
-    // is dropped. no_budget: none.
-    static constexpr size_t no_budget = SIZE_MAX;
-    void   set_budget(size_t tokens);
+    // Ending within a budget (schema_fit_max_tokens, llama-opt-grammar-budget): with `tokens`
+    // left for the output, best() and top_allowed() take only tokens after which the grammar can
+    // still end in time. A pick changes only when after the model's choice the shortest
+    // completion has more characters than tokens are left. When no allowed token fits (a budget
+    // too small from the start), the budget is dropped. llama_opt_grammar_budget::none: none.
+    void set_budget(size_t tokens);
 
     uint64_t check_ns() const { return check_ns_; }  // time spent in best/top_allowed/forced
-    uint64_t budget_picks() const { return budget_picks_; }  // picks the budget changed
+    uint64_t budget_picks() const { return budget_.picks(); }  // picks the budget changed
 
 private:
     llama_opt_grammar(std::shared_ptr<llama_opt_grammar_vocab> vocab, llama_grammar * grammar, uint64_t text_hash);
+    // llama.cpp's parse of a GBNF grammar; throws as the constructor says
+    static llama_grammar * parse(const llama_opt_grammar_vocab & vocab, const std::string & gbnf, const std::string & root);
 
     std::shared_ptr<llama_opt_grammar_vocab> vocab_;
     llama_grammar *                          grammar_;
     int32_t                                  n_vocab_;
     uint64_t                                 text_hash_;  // the grammar's identity in state keys
     uint64_t                                 check_ns_ = 0;
-    size_t                                   budget_   = no_budget;  // tokens left for the output
-    std::vector<uint32_t>                    min_chars_;  // per rule: its shortest expansion (when first needed)
-    uint64_t                                 budget_picks_ = 0;
+    llama_opt_grammar_budget                 budget_;
 
-    uint32_t    chars_to_end();           // the characters of the shortest completion from here
-    bool        fits(llama_token token);  // after it, the grammar can still end within the budget
-    llama_token first_fitting(const std::vector<llama_token> & ids);  // -1: none
-    llama_token give_up_budget(llama_token pick);  // nothing fits: the budget is dropped; returns pick
+    // adds the time until it goes out of scope to check_ns_
+    struct check_timer {
+        uint64_t &                            total;
+        std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+        ~check_timer() {
+            total += (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+        }
+    };
 
     uint64_t state_key() const;  // the grammar state, independent of this object's addresses
     // Which of `ids` the grammar allows, in the order given.

@@ -2,7 +2,7 @@
 
 #include "ggml-cpu.h"
 #include "llama-opt-log.h"
-#include "llama-opt-grammar.h"
+#include "llama-opt-grammar-vocab.h"
 #include "llama.h"
 
 #include <cerrno>

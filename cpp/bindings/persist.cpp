@@ -2,7 +2,8 @@
 
 #include "bindings.h"
 
-#include "llama-kv-cache-persist.h"
+#include "llama-kv-cache-persist-dir.h"
+#include "llama-kv-cache-persist-store.h"
 
 #include <pybind11/stl.h>
 

@@ -18,7 +18,8 @@
 
 #include "check.h"
 #include "llama-context-hash.h"
-#include "llama-kv-cache-persist.h"
+#include "llama-kv-cache-persist-store.h"
+#include "llama-opt-checksum.h"
 
 #include <algorithm>
 #include <chrono>

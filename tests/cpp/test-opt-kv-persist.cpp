@@ -4,7 +4,10 @@
 
 #include "check.h"
 #include "llama-context-hash.h"
-#include "llama-kv-cache-persist.h"
+#include "llama-kv-cache-persist-dir.h"
+#include "llama-kv-cache-persist-store.h"
+#include "llama-opt-checksum.h"
+#include "llama-opt-file-hash.h"
 
 #include <cstdio>
 #include <cstdlib>
