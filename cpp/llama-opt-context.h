@@ -94,9 +94,8 @@ public:
     const llama_opt_kv_memory & memory() const { return *memory_; }
     llama_context *             get() const { return ctx_.get(); }  // null once closed
 
-    const llama_opt_model &          model() const { return *model_; }
-    const llama_opt_settings &       settings() const { return settings_; }
-    const llama_opt_context_params & params() const { return params_; }
+    const llama_opt_model &    model() const { return *model_; }
+    const llama_opt_settings & settings() const { return settings_; }
     uint32_t n_ctx() const { return n_ctx_; }
     uint32_t block_size() const { return block_; }
     // fewest tokens per canonical chunk: a smaller one computes its rows differently, and so
