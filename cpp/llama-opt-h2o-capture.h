@@ -3,9 +3,12 @@
 // llama-opt-h2o-capture: the column sums of H2O chunks (docs/h2o.md). During a chunk computed with
 // attention subsets (patches/0010), the graph sums each full-attention layer's softmax weights over
 // the chunk's queries into "kq_colsum-<il>" ([n_keys, 1, n_head]); the eval callback keeps them,
-// n_head x n_keys per layer.
+// n_head x n_keys per layer. Also what H2O asks of the context that observes them
+// (llama_opt_h2o_check_settings), checked when the context chooses its eval callback.
 
+#include "llama-h2o.h"
 #include "llama-opt-attn-capture.h"
+#include "llama-opt.h"
 #include "llama.h"
 
 #include <cstdint>
@@ -38,3 +41,13 @@ private:
     bool                            armed_  = false;
     std::vector<std::vector<float>> colsum_;
 };
+
+// H2O's parameters as configured (h2o_local_window, h2o_heavy_budget, h2o_chunk_size).
+llama_h2o_params llama_opt_h2o_params(const llama_opt_config & cfg);
+
+// llama_opt_error(config) if H2O cannot work in a context whose llama_decode calls take n_batch
+// tokens: parameters out of range, a chunk larger than a call, another observer of the graph
+// (`attn_captured`: attn_prune_enabled or spec_prefill_enabled), flash attention off (rows are
+// gathered from the cache), or a model without a full-attention layer.
+void llama_opt_h2o_check_settings(const llama_opt_config & cfg, const llama_opt_h2o_capture & capture, uint32_t n_batch,
+                                  bool flash_attn, bool attn_captured);

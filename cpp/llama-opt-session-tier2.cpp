@@ -13,7 +13,7 @@
 //   their KV rows in RAM, their cells freed. Never the first block (attention sinks), the system
 //   prompt, the current turn or the last attn_prune_recent tokens.
 // - speculative prefill (001, spec_prefill_enabled): a prompt of spec_prefill_min_tokens or more
-//   is scored first (the model's first spec_prefill_layers layers, llama_opt_context::score_span,
+//   is scored first (the model's first spec_prefill_layers layers, llama_opt_spec_score_span,
 //   or a draft model, llama-opt-spec-prefill), and only the tokens kept (llama_opt_spec_keep: the
 //   top spec_prefill_keep share, the last token always) are computed, at their own positions
 //   (patches/0011); the others are holes from the start, as if dropped by drop_span.
@@ -22,6 +22,8 @@
 // shared by a fork or persisted (those take complete blocks below n_canonical, kept below it).
 
 #include "llama-opt-session.h"
+
+#include "llama-opt-h2o-prefill.h"
 
 #include <algorithm>
 #include <chrono>
@@ -113,7 +115,7 @@ std::vector<span_t> llama_opt_session::live_ranges() const {
 }
 
 void llama_opt_session::drop_cells(size_t p0, size_t p1) {
-    ctx_->kv_drop(seq_, p0, p1);
+    ctx_->memory().drop(seq_, p0, p1);
     span_add(holes_, p0, p1);
     approx_from_ = std::min(approx_from_, p0);
     const size_t B = ctx_->block_size();
@@ -305,7 +307,7 @@ static void read_keys(llama_opt_context & ctx, int32_t seq, const llama_opt_attn
     for (const span_t & s : live) {
         for (size_t a = s.first; a < s.second; a += chunk) {
             const size_t b = std::min(s.second, a + chunk);
-            if (!ctx.kv_read(seq, a, b, rows.data())) {
+            if (!ctx.memory().read(seq, a, b, rows.data())) {
                 throw llama_opt_error(llama_opt_errc::decode_failed,
                     "attention scores: the KV rows of positions " + std::to_string(a) + ".." + std::to_string(b) +
                     " could not be read");
@@ -350,7 +352,7 @@ llama_opt_attn_probe llama_opt_session::attention_probe() {
 bool llama_opt_session::restore_block(size_t block) {
     const size_t B  = ctx_->block_size();
     auto         it = cold_.find(block);
-    if (it == cold_.end() || !ctx_->kv_write(seq_, block * B, (block + 1) * B, it->second.data())) {
+    if (it == cold_.end() || !ctx_->memory().write(seq_, block * B, (block + 1) * B, it->second.data())) {
         return false;  // no room where the placement needs it: the block stays cold
     }
     cold_.erase(it);
@@ -440,7 +442,7 @@ void llama_opt_session::prune_turn(size_t turn_begin) {
             continue;
         }
         std::vector<uint8_t> rows(B * stride);
-        if (!ctx_->kv_read(seq_, b * B, (b + 1) * B, rows.data())) {
+        if (!ctx_->memory().read(seq_, b * B, (b + 1) * B, rows.data())) {
             continue;
         }
         cold_[b] = std::move(rows);
@@ -473,7 +475,7 @@ void llama_opt_session::compute_h2o(size_t end) {
         count(&llama_opt_stats::h2o_select_us, h2o.select_us);
     };
     try {
-        ctx_->compute_span_h2o(seq_, tokens_.data(), end, &logits_, work, h2o);
+        llama_opt_h2o_prefill(*ctx_, seq_, tokens_.data(), end, &logits_, work, h2o);
     } catch (...) {
         count_all();  // the chunks computed before the failure: thrown away, but done
         throw;
@@ -513,7 +515,7 @@ bool llama_opt_session::spec_prefill(size_t end, uint64_t llama_opt_stats::* cou
             scorer.tokens = end;
             importance.erase(importance.begin(), importance.begin() + std::min(begin, importance.size()));
         } else {  // the model's first layers, on top of the KV the session has
-            importance = ctx_->score_span(seq_, tokens_.data(), begin, end, cfg.spec_prefill_layers,
+            importance = llama_opt_spec_score_span(*ctx_, seq_, tokens_.data(), begin, end, cfg.spec_prefill_layers,
                                           cfg.spec_prefill_window, cfg.spec_prefill_last_layers, cfg.spec_prefill_pool,
                                           evict, scorer);
         }

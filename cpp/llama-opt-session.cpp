@@ -15,7 +15,7 @@ using lock_t = std::lock_guard<std::recursive_mutex>;
 std::shared_ptr<llama_opt_session> llama_opt_session::open(std::shared_ptr<llama_opt_context> ctx) {
     lock_t lock(ctx->mutex());
     auto session  = std::make_shared<llama_opt_session>(ctx);
-    session->seq_ = ctx->acquire_seq(session);
+    session->seq_ = ctx->memory().acquire_seq(session);
     return session;
 }
 
@@ -46,10 +46,10 @@ void llama_opt_session::close() {
     lock_t lock(ctx_->mutex());
     if (seq_ >= 0 && !closed()) {  // seq_ < 0: open() found no sequence for it
         drop_draft();
-        if (ctx_->persist()) {
+        if (ctx_->memory().persist()) {
             save_quietly();
         }
-        ctx_->release_seq(seq_, this);
+        ctx_->memory().release_seq(seq_, this);
     }
     closed_ = true;
 }
@@ -58,7 +58,7 @@ void llama_opt_session::discard() {
     lock_t lock(ctx_->mutex());
     if (seq_ >= 0 && !closed()) {
         drop_draft();
-        ctx_->release_seq(seq_, this, /* keep_blocks */ false);
+        ctx_->memory().release_seq(seq_, this, /* keep_blocks */ false);
     }
     closed_ = true;
 }
@@ -134,7 +134,7 @@ void llama_opt_session::forget(size_t pos) {
     if (pos >= n_evaluated_) {
         return;
     }
-    pos = ctx_->kv_truncate(seq_, pos);  // may cut lower: never inside a shared block
+    pos = ctx_->memory().truncate(seq_, pos);  // may cut lower: never inside a shared block
     const size_t keep_blocks = ctx_->canonical() ? pos / ctx_->block_size() : 0;  // complete blocks below pos
     chain_.resize(std::min(chain_.size(), keep_blocks));
     n_canonical_ = std::min(n_canonical_, pos / ctx_->row_align() * ctx_->row_align());
@@ -153,7 +153,7 @@ static size_t reusable_prefix(size_t end, const llama_opt_context & ctx) {
 }
 
 void llama_opt_session::adopt_shared_prefix() {
-    llama_opt_block_pool * pool = ctx_->pool();
+    llama_opt_block_pool * pool = ctx_->memory().pool();
     const uint32_t B = ctx_->block_size();
     const size_t shareable = reusable_prefix(tokens_.size(), *ctx_) / B;
     const size_t own       = n_canonical_ / B;  // complete blocks of our own
@@ -167,7 +167,7 @@ void llama_opt_session::adopt_shared_prefix() {
     uint64_t chain = LLAMA_OPT_CHAIN_ROOT, parent = 0;
     for (size_t k = 0; k < shareable; ++k) {
         const llama_token * t = tokens_.data() + k * B;
-        chain = ctx_->block_hash(chain, t);
+        chain = ctx_->memory().block_hash(chain, t);
         const llama_opt_kv_block * b = pool->lookup(chain, parent, t, B);
         if (!b || std::none_of(b->holders.begin(), b->holders.end(), [&](int32_t h) { return h != seq_; })) {
             break;
@@ -189,9 +189,9 @@ void llama_opt_session::adopt_shared_prefix() {
     const size_t n_shared = path.size() * B;
     const size_t saved    = n_shared - std::min(n_shared, n_canonical_);
     forget(0);
-    ctx_->kv_share(holder, seq_, 0, n_shared);
+    ctx_->memory().share(holder, seq_, 0, n_shared);
     for (const llama_opt_kv_block * b : path) {
-        ctx_->hold_block(seq_, b);
+        ctx_->memory().hold_block(seq_, b);
         chain_.push_back(b->hash);
     }
     count(&llama_opt_stats::dedup_blocks_hit, path.size() - std::min(path.size(), own));
@@ -201,16 +201,16 @@ void llama_opt_session::adopt_shared_prefix() {
 
 void llama_opt_session::register_blocks() {
     const uint32_t B = ctx_->block_size();
-    llama_opt_block_pool * pool = ctx_->pool();
+    llama_opt_block_pool * pool = ctx_->memory().pool();
     for (size_t k = chain_.size(); (k + 1) * B <= n_canonical_; ++k) {
         const llama_token * t = tokens_.data() + k * B;
-        chain_.push_back(ctx_->block_hash(k == 0 ? LLAMA_OPT_CHAIN_ROOT : chain_[k - 1], t));
-        const std::vector<uint64_t> & held = ctx_->held_blocks(seq_);
+        chain_.push_back(ctx_->memory().block_hash(k == 0 ? LLAMA_OPT_CHAIN_ROOT : chain_[k - 1], t));
+        const std::vector<uint64_t> & held = ctx_->memory().held_blocks(seq_);
         if (pool && held.size() == k) {  // a block can be pooled only after its parent
-            const llama_opt_kv_block * b = ctx_->pool_insert(seq_, chain_[k], k == 0 ? 0 : held[k - 1], (uint32_t) k, t);
+            const llama_opt_kv_block * b = ctx_->memory().pool_insert(seq_, chain_[k], k == 0 ? 0 : held[k - 1], (uint32_t) k, t);
             if (b) {
                 const bool duplicate = !b->holders.empty();  // another sequence computed it too
-                ctx_->hold_block(seq_, b);
+                ctx_->memory().hold_block(seq_, b);
                 if (duplicate && ctx_->settings().config.canon_enabled) {
                     share_duplicate(k, b);
                 }
@@ -226,18 +226,18 @@ void llama_opt_session::register_blocks() {
 void llama_opt_session::share_duplicate(size_t k, const llama_opt_kv_block * b) {
     const size_t  B     = ctx_->block_size();
     const size_t  start = k * B;
-    const int32_t below = k == 0 ? -1 : ctx_->kv_cell(seq_, start - 1);
-    const int32_t above = ctx_->kv_cell(seq_, start + B);
+    const int32_t below = k == 0 ? -1 : ctx_->memory().cell(seq_, start - 1);
+    const int32_t above = ctx_->memory().cell(seq_, start + B);
     count(&llama_opt_stats::canon_entries_total, 1);
     for (int32_t holder : b->holders) {
         if (holder == seq_) {
             continue;
         }
-        const int32_t first = ctx_->kv_cell(holder, start);
-        const int32_t last  = ctx_->kv_cell(holder, start + B - 1);
+        const int32_t first = ctx_->memory().cell(holder, start);
+        const int32_t last  = ctx_->memory().cell(holder, start + B - 1);
         if (first > below && last >= first && (above < 0 || last < above)) {
-            ctx_->kv_remove(seq_, (llama_pos) start, (llama_pos) (start + B));
-            ctx_->kv_share(holder, seq_, start, start + B);
+            ctx_->memory().remove(seq_, (llama_pos) start, (llama_pos) (start + B));
+            ctx_->memory().share(holder, seq_, start, start + B);
             count(&llama_opt_stats::canon_entries_deduped, 1);
             count(&llama_opt_stats::canon_bytes_saved, (uint64_t) B * ctx_->model().kv_bytes_per_token());
             return;
@@ -262,7 +262,7 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
     if (canonical) {
         // what is not canonical (generated tokens, the last rows of a chunk) is computed again
         forget(std::min(n_canonical_, reusable_prefix(end, *ctx_)));
-        if (ctx_->dedup()) {
+        if (ctx_->memory().dedup()) {
             adopt_shared_prefix();
         }
         restore_from_disk(end);
@@ -271,7 +271,7 @@ void llama_opt_session::prefill(uint64_t llama_opt_stats::* counter) {
         // canonical: the room is found before anything is computed (a chunk that failed for want of
         // it would throw the chunks before it away)
         if (ctx_->canonical() && !room_or_bottom(end)) {
-            throw ctx_->kv_full();
+            throw ctx_->memory().full_error();
         }
         if (h2o) {
             compute_h2o(end);
@@ -304,10 +304,10 @@ void llama_opt_session::reserve_output_room() {
         return;
     }
     const size_t end = std::min<size_t>(n + std::min<size_t>(output_budget_, OUTPUT_ROOM_RESERVED), ctx_->n_ctx());
-    if (end <= n || ctx_->kv_tile_above(seq_) || (room_or_bottom(end) && n_evaluated_ == n)) {
+    if (end <= n || ctx_->memory().tile_above(seq_) || (room_or_bottom(end) && n_evaluated_ == n)) {
         return;
     }
-    ctx_->kv_make_room(seq_, 0, n, /* evict_sessions */ true);  // without room for the answer: the history's (it had it)
+    ctx_->memory().make_room(seq_, 0, n, /* evict_sessions */ true);  // without room for the answer: the history's (it had it)
     compute(0, n, &llama_opt_stats::tokens_prefilled, /* evict_sessions */ true);
     n_evaluated_ = n;
     logits_for_  = n;
@@ -320,11 +320,11 @@ void llama_opt_session::reserve_output_room() {
 // below, the history is dropped (forget(0): computed again from the bottom by the caller, without
 // shared cells) and room for all of it made, letting idle sessions go if needed. False: none even then.
 bool llama_opt_session::room_or_bottom(size_t end) {
-    if (ctx_->kv_make_room(seq_, n_evaluated_, end, /* evict_sessions */ false)) {
+    if (ctx_->memory().make_room(seq_, n_evaluated_, end, /* evict_sessions */ false)) {
         return true;
     }
     forget(0);
-    return ctx_->kv_make_room(seq_, 0, end, /* evict_sessions */ true);
+    return ctx_->memory().make_room(seq_, 0, end, /* evict_sessions */ true);
 }
 
 // An answer that meets the top of the cache (longer than the room reserved before its first token, or
@@ -340,19 +340,19 @@ bool llama_opt_session::room_or_bottom(size_t end) {
 void llama_opt_session::move_answer_down() {
     const size_t n = tokens_.size();
     if (!ctx_->canonical() || approximate() || !generating_ || n_evaluated_ < output_begin_ ||
-        ctx_->kv_make_room(seq_, n_evaluated_, n, /* evict_sessions */ true)) {
+        ctx_->memory().make_room(seq_, n_evaluated_, n, /* evict_sessions */ true)) {
         return;
     }
     const size_t generated = n - output_begin_;
     const size_t left      = output_budget_ > generated ? output_budget_ - generated : 0;
     const size_t end       = std::min<size_t>(n + std::min(left, OUTPUT_ROOM_RESERVED), ctx_->n_ctx());
-    if (!ctx_->kv_room_after_drop(seq_, end)) {
+    if (!ctx_->memory().room_after_drop(seq_, end)) {
         return;
     }
     const size_t evaluated = n_evaluated_;
     forget(0);
-    if (!ctx_->kv_make_room(seq_, 0, end, /* evict_sessions */ true)) {
-        throw ctx_->kv_full();  // (checked above: not expected)
+    if (!ctx_->memory().make_room(seq_, 0, end, /* evict_sessions */ true)) {
+        throw ctx_->memory().full_error();  // (checked above: not expected)
     }
     // without logits: the last ones, which sampled the pending token, stay
     compute(0, output_begin_, &llama_opt_stats::tokens_prefilled, /* evict_sessions */ true, /* logits */ false);
@@ -557,7 +557,7 @@ void llama_opt_session::publish_output() {
 
 void llama_opt_session::drop_draft() {
     if (memo_.active()) {
-        ctx_->kv_remove(seq_, (llama_pos) n_evaluated_, -1);
+        ctx_->memory().remove(seq_, (llama_pos) n_evaluated_, -1);
     }
     memo_.clear();
 }
@@ -596,7 +596,7 @@ std::string llama_opt_session::invariant_violation() const {
     if (closed()) {
         return "";
     }
-    const size_t in_memory = ctx_->kv_end(seq_);
+    const size_t in_memory = ctx_->memory().end(seq_);
     std::string  what;
     if (in_memory != n_evaluated_ || n_canonical_ > n_evaluated_ || n_evaluated_ > tokens_.size()) {
         what = std::to_string(in_memory) + " positions in the KV memory";
@@ -604,7 +604,7 @@ std::string llama_opt_session::invariant_violation() const {
     // holes: the first position of every block (a lookup scans the cells: the last one of each
     // block too would double the cost for little)
     for (size_t pos = 0; what.empty() && pos < n_evaluated_; pos += ctx_->block_size()) {
-        const bool has_kv = ctx_->kv_cell(seq_, pos) >= 0;
+        const bool has_kv = ctx_->memory().cell(seq_, pos) >= 0;
         if (has_kv == in_hole(pos)) {  // a dropped position (Tier 2) must have none
             what = (has_kv ? "KV at dropped position " : "no KV at position ") + std::to_string(pos);
         }
@@ -734,7 +734,7 @@ std::vector<llama_opt_session::span_move> llama_opt_session::parking_order(std::
 bool llama_opt_session::sync_shifted(const std::vector<llama_token> & tokens, size_t keep,
                                      const std::vector<span_move> & moves) {
     drop_draft();  // its cells would take room the moves may need
-    const llama_opt_in_place in_place = ctx_->kv_prepare_in_place(seq_, keep, n_evaluated_, tokens.size());
+    const llama_opt_in_place in_place = ctx_->memory().prepare_in_place(seq_, keep, n_evaluated_, tokens.size());
     if (in_place != llama_opt_in_place::possible) {
         count(in_place == llama_opt_in_place::unsupported ? &llama_opt_stats::diff_shift_fallbacks_unsupported
               : in_place == llama_opt_in_place::shared    ? &llama_opt_stats::diff_shift_fallbacks_shared
@@ -742,8 +742,8 @@ bool llama_opt_session::sync_shifted(const std::vector<llama_token> & tokens, si
         return false;
     }
     for (const span_move & m : parking_order(moves)) {
-        if (!ctx_->kv_park(seq_, m.from, m.to, m.n)) {  // not expected once prepared: counted as no room
-            ctx_->kv_clear_parked();
+        if (!ctx_->memory().park(seq_, m.from, m.to, m.n)) {  // not expected once prepared: counted as no room
+            ctx_->memory().clear_parked();
             count(&llama_opt_stats::diff_shift_fallbacks_room, 1);
             return false;
         }
@@ -758,7 +758,7 @@ bool llama_opt_session::sync_shifted(const std::vector<llama_token> & tokens, si
     size_t              pos     = n_evaluated_;
     size_t              shifted = 0;
     for (const span_move & m : moves) {  // in position order
-        ctx_->kv_unpark(seq_, m.to, m.to + m.n);
+        ctx_->memory().unpark(seq_, m.to, m.to + m.n);
         for (; pos < m.to; ++pos) {
             positions.push_back(pos);
         }
@@ -773,20 +773,20 @@ bool llama_opt_session::sync_shifted(const std::vector<llama_token> & tokens, si
         n_evaluated_ = tokens_.size();
         count(&llama_opt_stats::diff_tokens_shifted, shifted);
     } catch (const llama_opt_error & e) {
-        ctx_->kv_clear_parked();
-        n_evaluated_ = ctx_->kv_truncate(seq_, n_evaluated_);  // the spans joined above it
+        ctx_->memory().clear_parked();
+        n_evaluated_ = ctx_->memory().truncate(seq_, n_evaluated_);  // the spans joined above it
         tokens_.resize(n_evaluated_);  // the history whose KV exists
         if (e.code != llama_opt_errc::context_overflow) {
             throw;
         }
-        // not expected (kv_prepare_in_place found the room): exact mode's work, which can relocate
+        // not expected (the memory's prepare_in_place found the room): exact mode's work, which can relocate
         count(&llama_opt_stats::diff_shift_fallbacks_room, 1);
         forget(std::min(n_evaluated_, keep));
         tokens_ = tokens;
         prefill_or_cut_back(npos);
         return true;
     }
-    ctx_->kv_clear_parked();
+    ctx_->memory().clear_parked();
     return true;
 }
 
@@ -802,7 +802,7 @@ std::vector<uint64_t> llama_opt_session::persist_chain(size_t n_blocks) const {
 size_t llama_opt_session::save() {
     lock_t lock(ctx_->mutex());
     check_open();
-    if (!ctx_->persist()) {
+    if (!ctx_->memory().persist()) {
         throw llama_opt_error(llama_opt_errc::invalid_argument,
             "the persistent KV cache is off: create the Context with OptConfig(persist_enabled=True) "
             "(or LLAMA_OPT_PERSIST_ENABLED=1)", "persist_enabled");
@@ -819,8 +819,8 @@ void llama_opt_session::save_quietly() {
 }
 
 size_t llama_opt_session::save_blocks() {
-    llama_opt_persist_store *        store  = ctx_->persist();
-    const llama_opt_persist_layout & layout = ctx_->persist_layout();
+    llama_opt_persist_store *        store  = ctx_->memory().persist();
+    const llama_opt_persist_layout & layout = ctx_->memory().persist_layout();
     const uint32_t B        = ctx_->block_size();
     const size_t   n_blocks = n_canonical_ / B;  // exact KV only (approximate KV starts later)
     if (n_blocks == 0) {
@@ -835,7 +835,7 @@ size_t llama_opt_session::save_blocks() {
     }
     std::vector<uint8_t> rows(n * layout.bytes_per_token);
     std::string why;
-    if (!ctx_->kv_read(seq_, 0, n, rows.data())) {
+    if (!ctx_->memory().read(seq_, 0, n, rows.data())) {
         why = "the KV of the history is not all in the cache";
     } else if (store->save(layout, std::vector<llama_token>(tokens_.begin(), tokens_.begin() + n), chain, rows.data(), why,
                            (uint64_t) ctx_->settings().config.persist_max_mb << 20)) {
@@ -851,11 +851,11 @@ size_t llama_opt_session::save_blocks() {
 // this history than the session has are read back into its cells, bit for bit (the canonical
 // schedule makes them equal to computing them here).
 void llama_opt_session::restore_from_disk(size_t end) {
-    llama_opt_persist_store * store = ctx_->persist();
+    llama_opt_persist_store * store = ctx_->memory().persist();
     if (!store) {
         return;
     }
-    const llama_opt_persist_layout & layout = ctx_->persist_layout();
+    const llama_opt_persist_layout & layout = ctx_->memory().persist_layout();
     const uint32_t B    = ctx_->block_size();
     const size_t   want = reusable_prefix(end, *ctx_) / B;  // the last chunk is computed here
     const size_t   own  = n_canonical_ / B;
@@ -880,7 +880,7 @@ void llama_opt_session::restore_from_disk(size_t end) {
         std::string why;
         llama_opt_persist_miss miss;
         const uint32_t got = store->load(m.entry, (uint32_t) k, last, rows.data(), why, miss);
-        if (!ctx_->kv_write(seq_, k * B, (k + got) * B, rows.data())) {
+        if (!ctx_->memory().write(seq_, k * B, (k + got) * B, rows.data())) {
             break;  // no room: the rest is computed (and may relocate)
         }
         k += got;
@@ -909,14 +909,14 @@ std::shared_ptr<llama_opt_session> llama_opt_session::fork() {
     // the fork's own to compute; otherwise share everything computed so far
     const size_t shared = ctx_->canonical() ? n_canonical_ / ctx_->block_size() * ctx_->block_size() : n_evaluated_;
     if (shared > 0) {
-        ctx_->kv_share(seq_, other->seq_, 0, shared);
+        ctx_->memory().share(seq_, other->seq_, 0, shared);
     }
     other->n_evaluated_ = shared;
     other->n_canonical_ = ctx_->canonical() ? shared : 0;
     other->chain_.assign(chain_.begin(), chain_.begin() + std::min(chain_.size(), shared / ctx_->block_size()));
-    if (llama_opt_block_pool * pool = ctx_->pool()) {
-        for (uint64_t id : ctx_->held_blocks(seq_)) {
-            ctx_->hold_block(other->seq_, pool->find(id));
+    if (llama_opt_block_pool * pool = ctx_->memory().pool()) {
+        for (uint64_t id : ctx_->memory().held_blocks(seq_)) {
+            ctx_->memory().hold_block(other->seq_, pool->find(id));
         }
     }
     copy_tier2_to(*other);

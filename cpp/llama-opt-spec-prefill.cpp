@@ -1,5 +1,6 @@
 #include "llama-opt-spec-prefill.h"
 
+#include "llama-opt-context.h"
 #include "llama-opt-log.h"
 #include "llama.h"
 
@@ -79,4 +80,32 @@ std::vector<float> llama_opt_spec_draft::importance(const llama_token * tokens, 
         return {};
     }
     return llama_opt_spec_importance(capture_->shape(), layers, n, window, last_layers, pool);
+}
+
+std::vector<float> llama_opt_spec_score_span(llama_opt_context & ctx, int32_t seq, const llama_token * tokens,
+                                             size_t begin, size_t end, uint32_t n_layers, uint32_t window,
+                                             uint32_t last_layers, uint32_t pool, bool evict_sessions,
+                                             llama_opt_work & work) {
+    ctx.check_open();
+    llama_opt_attn_capture * capture = ctx.attn_capture();
+    if (!capture) {
+        throw llama_opt_error(llama_opt_errc::invalid_argument,
+            "speculative prefill with the model's own layers needs a context made with spec_prefill_enabled (the "
+            "model's queries and keys are observed through the eval callback, set when the context is made)",
+            "spec_prefill_enabled");
+    }
+    capture->arm_scorer(n_layers, (llama_pos) begin, end - begin, window);
+    try {
+        ctx.compute_span(seq, tokens, begin, end, nullptr, evict_sessions, work);
+    } catch (...) {
+        capture->disarm_scorer();
+        throw;
+    }
+    capture->disarm_scorer();
+    ctx.memory().remove(seq, (llama_pos) begin, -1);  // their KV stops at the scorer's layers
+    const std::vector<llama_opt_spec_layer> layers = capture->scorer_layers();
+    if (layers.empty()) {
+        return {};
+    }
+    return llama_opt_spec_importance(capture->shape(), layers, end - begin, window, last_layers, pool);
 }

@@ -1,10 +1,10 @@
 #pragma once
 
-// llama-opt-spec-prefill: speculative prefill's draft scorer (specification 001, Tier 2). A
-// separate, smaller model with the target's vocabulary computes the whole prompt; the last
-// token's queries of its layers against all the prompt's keys (llama-opt-attn-capture's scorer
-// mode, llama-opt-attn's arithmetic) say which tokens the target computes. The other scorer, the
-// target's own first layers, is llama_opt_context::score_span.
+// llama-opt-spec-prefill: speculative prefill's scorers (specification 001, Tier 2): which tokens
+// of a prompt the target computes, said by the last token's queries of some layers against all
+// the prompt's keys (llama-opt-attn-capture's scorer mode, llama-opt-attn's arithmetic). Either a
+// draft (llama_opt_spec_draft: a separate, smaller model with the target's vocabulary computes the
+// whole prompt) or the target's own first layers (llama_opt_spec_score_span, on the context).
 
 #include "llama-opt-attn-capture.h"
 #include "llama-opt-model.h"
@@ -15,6 +15,8 @@
 #include <vector>
 
 struct llama_context;
+class llama_opt_context;
+struct llama_opt_work;
 
 class llama_opt_spec_draft {
 public:
@@ -40,3 +42,13 @@ private:
     std::unique_ptr<llama_opt_attn_capture> capture_;
     uint32_t                                n_batch_;
 };
+
+// 001's importance of tokens[begin, end) scored by the target's first `n_layers` layers on `seq`
+// of `ctx` (on top of its KV of [0, begin), which must end there): the span is computed up to
+// those layers (llama_opt_context::compute_span, evicting as it says, with the capture armed as a
+// scorer), and its cells removed again. Empty if the scorer saw no query (a model whose tensors it
+// does not know). A context made without the capture (spec_prefill_enabled): invalid_argument.
+std::vector<float> llama_opt_spec_score_span(llama_opt_context & ctx, int32_t seq, const llama_token * tokens,
+                                             size_t begin, size_t end, uint32_t n_layers, uint32_t window,
+                                             uint32_t last_layers, uint32_t pool, bool evict_sessions,
+                                             llama_opt_work & work);

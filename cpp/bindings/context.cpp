@@ -5,6 +5,14 @@
 #include "llama-opt-context.h"
 #include "llama-opt-session.h"
 
+// A read of the context's KV memory, under the context's lock.
+template <typename R> static auto memory_read(R (llama_opt_kv_memory::*read)() const) {
+    return [read](const llama_opt_context & self) {
+        std::lock_guard<std::recursive_mutex> lock(self.mutex());
+        return (self.memory().*read)();
+    };
+}
+
 void register_context(py::module_ & m) {
     py::class_<llama_opt_context, std::shared_ptr<llama_opt_context>>(m, "Context", "A llama context with sessions (see pyllamaopt.Context).")
         .def(py::init([](std::shared_ptr<llama_opt_model> model, const llama_opt_settings & settings, uint32_t n_ctx,
@@ -36,19 +44,20 @@ void register_context(py::module_ & m) {
         .def("close", &llama_opt_context::close, py::call_guard<py::gil_scoped_release>())
         .def("stats", &llama_opt_context::stats)
         .def("reset_stats", &llama_opt_context::reset_stats)
-        .def("_set_test_hash_mask", &llama_opt_context::set_test_hash_mask, py::arg("mask"),
+        .def("_set_test_hash_mask", [](llama_opt_context & self, uint64_t mask) { self.memory().set_test_hash_mask(mask); },
+             py::arg("mask"),
              "Test hook: keep only these bits of block hashes, forcing collisions.")
-        .def("_set_swa_view", &llama_opt_context::set_swa_view, py::arg("on"),
+        .def("_set_swa_view", [](llama_opt_context & self, bool on) { self.memory().set_swa_view(on); }, py::arg("on"),
              "Test hook: sliding-window layers attend over the window's cells (True, the default of a canonical "
              "context) or over the whole cache (False, llama.cpp's way); the results are the same bits.")
         .def("_test_kv_remove", [](llama_opt_context & self, int32_t seq, llama_pos p0, llama_pos p1) {
                  std::lock_guard<std::recursive_mutex> lock(self.mutex());
-                 self.kv_remove(seq, p0, p1);
+                 self.memory().remove(seq, p0, p1);
              }, py::arg("seq"), py::arg("p0"), py::arg("p1"),
              "Test hook: remove a sequence's KV behind its session's back (an invariant violation).")
         .def("_test_kv_cell", [](llama_opt_context & self, int32_t seq, size_t pos) {
                  std::lock_guard<std::recursive_mutex> lock(self.mutex());
-                 return self.kv_cell(seq, pos);
+                 return self.memory().cell(seq, pos);
              }, py::arg("seq"), py::arg("pos"), "Test hook: the KV cell holding a position of a sequence, -1 if none.")
         .def("op_profile", [](const llama_opt_context & self) {
                  py::list out;
@@ -83,16 +92,17 @@ void register_context(py::module_ & m) {
              })
         .def_property_readonly("pool_blocks", [](llama_opt_context & self) {
                  std::lock_guard<std::recursive_mutex> lock(self.mutex());
-                 return self.pool() ? self.pool()->size() : 0u;
+                 return self.memory().pool() ? self.memory().pool()->size() : 0u;
              }, "Blocks in the dedup pool (0 without dedup).")
         .def_property_readonly("closed", &llama_opt_context::closed)
         .def_property_readonly("n_ctx", &llama_opt_context::n_ctx)
-        .def_property_readonly("n_sessions", &llama_opt_context::n_sessions)
-        .def_property_readonly("n_cached", &llama_opt_context::n_cached)
-        .def_property_readonly("kv_cells_used", &llama_opt_context::kv_cells_used)
+        .def_property_readonly("n_sessions", memory_read(&llama_opt_kv_memory::n_sessions))
+        .def_property_readonly("n_cached", memory_read(&llama_opt_kv_memory::n_cached))
+        .def_property_readonly("kv_cells_used", memory_read(&llama_opt_kv_memory::cells_used))
         .def_property_readonly("block_size", &llama_opt_context::block_size)
         .def_property_readonly("min_chunk", &llama_opt_context::min_chunk)
         .def_property_readonly("canonical", &llama_opt_context::canonical)
         .def_property_readonly("settings", &llama_opt_context::settings)
-        .def_property_readonly("persist", &llama_opt_context::persist, py::return_value_policy::reference_internal);
+        .def_property_readonly("persist", [](const llama_opt_context & self) { return self.memory().persist(); },
+                               py::return_value_policy::reference_internal);
 }
