@@ -12,6 +12,10 @@
 //   attn_prune   attention-sink pruning: cold blocks, scores
 //   attn_drop    drop_span, sparse attention over marked tool results
 //   decode       generation: sampling, memo drafts, batched steps
+//
+// (and counters, its statistics; approx settings, set_tier2's). Each part holds references to
+// those it needs, in this order, none to a later one; the history tells attention pruning of a
+// cut (follow_cuts), the only call upwards.
 
 #include "llama-opt-session-attn-drop.h"
 #include "llama-opt-session-decode.h"
