@@ -1,42 +1,32 @@
 #pragma once
 
 // llama-opt-session: one sequence of a context. An append-only token history (the tokens are
-// the contract), the logits after its last token, and sampling.
+// the contract), the logits after its last token, and sampling. The public API: each call takes
+// the context's lock and hands the work to the session's parts, which it owns and wires:
 //
-// KV bookkeeping: tokens_[0, n_evaluated_) have KV in the cache; in canonical mode
-// tokens_[0, n_canonical_) form complete blocks computed by the canonical schedule (or shared
-// from a sequence that computed them so). The partial last block and generated tokens (decoded
-// one at a time, a different kernel path) are recomputed before the history grows past them.
+//   history      tokens, the account of their KV, logits, a memo draft's cells (the invariant)
+//   reuse        the block pool, canonical sharing and the disk tier
+//   room         where the KV goes: relocation before a prompt, before and during an answer
+//   prefill      how new tokens get KV: canonical chunks, H2O, speculative prefill
+//   sync         a new full token list: the common prefix kept, Tier-2 shifted spans
+//   attn_prune   attention-sink pruning: cold blocks, scores
+//   attn_drop    drop_span, sparse attention over marked tool results
+//   decode       generation: sampling, memo drafts, batched steps
+//
+// (and counters, its statistics; approx settings, set_tier2's). Each part holds references to
+// those it needs, in this order, none to a later one; the history tells attention pruning of a
+// cut (follow_cuts), the only call upwards.
 
-#include "llama-memo.h"
-#include "llama-opt-attn.h"
-#include "llama-opt-context.h"
-#include "llama-opt-sampler.h"
+#include "llama-opt-session-attn-drop.h"
+#include "llama-opt-session-decode.h"
 #include "llama-opt.h"
 #include "llama.h"
 
 #include <atomic>
-#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
-
-// What appended tokens are, for the Tier-2 methods that drop KV from attention: the system
-// prompt is never pruned (attn_prune), tool results are scored against the next query and their
-// irrelevant spans dropped (sparse_attn).
-enum class llama_opt_span_kind { text, system, tool };
-
-// Tier 2: what a turn's attention scores were (attention_probe), for tests against a reference.
-struct llama_opt_attn_probe {
-    llama_opt_attn_shape   shape;
-    std::vector<int32_t>   layers;     // the scored layers
-    std::vector<llama_pos> q_pos;      // positions of the queries
-    std::vector<float>     q;          // layers × queries × n_head × head_dim (before the attention scale)
-    std::vector<llama_pos> k_pos;      // positions with KV
-    std::vector<float>     k;          // layers × keys × n_head_kv × head_dim
-    std::vector<float>     scores;     // by key: mean over layers of the max over heads, mean over queries
-};
 
 // One generation step: the new token and what the caller needs to know of it, in one call.
 struct llama_opt_step {
@@ -48,7 +38,7 @@ struct llama_opt_step {
 
 class llama_opt_session : public llama_opt_seq_owner {
 public:
-    static constexpr size_t npos = (size_t) -1;
+    static constexpr size_t npos = llama_opt_session_history::npos;
 
     // A new, empty session on a sequence of `ctx`. Throws llama_opt_error(context_overflow)
     // when every sequence is taken by an open session.
@@ -63,7 +53,7 @@ public:
     // Adds tokens to the history and computes their KV. On error (bad token, context
     // overflow, decode failure) the history is unchanged.
     void append(const std::vector<llama_token> & tokens);
-    // append(), and then the Tier-2 methods that are on (llama-opt-session-tier2.cpp): sparse
+    // append(), and then the Tier-2 methods that are on (llama-opt-session-attn-drop): sparse
     // attention drops the irrelevant spans of earlier tool results before a query is computed;
     // attention-sink pruning scores the turn's attention and prunes or restores blocks.
     void append(const std::vector<llama_token> & tokens, llama_opt_span_kind kind);
@@ -149,12 +139,12 @@ public:
     void set_pinned(bool pinned) { pinned_ = pinned; }
 
     std::vector<llama_token>         tokens() const;  // a copy, taken under the context's lock
-    size_t                           n_evaluated() const { return n_evaluated_; }
-    size_t                           n_canonical() const { return n_canonical_; }
+    size_t                           n_evaluated() const { return history_.n_evaluated(); }
+    size_t                           n_canonical() const { return history_.n_canonical(); }
     // Tier 2: KV of positions >= approx_from() was reused shifted after an edit; npos if none.
-    size_t                           approx_from() const { return approx_from_; }
-    size_t                           room() const;  // tokens that still fit the context
-    int32_t                          seq() const { return seq_; }
+    size_t                           approx_from() const { return history_.approx_from(); }
+    size_t                           room() const { return history_.room(); }  // tokens that still fit the context
+    int32_t                          seq() const { return history_.seq(); }
     // The specification's INV-1 (003 §2.8), checked against the KV memory itself: the session's
     // account of its KV (positions [0, n_evaluated) computed, within the history) is what the
     // memory holds: its last position, and the first of each block. Empty if it holds (or the
@@ -163,107 +153,27 @@ public:
     // Logits after the last token of the history (computed if needed; empty if no history),
     // a copy. A pending sampled token is computed as the next generation step would.
     std::vector<float>               logits();
-    const llama_opt_stats &          stats() const { return stats_; }
+    const llama_opt_stats &          stats() const { return counters_.stats(); }
 
 private:
-    void on_evicted() override;          // the context took our KV
+    void on_evicted() override;     // the context took our KV
     void on_kv_leaving() override;  // saves to the disk tier, never throws
-    bool in_use() const override { return generating_ || pinned_; }
+    bool in_use() const override { return decode_.generating() || pinned_; }
 
     void check_open() const;
-    void count(uint64_t llama_opt_stats::* counter, uint64_t n);  // ours and the context's statistics
-    void count_work(uint64_t llama_opt_stats::* counter, const llama_opt_work & work);
-    // Computes tokens_[begin, end) (llama_opt_context::compute_span) with the logits of the last
-    // token if `logits`, and counts the work.
-    void compute(size_t begin, size_t end, uint64_t llama_opt_stats::* counter, bool evict_sessions, bool logits = true);
-    // Tier 2: computes tokens_[p] for each of `positions` (llama_opt_context::compute_positions)
-    // with the logits of the last, and counts the work.
-    void compute_at(const std::vector<size_t> & positions, uint64_t llama_opt_stats::* counter, bool evict_sessions);
-    // prefill(), and on failure cuts the history back to `keep` tokens (at most the tokens
-    // whose KV exists) before rethrowing.
-    void prefill_or_cut_back(size_t keep);
-    void check_fits(size_t n_tokens) const;
-
-    void prefill(uint64_t llama_opt_stats::* counter);  // computes tokens_[n_evaluated_, end)
-    void reserve_output_room();  // before a turn's first token: room for its output above the history
-    void move_answer_down();     // mid-answer, the history at the cache's top: it and the answer computed lower
-    bool room_or_bottom(size_t end);  // room to grow to `end`, else the history dropped to compute from the bottom
-    void ensure_logits(uint64_t llama_opt_stats::* counter);
-    void decode_pending_step();            // pending generated tokens, as one-token decodes
-    llama_opt_memo_draft find_draft() const;  // memo: a draft for the next step (none if memo is off)
-    bool check_draft();                    // memo: the pending step and a draft in one batch; false: no draft
-    // prefetch_steps: the rows of the next step if it is a decode step (the pending token, then
-    // the memo's draft if there is one), appended to `rows`; false if the step is something else
-    bool step_rows(std::vector<llama_opt_row> & rows, llama_opt_memo_draft & draft) const;
-    // prefetch_steps: that step computed in a shared batch: its rows' logits, its share of the time
-    void take_rows(const float * logits, llama_opt_memo_draft draft, uint64_t us);
-    void take_checked(llama_token token);  // memo: a token joined the history: confirm it as drafted, or drop the draft
-    void drop_draft();                     // memo: frees the KV of drafted tokens not confirmed
-    void publish_output();                 // memo: the turn's output joins the context's recent outputs (memo_shared)
-    llama_token take_inferred(llama_token token);  // a token the grammar decided
-    void forget(size_t pos);               // drops the KV of positions >= pos
-    void adopt_shared_prefix();            // dedup: take a longer canonical prefix another sequence holds
-    void register_blocks();                // dedup: put new complete blocks into the pool
-    void share_duplicate(size_t k, const llama_opt_kv_block * b);  // canon: store block k once
-    // Tier 2 sync: the KV of positions [from, from + n) is reused at [to, to + n)
-    struct span_move { size_t from, to, n; };
-    std::vector<span_move> plan_shifted(const std::vector<llama_token> & tokens, size_t keep) const;
-    static std::vector<span_move> parking_order(std::vector<span_move> moves);
-    // false, with nothing computed and the reason counted, if the plan cannot work (then sync does
-    // exact mode's work)
-    bool sync_shifted(const std::vector<llama_token> & tokens, size_t keep, const std::vector<span_move> & moves);
-    size_t save_blocks();                  // save() without the checks
-    void   save_quietly();                 // on close: never throws, failures are counted
-    void   restore_from_disk(size_t end);  // persist: take a longer canonical prefix from disk
-    std::vector<uint64_t> persist_chain(size_t n_blocks) const;  // unmasked chained hashes
-    bool approximate() const { return approx_from_ != npos; }
-    // Tier 2 (llama-opt-session-tier2.cpp)
-    const llama_opt_config & tier2() const;       // set_tier2's, or the context's
-    void copy_tier2_to(llama_opt_session & fork) const;  // what a fork keeps: settings, tool spans, system end
-    void drop_cells(size_t p0, size_t p1);         // a hole; approximate from p0
-    void forget_holes(size_t pos);                 // the history is cut at pos
-    bool in_hole(size_t pos) const;
-    void drop_irrelevant_tool_spans(const std::vector<llama_token> & query);  // sparse_attn
-    // H2O (docs/h2o.md): a prompt of more than h2o_chunk_size tokens into a session without KV
-    bool uses_h2o(size_t end) const;
-    void compute_h2o(size_t end);                  // tokens_[0, end) by H2O chunks, counted
-    // append(tokens, kind); with score_tools false a text append leaves the tool results not yet
-    // scored for a later one (the text between two tool results of one sync)
-    void append_marked(const std::vector<llama_token> & tokens, llama_opt_span_kind kind, bool score_tools);
-    void prune_turn(size_t turn_begin);            // attn_prune, after a turn's tokens are computed
-    // spec_prefill: computes only the tokens of [n_evaluated_, end) its scorer keeps (the rest are
-    // holes); false, with nothing computed, when the prompt is computed whole (off, too short,
-    // everything kept, or no scores)
-    bool spec_prefill(size_t end, uint64_t llama_opt_stats::* counter);
-    bool restore_block(size_t block);              // attn_prune: a cold block back into the KV
-    std::vector<std::pair<size_t, size_t>> live_ranges() const;  // [0, n_evaluated_) less the holes
 
     std::shared_ptr<llama_opt_context> ctx_;
-    int32_t                            seq_ = -1;
-    bool                               closed_      = false;
-    bool                               evicted_     = false;
-    std::vector<llama_token>           tokens_;           // history
-    size_t                             n_evaluated_ = 0;  // tokens_[0, n_evaluated_) have KV
-    size_t                             n_canonical_ = 0;  // tokens with canonical (reusable) KV
-    size_t                             approx_from_ = npos;  // see approx_from()
-    std::vector<uint64_t>              chain_;            // chained hashes of the canonical blocks
-                                                          // (the context holds their pool ids: held_blocks)
-    std::vector<float>                 logits_;
-    size_t                             logits_for_  = 0;  // logits_ follow token logits_for_ - 1
-    llama_opt_sampler                  sampler_;
-    llama_opt_memo_check               memo_;             // a draft being checked: its cells lie beyond n_evaluated_
-    bool                               generating_ = false;  // a turn's generation is on: drafts pay off only then
-    std::atomic<bool>                  pinned_{ false };     // set_pinned (read by evictions on any thread)
-    size_t                             output_begin_ = 0;     // where the turn's generated tokens begin in tokens_
-    uint32_t                           output_budget_ = 0;    // set_grammar's max_tokens: the most this turn generates
-    llama_opt_stats                    stats_;
-    llama_opt_stats                    turn_start_;
-    // Tier 2: positions without KV (sorted, disjoint), the KV rows of pruned blocks (by block),
-    // the pruner's statistics, the end of the system prompt, tool results not yet scored
-    std::unique_ptr<llama_opt_config>        tier2_;  // null: the context's
-    std::vector<std::pair<size_t, size_t>>   holes_;
-    std::map<size_t, std::vector<uint8_t>>   cold_;
-    llama_opt_attn_pruner                    pruner_{ 0.001f, 10 };
-    size_t                                   system_end_ = 0;
-    std::vector<std::pair<size_t, size_t>>   tool_spans_;
+    bool                               closed_  = false;
+    bool                               evicted_ = false;
+    std::atomic<bool>                  pinned_{ false };  // set_pinned (read by evictions on any thread)
+    llama_opt_session_counters         counters_;
+    llama_opt_approx_settings          approx_;
+    llama_opt_session_history          history_;
+    llama_opt_session_reuse            reuse_;
+    llama_opt_session_room             room_;
+    llama_opt_session_prefill          prefill_;
+    llama_opt_session_sync             sync_;
+    llama_opt_session_attn_prune       attn_prune_;
+    llama_opt_session_attn_drop        attn_drop_;
+    llama_opt_session_decode           decode_;
 };
