@@ -6,7 +6,7 @@
 For each workload (a prefill of N tokens of the agent trace on the canonical schedule, in
 n_batch-token ubatches; decode steps after a prefill) the context is made with
 ``profile="time"``: llama.cpp's eval callback computes every node of the graph alone and times
-it (llama-opt-op-profile.h). With --threads 1 (the default) the table is CPU time of the thread
+it (engine/op-profile.h). With --threads 1 (the default) the table is CPU time of the thread
 that computes every node, which a loaded machine's preemptions do not inflate; with more
 threads, wall time. The table groups nodes: matmuls by weight, attention, RoPE, norms,
 softmax, adds, the output layer, ... A node computed alone costs one thread-pool round trip;

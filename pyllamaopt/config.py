@@ -1,7 +1,7 @@
 """OptConfig: the optimization layer's configuration and where each value came from.
 
 Values are resolved in order: compile-time default -> ``LLAMA_OPT_*`` environment -> explicit
-arguments. Parsing and validation happen in the engine (cpp/llama-opt-config.cpp), so the CLI, the
+arguments. Parsing and validation happen in the engine (cpp/base/config.cpp), so the CLI, the
 library and the C++ tests agree on what is valid.
 """
 from __future__ import annotations

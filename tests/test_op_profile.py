@@ -1,4 +1,4 @@
-"""The operation profile (cpp/llama-opt-op-profile.h, Context(profile=...)): a diagnostic that sees
+"""The operation profile (cpp/engine/op-profile.h, Context(profile=...)): a diagnostic that sees
 every node of ggml's graph through the eval callback, times it or examines its output, and
 changes no bit of what the model computes."""
 from __future__ import annotations

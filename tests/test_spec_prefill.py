@@ -26,7 +26,7 @@ def spec_context(model, **config):
 
 
 # ---------------------------------------------------------------------------------------------
-# the host-side scoring (llama-opt-attn)
+# the host-side scoring (methods/attn-score)
 
 
 def numpy_importance(q, k, n_head, n_head_kv, head_dim, scale, last_layers=0, pool=1, window=1):

@@ -1,4 +1,4 @@
-"""Grammar-constrained generation on the tiny models (llama-opt-grammar): the fast masking path
+"""Grammar-constrained generation on the tiny models (methods/grammar): the fast masking path
 picks exactly what masking the whole vocabulary picks; tokens the grammar forces are taken
 without logits and the output is token for token the one computed without skipping; bad
 grammars fail before generating; dead ends and truncation are reported."""

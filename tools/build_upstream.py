@@ -42,7 +42,7 @@ def build(targets: tuple[str, ...] = TARGETS, cmake_args: list[str] | None = Non
                         f"-DCMAKE_RUNTIME_OUTPUT_DIRECTORY={bin_dir}", *cmake_args],
                        check=True, stdout=subprocess.DEVNULL)
     # always: up to date it does nothing, and a target built from our files (opt-numerics.cpp and
-    # cpp/llama-opt.h) is rebuilt when they change
+    # cpp/base/numerics.h) is rebuilt when they change
     subprocess.run(["cmake", "--build", str(build_dir), "--parallel", str(os.cpu_count() or 2),
                     "--target", *targets], check=True, stdout=subprocess.DEVNULL)
     return bin_dir

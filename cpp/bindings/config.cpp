@@ -2,7 +2,7 @@
 
 #include "bindings.h"
 
-#include "llama-opt.h"
+#include "base/config.h"
 
 #include <pybind11/stl.h>
 

@@ -2,8 +2,8 @@
 
 #include "bindings.h"
 
-#include "llama-opt-context.h"
-#include "llama-opt-session.h"
+#include "engine/context.h"
+#include "session/session.h"
 
 // A read of the context's KV memory, under the context's lock.
 template <typename R> static auto memory_read(R (llama_opt_kv_memory::*read)() const) {

@@ -2,7 +2,7 @@
 
 #include "bindings.h"
 
-#include "llama-kv-cache-diff.h"
+#include "kv/history-diff.h"
 
 #include <pybind11/stl.h>
 

@@ -2,7 +2,7 @@
 
 #include "bindings.h"
 
-#include "llama-opt.h"
+#include "base/types.h"
 
 #include <pybind11/gil_safe_call_once.h>
 

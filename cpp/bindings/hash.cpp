@@ -2,7 +2,7 @@
 
 #include "bindings.h"
 
-#include "llama-context-hash.h"
+#include "kv/block-hash.h"
 
 #include <pybind11/stl.h>
 

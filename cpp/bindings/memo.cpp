@@ -2,7 +2,7 @@
 
 #include "bindings.h"
 
-#include "llama-memo.h"
+#include "methods/memo.h"
 
 #include <chrono>
 #include <pybind11/stl.h>

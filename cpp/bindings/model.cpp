@@ -2,7 +2,7 @@
 
 #include "bindings.h"
 
-#include "llama-opt-model.h"
+#include "engine/model.h"
 
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>

@@ -2,8 +2,8 @@
 
 #include "bindings.h"
 
-#include "llama-opt-log.h"
-#include "llama-opt-model.h"
+#include "engine/log.h"
+#include "engine/model.h"
 #include "llama.h"
 
 #ifndef PYLLAMAOPT_VERSION

@@ -2,8 +2,8 @@
 
 #include "bindings.h"
 
-#include "llama-kv-cache-persist-dir.h"
-#include "llama-kv-cache-persist-store.h"
+#include "kv/disk-dir.h"
+#include "kv/disk-store.h"
 
 #include <pybind11/stl.h>
 

@@ -2,7 +2,7 @@
 
 #include "bindings.h"
 
-#include "llama-opt-session.h"
+#include "session/session.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>

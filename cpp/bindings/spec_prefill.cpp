@@ -1,9 +1,9 @@
-// Speculative prefill's host-side scoring (llama-opt-attn, specification 001) as functions, so
+// Speculative prefill's host-side scoring (methods/attn-score, specification 001) as functions, so
 // that tests can hold it against a NumPy reference on any input.
 
 #include "bindings.h"
 
-#include "llama-opt-attn.h"
+#include "methods/attn-score.h"
 
 #include <pybind11/stl.h>
 

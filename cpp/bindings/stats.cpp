@@ -2,7 +2,7 @@
 
 #include "bindings.h"
 
-#include "llama-opt.h"
+#include "base/stats.h"
 
 void register_stats(py::module_ & m) {
     py::class_<llama_opt_stats> cls(m, "Stats", R"doc(

@@ -1,4 +1,4 @@
-// Micro-benchmarks of llama-h2o (specification 004's three, plus the costs docs/h2o.md weighs):
+// Micro-benchmarks of methods/h2o (specification 004's three, plus the costs docs/h2o.md weighs):
 //
 //   bench-h2o [repeats]      (built with the C++ units: cmake -S tests/cpp -B build-tests && cmake --build build-tests)
 //
@@ -7,11 +7,11 @@
 // 3. one score update of a layer's memory set (target < 10 us);
 // and what the design note compares: a random score lookup, the column sums of one chunk's
 // materialized attention weights, and scoring one chunk on the host from Q and K
-// (llama_opt_attn_accumulate, as cpp/llama-opt-attn does) instead of in the graph.
+// (llama_opt_attn_accumulate, as cpp/methods/attn-score does) instead of in the graph.
 // Medians of `repeats` runs; a program, not a test: the machine's load moves these numbers.
 
-#include "llama-h2o.h"
-#include "llama-opt-attn.h"
+#include "methods/h2o.h"
+#include "methods/attn-score.h"
 
 #include <algorithm>
 #include <chrono>

@@ -13,8 +13,8 @@
 // CTest runs a small seeded run; tools/fuzz.sh runs the million cases.
 
 #include "check.h"
-#include "llama-context-hash.h"
-#include "llama-kv-cache-diff.h"
+#include "kv/block-hash.h"
+#include "kv/history-diff.h"
 
 #include <algorithm>
 #include <chrono>

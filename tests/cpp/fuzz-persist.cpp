@@ -17,9 +17,9 @@
 // CTest runs a small seeded run; tools/fuzz.sh runs 10^5 cases.
 
 #include "check.h"
-#include "llama-context-hash.h"
-#include "llama-kv-cache-persist-store.h"
-#include "llama-opt-checksum.h"
+#include "kv/block-hash.h"
+#include "kv/disk-store.h"
+#include "base/checksum.h"
 
 #include <algorithm>
 #include <chrono>

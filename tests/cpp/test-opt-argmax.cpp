@@ -3,7 +3,7 @@
 // later equal maximum.
 
 #include "check.h"
-#include "llama-opt-argmax.h"
+#include "base/argmax.h"
 
 #include <algorithm>
 #include <random>

@@ -1,8 +1,8 @@
-// llama-opt-attn: host-side attention scores (001), the pruner's block statistics (000 §4.1)
+// methods/attn-score: host-side attention scores (001), the pruner's block statistics (000 §4.1)
 // and the tool-result relevance scorer (000 §4.2).
 
 #include "check.h"
-#include "llama-opt-attn.h"
+#include "methods/attn-score.h"
 
 #include <cmath>
 #include <vector>

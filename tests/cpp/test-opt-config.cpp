@@ -2,7 +2,9 @@
 // malformed values and typo detection.
 
 #include "check.h"
-#include "llama-opt.h"
+#include "base/config.h"
+#include "base/stats.h"
+#include "base/types.h"
 
 #include <map>
 #include <string>

@@ -2,7 +2,7 @@
 // token values), incremental == one-shot, segmentation and chained hashes.
 
 #include "check.h"
-#include "llama-context-hash.h"
+#include "kv/block-hash.h"
 
 #include <random>
 #include <vector>

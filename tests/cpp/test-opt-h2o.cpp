@@ -1,8 +1,8 @@
-// llama-h2o: the host-side state of H2O chunked sparse prefill, against specification 004's
+// methods/h2o: the host-side state of H2O chunked sparse prefill, against specification 004's
 // verification metrics 1-11 (its timings are in bench-h2o.cpp, not here: a test does not time).
 
 #include "check.h"
-#include "llama-h2o.h"
+#include "methods/h2o.h"
 
 #include <algorithm>
 #include <cmath>

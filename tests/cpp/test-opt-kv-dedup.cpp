@@ -2,8 +2,8 @@
 // capacity, LRU.
 
 #include "check.h"
-#include "llama-context-hash.h"
-#include "llama-kv-cache-dedup.h"
+#include "kv/block-hash.h"
+#include "kv/block-pool.h"
 
 #include <vector>
 

@@ -2,7 +2,7 @@
 // common cases are linear, short KEEP spans are folded.
 
 #include "check.h"
-#include "llama-kv-cache-diff.h"
+#include "kv/history-diff.h"
 
 #include <random>
 #include <vector>

@@ -3,11 +3,11 @@
 // cleanup by age and size.
 
 #include "check.h"
-#include "llama-context-hash.h"
-#include "llama-kv-cache-persist-dir.h"
-#include "llama-kv-cache-persist-store.h"
-#include "llama-opt-checksum.h"
-#include "llama-opt-file-hash.h"
+#include "kv/block-hash.h"
+#include "kv/disk-dir.h"
+#include "kv/disk-store.h"
+#include "base/checksum.h"
+#include "base/file-hash.h"
 
 #include <cstdio>
 #include <cstdlib>

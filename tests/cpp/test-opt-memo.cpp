@@ -2,7 +2,7 @@
 // as long as the match (at least LLAMA_OPT_MEMO_MATCH_MIN), capped by max_tokens.
 
 #include "check.h"
-#include "llama-memo.h"
+#include "methods/memo.h"
 
 #include <vector>
 

@@ -1,7 +1,7 @@
 """Re-derives, for this build and CPU, the rules of llama.cpp's batch-shape-dependent numerics
 that the exactness contract stands on (../shared/DESIGN.md, docs/exactness.md). A new
 llama.cpp or new CPU flags can change them; when one of these tests fails, the canonical
-schedule (cpp/llama-opt-context.cpp, numerics_granularity) and docs/exactness.md must change.
+schedule (cpp/engine/context.cpp, numerics_granularity) and docs/exactness.md must change.
 
 Gemma 3 270M, final logits compared bit for bit. Raw llama.cpp behaviour is probed with the
 "llama" schedule, where each append is computed as one chunk.

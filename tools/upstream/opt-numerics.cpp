@@ -1,9 +1,9 @@
 // Linked into llama.cpp's own examples/simple to make `llama-simple-opt-numerics`, the parity test's
 // reference: upstream's program with the two numerics settings that pyllamaopt's patches add and its
-// engine turns on at start (cpp/llama-opt-model.cpp). Both change float rounding only, so against the
+// engine turns on at start (cpp/engine/model.cpp). Both change float rounding only, so against the
 // stock program a near-tie greedy token can differ (docs/exactness.md, "Against upstream llama.cpp").
 #include "ggml-cpu.h"
-#include "llama-opt.h"  // LLAMA_OPT_FA_KV_TILE, LLAMA_OPT_ROW_INVARIANT_BATCH
+#include "base/numerics.h"  // LLAMA_OPT_FA_KV_TILE, LLAMA_OPT_ROW_INVARIANT_BATCH
 
 namespace {
 struct opt_numerics {

@@ -1,0 +1,133 @@
+#include "session/sampler.h"
+
+#include "base/argmax.h"
+#include "methods/grammar.h"
+
+llama_opt_sampler::llama_opt_sampler(const llama_opt_model & model, const llama_opt_config & config)
+    : model_(model), config_(config) {
+    set_sampling(llama_opt_sampling());
+}
+
+llama_opt_sampler::~llama_opt_sampler() {
+    llama_sampler_free(chain_);
+}
+
+void llama_opt_sampler::set_sampling(const llama_opt_sampling & s) {
+    llama_sampler * chain = llama_sampler_chain_init(llama_sampler_chain_default_params());
+    if (s.temperature <= 0.0f) {
+        llama_sampler_chain_add(chain, llama_sampler_init_greedy());
+    } else {
+        if (s.top_k > 0) {
+            llama_sampler_chain_add(chain, llama_sampler_init_top_k(s.top_k));
+        }
+        if (s.top_p < 1.0f) {
+            llama_sampler_chain_add(chain, llama_sampler_init_top_p(s.top_p, 1));
+        }
+        if (s.min_p > 0.0f) {
+            llama_sampler_chain_add(chain, llama_sampler_init_min_p(s.min_p, 1));
+        }
+        llama_sampler_chain_add(chain, llama_sampler_init_temp(s.temperature));
+        llama_sampler_chain_add(chain, llama_sampler_init_dist(s.seed));
+    }
+    llama_sampler_free(chain_);
+    chain_  = chain;
+    greedy_ = s.temperature <= 0.0f;
+    top_k_  = s.top_k;
+}
+
+void llama_opt_sampler::set_grammar(const std::string & gbnf, uint32_t max_tokens) {
+    grammar_ = gbnf.empty() ? nullptr : std::make_unique<llama_opt_grammar>(model_.grammar_vocab(), gbnf);
+    inferred_queue_.clear();
+    if (grammar_ && config_.schema_fit_max_tokens && max_tokens > 0) {
+        grammar_->set_budget(max_tokens);
+    }
+}
+
+llama_opt_sampler::grammar_report llama_opt_sampler::end_generation() {
+    grammar_report report;
+    if (grammar_) {
+        report = { grammar_->check_ns() / 1000, grammar_->budget_picks() };
+    }
+    grammar_.reset();
+    inferred_queue_.clear();
+    return report;
+}
+
+llama_token llama_opt_sampler::pick(const std::vector<float> & logits) {
+    if (grammar_) {
+        return greedy_ ? grammar_->best(logits.data(), config_.schema_full_mask) : sample_allowed(logits.data());
+    }
+    if (greedy_) {
+        // what llama_sampler_init_greedy picks (the first maximum), without a 262k-entry array
+        return (llama_token) llama_opt_first_max(logits.data(), logits.size());
+    }
+    candidates_.resize(logits.size());
+    for (size_t i = 0; i < logits.size(); ++i) {
+        candidates_[i] = { (llama_token) i, logits[i], 0.0f };
+    }
+    llama_token_data_array cur = { candidates_.data(), candidates_.size(), -1, false };
+    llama_sampler_apply(chain_, &cur);
+    return cur.data[cur.selected].id;
+}
+
+void llama_opt_sampler::accept(llama_token token) {
+    if (grammar_) {
+        grammar_->accept(token);
+    }
+    llama_sampler_accept(chain_, token);
+}
+
+// Runs are queued: the tokens forced one after another (exact), or with jump-forward a forced
+// string's own tokens.
+llama_token llama_opt_sampler::next_inferred() {
+    if (inferred_queue_.empty()) {
+        queue_jump_forward();
+    }
+    if (inferred_queue_.empty()) {
+        const llama_opt_skip_result next = llama_opt_schema_query_next(*grammar_);
+        if (!next.can_skip) {
+            return next.dead_end ? -2 : -1;
+        }
+        const std::vector<llama_token> run = llama_opt_schema_query_sequence(*grammar_, 64).tokens;
+        inferred_queue_.assign(run.rbegin(), run.rend());  // popped from the back
+    }
+    const llama_token token = inferred_queue_.back();
+    inferred_queue_.pop_back();
+    if (!grammar_->allows(token)) {  // a string's tokenization the grammar does not take
+        inferred_queue_.clear();
+        return -1;
+    }
+    return token;
+}
+
+// Jump-forward (schema_jump_forward, opt-in): when the grammar forces a whole string, it is
+// tokenized as text and taken token by token without forward passes, except its last token,
+// which a longer token could still absorb together with what follows. The tokens are the
+// string's own tokenization, which may differ from what the model would have produced.
+void llama_opt_sampler::queue_jump_forward() {
+    if (!config_.schema_jump_forward) {
+        return;
+    }
+    const std::string text = grammar_->forced_text(256);
+    if (text.empty()) {
+        return;
+    }
+    std::vector<llama_token> tokens = model_.tokenize(text, false, false);
+    if (tokens.size() < 2 || model_.detokenize(tokens, false, false) != text) {
+        return;
+    }
+    tokens.pop_back();
+    inferred_queue_.assign(tokens.rbegin(), tokens.rend());  // popped from the back
+}
+
+// Sampling under a grammar: the allowed tokens (the top_k best of them, when top_k is on) go
+// through the sampler chain, as masking the vocabulary first would give.
+llama_token llama_opt_sampler::sample_allowed(const float * logits) {
+    candidates_ = grammar_->top_allowed(logits, top_k_, config_.schema_full_mask);
+    if (candidates_.empty()) {
+        return -1;
+    }
+    llama_token_data_array cur = { candidates_.data(), candidates_.size(), -1, true };
+    llama_sampler_apply(chain_, &cur);
+    return cur.data[cur.selected].id;
+}

@@ -1,0 +1,70 @@
+#pragma once
+
+// session/sampler: how a session picks its next token: sampling parameters, and a GBNF
+// grammar that constrains them. With schema_skip_enabled a token the grammar decides is taken
+// without logits (methods/grammar); with schema_jump_forward a forced string is taken as its
+// own tokens.
+
+#include "engine/model.h"
+#include "base/config.h"
+#include "base/types.h"
+#include "llama.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+class llama_opt_grammar;
+
+struct llama_opt_sampling {
+    float    temperature = 0.0f;  // <= 0: greedy
+    int32_t  top_k       = 40;    // <= 0: off
+    float    top_p       = 0.95f; // >= 1: off
+    float    min_p       = 0.05f; // <= 0: off
+    uint32_t seed        = LLAMA_DEFAULT_SEED;  // random
+};
+
+class llama_opt_sampler {
+public:
+    // `model` and `config` must outlive the sampler (the session's context holds both).
+    llama_opt_sampler(const llama_opt_model & model, const llama_opt_config & config);
+    ~llama_opt_sampler();
+
+    llama_opt_sampler(const llama_opt_sampler &)             = delete;
+    llama_opt_sampler & operator=(const llama_opt_sampler &) = delete;
+
+    void set_sampling(const llama_opt_sampling & sampling);
+    // Throws llama_opt_error(grammar) if `gbnf` does not parse; "": no grammar. max_tokens: the
+    // output's budget (0: none), which the grammar keeps to with schema_fit_max_tokens.
+    void set_grammar(const std::string & gbnf, uint32_t max_tokens = 0);
+    bool constrained() const { return grammar_ != nullptr; }
+
+    // The next token the grammar decides, to be taken without logits: -1 when the model must
+    // choose, -2 when the grammar allows nothing. Only with a grammar.
+    llama_token next_inferred();
+    // Tokens the grammar already decided are queued: the next one needs no logits.
+    bool has_inferred() const { return !inferred_queue_.empty(); }
+    // The token picked from `logits` (n_vocab of them); -1 if the grammar allows none.
+    llama_token pick(const std::vector<float> & logits);
+    // A token joined the history: the grammar and the sampler chain advance past it.
+    void accept(llama_token token);
+    // The generation is over: drops its grammar; returns what it cost.
+    struct grammar_report {
+        uint64_t check_us     = 0;  // time its checks took
+        uint64_t budget_picks = 0;  // picks the budget changed (schema_fit_max_tokens)
+    };
+    grammar_report end_generation();
+
+private:
+    llama_token sample_allowed(const float * logits);  // seeded sampling under the grammar
+    void        queue_jump_forward();                  // a forced string's own tokens, into inferred_queue_
+
+    const llama_opt_model &            model_;
+    const llama_opt_config &           config_;
+    llama_sampler *                    chain_  = nullptr;
+    bool                               greedy_ = true;  // argmax directly, no candidate array
+    int32_t                            top_k_  = 40;
+    std::unique_ptr<llama_opt_grammar> grammar_;
+    std::vector<llama_token>           inferred_queue_;  // decided tokens still to take, last first
+    std::vector<llama_token_data>      candidates_;      // sampling scratch, reused per step
+};
