@@ -1,9 +1,10 @@
 #include "engine/model.h"
 
-#include "ggml-cpu.h"
+#include "base/numerics.h"
 #include "engine/log.h"
-#include "methods/grammar-vocab.h"
+#include "ggml-cpu.h"
 #include "llama.h"
+#include "methods/grammar-vocab.h"
 
 #include <cerrno>
 #include <cstring>
