@@ -3,7 +3,7 @@
 #include "kv/block-hash.h"
 #include "kv/disk-dir.h"
 #include "base/checksum.h"
-#include "base/file-hash.h"
+#include "kv/file-hash.h"
 
 #include <algorithm>
 

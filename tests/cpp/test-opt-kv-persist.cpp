@@ -7,7 +7,7 @@
 #include "kv/disk-dir.h"
 #include "kv/disk-store.h"
 #include "base/checksum.h"
-#include "base/file-hash.h"
+#include "kv/file-hash.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -1,6 +1,6 @@
 #pragma once
 
-// base/file-hash: a model's identity for the disk tier (an entry names the weights its KV
+// kv/file-hash: a model's identity for the disk tier (an entry names the weights its KV
 // was computed with): the checksum of the model file's content, remembered per file version.
 
 #include <cstdint>

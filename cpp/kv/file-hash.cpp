@@ -1,4 +1,4 @@
-#include "base/file-hash.h"
+#include "kv/file-hash.h"
 
 #include "kv/disk-dir.h"
 #include "kv/disk-io.h"
