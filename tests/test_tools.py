@@ -1,4 +1,5 @@
-"""Tool calling's generic format (pyllamaopt/serve/tools.py), without a model: the reply's grammar
+"""Tool calling's generic format (pyllamaopt/serve/chat_prompt.py, reply_grammar.py,
+reply_parser.py), without a model: the reply's grammar
 admits calls and answers as tool_choice says, the parser reads any reply the grammar admits
 however it is split into pieces, and a reply rendered back into the history is the very text
 the model wrote (so the next request's prompt extends the previous prompt and answer)."""

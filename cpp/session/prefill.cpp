@@ -120,9 +120,9 @@ bool llama_opt_session_prefill::spec_prefill(size_t end, uint64_t llama_opt_stat
                 scorer.tokens = end;
                 importance.erase(importance.begin(), importance.begin() + std::min(begin, importance.size()));
             } else {  // the model's first layers, on top of the KV the session has
-                importance = llama_opt_spec_score_span(ctx, history_.seq(), history_.tokens().data(), begin, end, cfg.spec_prefill_layers,
-                                            cfg.spec_prefill_window, cfg.spec_prefill_last_layers, cfg.spec_prefill_pool,
-                                            evict, scorer);
+                importance = llama_opt_spec_score_span(ctx, history_.seq(), history_.tokens().data(), begin, end,
+                                                       cfg.spec_prefill_layers, cfg.spec_prefill_window,
+                                                       cfg.spec_prefill_last_layers, cfg.spec_prefill_pool, evict, scorer);
             }
         },
         [&] {
