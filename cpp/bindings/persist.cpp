@@ -7,6 +7,21 @@
 
 #include <pybind11/stl.h>
 
+py::dict persist_layout_dict(const llama_opt_persist_layout & layout) {
+    py::dict d;
+    d["model_hash"]      = layout.model_hash;
+    d["compat_hash"]     = layout.compat_hash;
+    d["block_size"]      = layout.block_size;
+    d["n_layers"]        = layout.n_layers;
+    d["n_kv_heads"]      = layout.n_kv_heads;
+    d["k_dim"]           = layout.k_dim;
+    d["v_dim"]           = layout.v_dim;
+    d["k_type"]          = layout.k_type;
+    d["v_type"]          = layout.v_type;
+    d["bytes_per_token"] = layout.bytes_per_token;
+    return d;
+}
+
 static py::dict entry_dict(const llama_opt_persist_entry & e) {
     py::dict d;
     d["path"]         = e.path;
@@ -16,6 +31,7 @@ static py::dict entry_dict(const llama_opt_persist_entry & e) {
     d["context_hash"] = e.context_hash;
     d["model_hash"]   = e.layout.model_hash;
     d["compat_hash"]  = e.layout.compat_hash;
+    d["layout"]       = persist_layout_dict(e.layout);
     d["problem"]      = e.problem;
     return d;
 }
