@@ -498,14 +498,10 @@ def test_the_file_format(tiny_model, tmp_path):
         assert checksum(block) == sums[k]
 
 
-@pytest.mark.parametrize("field, offset", [("compat_hash", 24), ("model_hash", 16), ("k_type", 64)])
-def test_a_sound_entry_of_another_build_is_never_used(tiny_model, tmp_path, field, offset):
-    """An entry written by another build (or for another model, or another KV type): sound, with
-    valid checksums (rewritten here), but a miss counted as incompatible; clean() keeps it."""
-    tokens = text_tokens(tiny_model, 700)
-    path = save_history(tiny_model, tmp_path, tokens)
-    e = parse_entry(path)
-    raw = bytearray(e["raw"])
+def as_written_by_another_build(path: Path, field: str = "compat_hash", offset: int = 24) -> Path:
+    """The 640-token entry at `path` as another build (or one for another model, or another KV type)
+    would have written it: that header field changed, its checksums valid, under that build's name."""
+    raw = bytearray(parse_entry(path)["raw"])
     struct.pack_into("<Q" if field.endswith("hash") else "<i", raw, offset,
                      struct.unpack_from("<Q" if field.endswith("hash") else "<i", raw, offset)[0] ^ 0x5A5)
     struct.pack_into("<Q", raw, 120, meta_checksum(bytes(raw), 640, 10))
@@ -513,6 +509,15 @@ def test_a_sound_entry_of_another_build_is_never_used(tiny_model, tmp_path, fiel
     context_hash, key = path.stem.split("-")
     path = path.with_name(f"{context_hash}-{int(key, 16) ^ 0x5A5:016x}.llkv")  # that build's name for it
     path.write_bytes(bytes(raw))
+    return path
+
+
+@pytest.mark.parametrize("field, offset", [("compat_hash", 24), ("model_hash", 16), ("k_type", 64)])
+def test_a_sound_entry_of_another_build_is_never_used(tiny_model, tmp_path, field, offset):
+    """An entry written by another build (or for another model, or another KV type): sound, with
+    valid checksums (rewritten here), but a miss counted as incompatible; clean() keeps it."""
+    tokens = text_tokens(tiny_model, 700)
+    path = as_written_by_another_build(save_history(tiny_model, tmp_path, tokens), field, offset)
     store = PersistStore(tmp_path)
     assert store.verify() == {} and store.entries()[0].problem == ""
     with persistent(tiny_model, tmp_path) as ctx:
