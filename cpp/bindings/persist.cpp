@@ -7,19 +7,11 @@
 
 #include <pybind11/stl.h>
 
-py::dict persist_layout_dict(const llama_opt_persist_layout & layout) {
-    py::dict d;
-    d["model_hash"]      = layout.model_hash;
-    d["compat_hash"]     = layout.compat_hash;
-    d["block_size"]      = layout.block_size;
-    d["n_layers"]        = layout.n_layers;
-    d["n_kv_heads"]      = layout.n_kv_heads;
-    d["k_dim"]           = layout.k_dim;
-    d["v_dim"]           = layout.v_dim;
-    d["k_type"]          = layout.k_type;
-    d["v_type"]          = layout.v_type;
-    d["bytes_per_token"] = layout.bytes_per_token;
-    return d;
+py::dict persist_layout_dict(const llama_opt_persist_layout & l) {
+    using namespace pybind11::literals;
+    return py::dict("model_hash"_a = l.model_hash, "compat_hash"_a = l.compat_hash, "block_size"_a = l.block_size,
+                    "n_layers"_a = l.n_layers, "n_kv_heads"_a = l.n_kv_heads, "k_dim"_a = l.k_dim, "v_dim"_a = l.v_dim,
+                    "k_type"_a = l.k_type, "v_type"_a = l.v_type, "bytes_per_token"_a = l.bytes_per_token);
 }
 
 static py::dict entry_dict(const llama_opt_persist_entry & e) {
