@@ -6,11 +6,12 @@ pyllamaopt engine (C++). Use the classes of the pyllamaopt package instead.
 # regenerating:
 #   - Context.open_session: Session (stubgen names the C++ class when Session is registered later)
 #   - Context.persist: PersistStore | None (a null pointer without persistence)
+#   - Context.persist_layout: _PersistLayout | None
 #   - Session.approx_from: int | None
 #   - Model.__init__'s on_progress: a callable taking the fraction loaded, returning False to cancel
-#   - the dicts and lists built in the bindings: their key and item types (_PersistEntryInfo and
-#     _BuildInfo are not in the module; their keys are the bindings'); the dicts of fields() and
-#     features() have the keys of pyllamaopt.config.Field and Feature, which are built from them
+#   - the dicts and lists built in the bindings: their key and item types (_PersistEntryInfo,
+#     _PersistLayout and _BuildInfo are not in the module; their keys are the bindings'); the dicts
+#     of fields() and features() have the keys of pyllamaopt.config.Field and Feature, which are built from them
 #   - Stats: the two `type: ignore`s (see there)
 from __future__ import annotations
 import collections.abc
@@ -18,6 +19,20 @@ import numpy
 import numpy.typing
 import typing
 __all__: list[str] = ['Context', 'DiffEngine', 'Hasher', 'Model', 'PersistStore', 'Sampling', 'Session', 'Settings', 'SpanKind', 'Stats', 'Step', 'build_info', 'default_persist_dir', 'features', 'fields', 'hash_block', 'hash_block_pos', 'hash_chain', 'prefetch_steps', 'segment', 'set_verbose']
+class _PersistLayout(typing.TypedDict):
+    """
+    A disk tier entry's layout (cpp/bindings/persist.cpp): what model, build and KV shape it is for.
+    """
+    model_hash: int
+    compat_hash: int
+    block_size: int
+    n_layers: int
+    n_kv_heads: int
+    k_dim: int
+    v_dim: int
+    k_type: int
+    v_type: int
+    bytes_per_token: int
 class _PersistEntryInfo(typing.TypedDict):
     """
     An item of PersistStore.list() (cpp/bindings/persist.cpp).
@@ -29,6 +44,7 @@ class _PersistEntryInfo(typing.TypedDict):
     context_hash: int
     model_hash: int
     compat_hash: int
+    layout: _PersistLayout
     problem: str
 class _BuildInfo(typing.TypedDict):
     """
@@ -467,6 +483,11 @@ class Context:
     @property
     def persist(self) -> PersistStore | None:
         ...
+    @property
+    def persist_layout(self) -> _PersistLayout | None:
+        """
+        The layout of the disk tier entries this context writes and restores (None without persistence): an entry whose layout differs is for another model or build.
+        """
     @property
     def settings(self) -> Settings:
         ...

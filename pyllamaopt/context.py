@@ -128,6 +128,13 @@ class Context:
         store = self._core.persist
         return None if store is None else PersistStore(_core_store=store)
 
+    @property
+    def persist_layout(self) -> dict[str, object] | None:
+        """What model, build and KV shape the disk tier entries of this context are for (None
+        without persistence): it restores only entries whose ``PersistEntry.layout`` equals it."""
+        layout = self._core.persist_layout
+        return None if layout is None else dict(layout)
+
     def close(self) -> None:
         """Free the context's memory; its sessions become closed (and saved, with persistence on)."""
         self._core.close()

@@ -14,7 +14,8 @@ import math
 import numbers
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,11 +42,23 @@ class PersistEntry:
     mtime: float
     model_hash: int
     problem: str
+    # what model, build and KV shape it is for (Context.persist_layout is a context's)
+    layout: Mapping[str, object] = field(default_factory=dict, compare=False)
 
     @property
     def age(self) -> float:
         """Seconds since it was last written or used."""
         return time.time() - self.mtime
+
+    def unusable_by(self, layout: Mapping[str, object]) -> str:
+        """Why a context whose ``persist_layout`` is `layout` never restores this entry: '' if it
+        does; "another model" (the model file's content differs), "another build" (the engine's
+        build, its CPU features or the context's KV settings differ), or the entry's problem."""
+        if self.problem:
+            return self.problem
+        if dict(self.layout) == dict(layout):
+            return ""
+        return "another model" if self.layout.get("model_hash") != layout.get("model_hash") else "another build"
 
 
 _TMP_PREFIX = ".tmp-"   # kv-cache-persist's temporary files
@@ -90,8 +103,13 @@ class PersistStore:
         return Path(self._core.dir)
 
     def entries(self) -> list[PersistEntry]:
-        return [PersistEntry(Path(e["path"]), e["n_tokens"], e["size"], float(e["mtime"]), e["model_hash"], e["problem"])
-                for e in self._core.list()]
+        return [PersistEntry(Path(e["path"]), e["n_tokens"], e["size"], float(e["mtime"]), e["model_hash"], e["problem"],
+                             e["layout"]) for e in self._core.list()]
+
+    def foreign(self, layout: Mapping[str, object]) -> list[PersistEntry]:
+        """The sound entries a context whose ``persist_layout`` is `layout` never restores: another
+        model's or another build's (a restart on another model or version finds them, and misses)."""
+        return [e for e in self.entries() if not e.problem and e.unusable_by(layout)]
 
     def refusal(self) -> str:
         """Why a Context with persistence would refuse this directory (another user's, writable by

@@ -122,6 +122,27 @@ def test_cache_ls_verify_clean(tiny_model, tmp_path):
         assert f"{limit[0]} must be" in refused.stderr or "max_age" in refused.stderr, refused.stderr
 
 
+def test_cache_ls_marks_what_a_restart_finds(tiny_model, tiny_model_path, tmp_path):
+    """`cache ls --model M` marks each entry usable by a server of M (this build), or for another
+    model or another build (never restored by it), and sums what a restart finds."""
+    from pyllamaopt import Model
+    from test_persist import as_written_by_another_build, save_history, text_tokens
+    from tinymodel import write_tiny_llama
+
+    kv = tmp_path / "kv"
+    save_history(tiny_model, kv, text_tokens(tiny_model, 700))
+    as_written_by_another_build(save_history(tiny_model, kv, text_tokens(tiny_model, 700, seed=2)))
+    save_history(Model(write_tiny_llama(tmp_path / "other.gguf", seed=1)), kv, text_tokens(tiny_model, 700, seed=3))
+    listing = run("cache", "ls", "--dir", str(kv), "--model", str(tiny_model_path))
+    assert listing.returncode == 0, listing.stderr
+    marks = [line.rsplit("  ", 1)[1] for line in listing.stdout.splitlines() if ".llkv" in line]
+    assert sorted(marks) == ["another build", "another model", "usable"]
+    assert f"{tiny_model_path}: 1 entries (640 tokens) usable after a restart, 2 for another model or build" \
+        in listing.stdout
+    plain = run("cache", "ls", "--dir", str(kv))  # no model: listed as before, nothing marked
+    assert plain.returncode == 0 and "usable" not in plain.stdout and plain.stdout.count(".llkv") == 3
+
+
 def test_a_commands_variables_are_read_only_by_that_command(tiny_model_path):
     """LLAMA_OPT_THREADS and the serve variables are checked by the commands that use them: a bad
     one does not break --help or `config`, and the command that uses it names it."""

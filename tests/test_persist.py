@@ -296,6 +296,23 @@ def test_restore_into_a_context_short_of_room(tiny_model, tmp_path):
         check_exact(s, tiny_model, mine)
 
 
+def test_a_restore_evicts_an_idle_session_for_room_as_computing_would(tiny_model, tmp_path):
+    """n_ctx=1024 held by an idle open session of 700 tokens: a prompt whose blocks are on disk
+    evicts it to restore them (before, the restore gave up and the whole prompt was computed,
+    evicting it anyway); the session evicted is saved, as computing's evictions save it."""
+    mine, other = text_tokens(tiny_model, 700, seed=2), text_tokens(tiny_model, 700, seed=1)
+    save_history(tiny_model, tmp_path, mine)
+    with persistent(tiny_model, tmp_path, n_ctx=1024) as ctx:
+        idle = ctx.session()
+        idle.append(other)
+        s = ctx.session()
+        s.append(mine)
+        assert s.stats.persist_tokens_restored == 576 and s.stats.tokens_prefilled == 124
+        assert idle.closed and ctx.stats.sessions_evicted == 1
+        check_exact(s, tiny_model, mine)
+    assert restores(tiny_model, tmp_path, other).persist_tokens_restored == 576
+
+
 def test_sessions_are_saved_when_they_close_and_when_the_context_closes(tiny_model, tmp_path):
     """No explicit save(): closing a session stores it, closing the context stores its open
     sessions; a new context restores both exactly."""
@@ -498,14 +515,10 @@ def test_the_file_format(tiny_model, tmp_path):
         assert checksum(block) == sums[k]
 
 
-@pytest.mark.parametrize("field, offset", [("compat_hash", 24), ("model_hash", 16), ("k_type", 64)])
-def test_a_sound_entry_of_another_build_is_never_used(tiny_model, tmp_path, field, offset):
-    """An entry written by another build (or for another model, or another KV type): sound, with
-    valid checksums (rewritten here), but a miss counted as incompatible; clean() keeps it."""
-    tokens = text_tokens(tiny_model, 700)
-    path = save_history(tiny_model, tmp_path, tokens)
-    e = parse_entry(path)
-    raw = bytearray(e["raw"])
+def as_written_by_another_build(path: Path, field: str = "compat_hash", offset: int = 24) -> Path:
+    """The 640-token entry at `path` as another build (or one for another model, or another KV type)
+    would have written it: that header field changed, its checksums valid, under that build's name."""
+    raw = bytearray(parse_entry(path)["raw"])
     struct.pack_into("<Q" if field.endswith("hash") else "<i", raw, offset,
                      struct.unpack_from("<Q" if field.endswith("hash") else "<i", raw, offset)[0] ^ 0x5A5)
     struct.pack_into("<Q", raw, 120, meta_checksum(bytes(raw), 640, 10))
@@ -513,6 +526,15 @@ def test_a_sound_entry_of_another_build_is_never_used(tiny_model, tmp_path, fiel
     context_hash, key = path.stem.split("-")
     path = path.with_name(f"{context_hash}-{int(key, 16) ^ 0x5A5:016x}.llkv")  # that build's name for it
     path.write_bytes(bytes(raw))
+    return path
+
+
+@pytest.mark.parametrize("field, offset", [("compat_hash", 24), ("model_hash", 16), ("k_type", 64)])
+def test_a_sound_entry_of_another_build_is_never_used(tiny_model, tmp_path, field, offset):
+    """An entry written by another build (or for another model, or another KV type): sound, with
+    valid checksums (rewritten here), but a miss counted as incompatible; clean() keeps it."""
+    tokens = text_tokens(tiny_model, 700)
+    path = as_written_by_another_build(save_history(tiny_model, tmp_path, tokens), field, offset)
     store = PersistStore(tmp_path)
     assert store.verify() == {} and store.entries()[0].problem == ""
     with persistent(tiny_model, tmp_path) as ctx:
@@ -766,6 +788,30 @@ def test_a_full_disk_when_sessions_close_is_counted_and_nothing_left(tiny_model,
         t.append(tokens)
         check_exact(t, tiny_model, tokens)
     assert llkv_files(tmp_path) == [] and tmp_files(tmp_path) == []
+
+
+def test_a_run_of_failed_saves_is_one_warning(tiny_model, tmp_path, capfd):
+    """A full disk fails every save: each is counted, the first of the run says why on stderr, the
+    others do not (a server's log had a line per request); once a save succeeds, the next failure
+    is said again."""
+    with persistent(tiny_model, tmp_path) as ctx:
+        ctx.persist._core._fail_after_bytes(1000)
+        capfd.readouterr()
+        sessions = [ctx.session() for _ in range(4)]
+        for seed, s in enumerate(sessions):
+            s.append(text_tokens(tiny_model, 200, seed=seed))
+            assert s.save() == 0
+        assert ctx.stats.persist_errors == 4
+        err = capfd.readouterr().err
+        assert err.count("could not save") == 1 and "persist_errors" in err
+        ctx.persist._core._fail_after_bytes(0)
+        s.append(text_tokens(tiny_model, 100, seed=9))
+        assert s.save() == 256
+        ctx.persist._core._fail_after_bytes(1000)
+        s.append(text_tokens(tiny_model, 100, seed=10))
+        assert s.save() == 0
+        assert capfd.readouterr().err.count("could not save") == 1
+        ctx.persist._core._fail_after_bytes(0)
 
 
 # --- other processes ------------------------------------------------------------------------

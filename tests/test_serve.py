@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,15 +85,17 @@ def free_port() -> int:
 
 
 def start_server(model: Path, tmp_path: Path, *args: str, env: dict[str, str] | None = None,
-                 cafile: Path | None = None) -> Server:
+                 cafile: Path | None = None, preexec_fn: Callable[[], None] | None = None) -> Server:
     """The server as a process (N_CTX, two threads unless ``args`` say otherwise); with ``cafile`` (a
-    server given --tls-cert), reached over https trusting that certificate."""
+    server given --tls-cert), reached over https trusting that certificate; ``preexec_fn`` runs in
+    the child before the server starts (resource limits)."""
     port = free_port()
     log = tmp_path / f"server-{port}.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "pyllamaopt.cli", "serve", "--model", str(model), "--port", str(port),
          "--n-ctx", str(N_CTX), "--threads", "2", *args],
-        cwd=tmp_path, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        cwd=tmp_path, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        preexec_fn=preexec_fn)
     context = ssl.create_default_context(cafile=cafile) if cafile else None
     server = Server(f"{'https' if cafile else 'http'}://127.0.0.1:{port}", process, log, context)
     deadline = time.monotonic() + 60
@@ -524,7 +526,9 @@ def test_anthropic_continues_a_prefilled_assistant_message(tmp_path, tiny_model_
         assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == len(tokens)
         with client.messages.stream(model="m", max_tokens=6, messages=messages) as stream:
             start = next(e for e in stream if e.type == "message_start")
-            assert start.message.usage.input_tokens == len(tokens)  # (it said 0)
+            # (it said 0; then all of the prompt as input_tokens: now split into computed and cached)
+            usage = start.message.usage
+            assert usage.input_tokens + usage.cache_read_input_tokens == len(tokens)
             assert stream.get_final_text() == reply.content[0].text
         with pytest.raises(anthropic.AuthenticationError) as refused:
             anthropic.Anthropic(base_url=s.url, api_key="wrong", max_retries=0).messages.create(

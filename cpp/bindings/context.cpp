@@ -104,5 +104,12 @@ void register_context(py::module_ & m) {
         .def_property_readonly("canonical", &llama_opt_context::canonical)
         .def_property_readonly("settings", &llama_opt_context::settings)
         .def_property_readonly("persist", [](const llama_opt_context & self) { return self.memory().persist(); },
-                               py::return_value_policy::reference_internal);
+                               py::return_value_policy::reference_internal)
+        .def_property_readonly("persist_layout", [](const llama_opt_context & self) -> py::object {
+                                   if (self.memory().persist() == nullptr) {
+                                       return py::none();
+                                   }
+                                   return persist_layout_dict(self.memory().persist_layout());
+                               }, "The layout of the disk tier entries this context writes and restores (None "
+                                  "without persistence): an entry whose layout differs is for another model or build.");
 }

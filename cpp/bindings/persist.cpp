@@ -7,6 +7,13 @@
 
 #include <pybind11/stl.h>
 
+py::dict persist_layout_dict(const llama_opt_persist_layout & l) {
+    using namespace pybind11::literals;
+    return py::dict("model_hash"_a = l.model_hash, "compat_hash"_a = l.compat_hash, "block_size"_a = l.block_size,
+                    "n_layers"_a = l.n_layers, "n_kv_heads"_a = l.n_kv_heads, "k_dim"_a = l.k_dim, "v_dim"_a = l.v_dim,
+                    "k_type"_a = l.k_type, "v_type"_a = l.v_type, "bytes_per_token"_a = l.bytes_per_token);
+}
+
 static py::dict entry_dict(const llama_opt_persist_entry & e) {
     py::dict d;
     d["path"]         = e.path;
@@ -16,6 +23,7 @@ static py::dict entry_dict(const llama_opt_persist_entry & e) {
     d["context_hash"] = e.context_hash;
     d["model_hash"]   = e.layout.model_hash;
     d["compat_hash"]  = e.layout.compat_hash;
+    d["layout"]       = persist_layout_dict(e.layout);
     d["problem"]      = e.problem;
     return d;
 }

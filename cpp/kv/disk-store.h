@@ -16,6 +16,7 @@
 
 #include "kv/disk-entry.h"
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -74,13 +75,19 @@ public:
     // Marks an entry used now (its mtime: the order in which cleanup removes entries).
     void touch(const std::string & path) const;
 
+    // A run of failed saves (a full disk, a read-only directory) is one warning, not one per save:
+    // true for the first failure since the last success; the rest are counted (persist_errors).
+    bool first_failure() { return !failing_.exchange(true); }
+    void saved() { failing_ = false; }
+
     // Test hook: saves fail after writing this many bytes of their temporary file, as on a full
     // disk (0: off).
     void fail_after_bytes(uint64_t n) { fail_after_ = n; }
 
 private:
-    std::string dir_;
-    uint64_t    fail_after_ = 0;
+    std::string       dir_;
+    uint64_t          fail_after_ = 0;
+    std::atomic<bool> failing_{ false };
 
     // The names of the directory's entries (not the temporary files of saves), in order.
     std::vector<std::string> entry_names() const;

@@ -158,9 +158,9 @@ bool llama_opt_kv_memory::read(int32_t seq, size_t p0, size_t p1, uint8_t * rows
     return llama_memory_seq_kv_read(mem_, seq, (llama_pos) p0, (llama_pos) p1, rows);
 }
 
-bool llama_opt_kv_memory::write(int32_t seq, size_t p0, size_t p1, const uint8_t * rows) {
+bool llama_opt_kv_memory::write(int32_t seq, size_t p0, size_t p1, const uint8_t * rows, bool evict_sessions) {
     bool written = llama_memory_seq_kv_write(mem_, seq, (llama_pos) p0, (llama_pos) p1, rows);
-    while (!written && evict_one(seq, /* cached_only */ true)) {
+    while (!written && evict_one(seq, /* cached_only */ !evict_sessions)) {
         written = llama_memory_seq_kv_write(mem_, seq, (llama_pos) p0, (llama_pos) p1, rows);
     }
     return written;

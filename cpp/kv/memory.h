@@ -158,8 +158,9 @@ public:
 
     // The KV rows of [p0, p1) as the disk tier stores them; false if some are not in the cache.
     bool read(int32_t seq, size_t p0, size_t p1, uint8_t * rows) const;
-    // Writes rows read by read() into [p0, p1), evicting cached sequences for room; false: no room.
-    bool write(int32_t seq, size_t p0, size_t p1, const uint8_t * rows);
+    // Writes rows read by read() into [p0, p1), evicting cached sequences for room (and idle
+    // sessions with `evict_sessions`, as computing those rows would); false: no room.
+    bool write(int32_t seq, size_t p0, size_t p1, const uint8_t * rows, bool evict_sessions = false);
 
     // --- the block pool (dedup) and the disk tier ---
 

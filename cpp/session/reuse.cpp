@@ -161,10 +161,14 @@ size_t llama_opt_session_reuse::save() {
     } else if (store->save(layout, std::vector<llama_token>(tokens.begin(), tokens.begin() + n), chain, rows.data(), why,
                            (uint64_t) ctx.settings().config.persist_max_mb << 20)) {
         counters_.count(&llama_opt_stats::persist_saves, 1);
+        store->saved();
         return n;
     }
     counters_.count(&llama_opt_stats::persist_errors, 1);
-    llama_opt_log_warn("pyllamaopt: could not save the KV of a session: " + why);
+    if (store->first_failure()) {
+        llama_opt_log_warn("pyllamaopt: could not save the KV of a session: " + why + " (saves that fail are counted "
+                           "in persist_errors, not logged again until one succeeds; requests go on without)");
+    }
     return 0;
 }
 
@@ -202,7 +206,8 @@ void llama_opt_session_reuse::restore_from_disk(size_t end) {
         std::string why;
         llama_opt_persist_miss miss;
         const uint32_t got = store->load(m.entry, (uint32_t) k, last, rows.data(), why, miss);
-        if (!ctx.memory().write(history_.seq(), k * B, (k + got) * B, rows.data())) {
+        // room as computing the prompt would find it (idle sessions evicted): restoring is cheaper
+        if (!ctx.memory().write(history_.seq(), k * B, (k + got) * B, rows.data(), /* evict_sessions */ true)) {
             break;  // no room: the rest is computed (and may relocate)
         }
         k += got;

@@ -147,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-mb", type=float, default=None, help="clean: keep at most this many MiB")
     p.add_argument("--all", action="store_true", help="clean: remove every entry")
     p.add_argument("--remove", action="store_true", help="verify: remove the bad entries")
+    p.add_argument("-m", "--model", default=os.environ.get("LLAMA_OPT_MODEL") or None,
+                   help="ls: mark the entries a server of this model (this build, `pyllamaopt serve --model`) "
+                        "restores after a restart and those for another model or build (default: $LLAMA_OPT_MODEL, "
+                        "else none)")
     p.set_defaults(func=commands.cache)
 
     p = sub.add_parser("serve", help="OpenAI- and Anthropic-compatible HTTP server and the session protocol",

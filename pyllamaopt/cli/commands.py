@@ -12,7 +12,7 @@ from .. import build_info, features, fields
 from ..chat import Chat
 from ..config import CLI_VARIABLES, OptConfig
 from ..context import Context
-from ..errors import ContextOverflowError, InvalidArgumentError, PersistError
+from ..errors import ContextOverflowError, InvalidArgumentError, PersistError, PyllamaoptError
 from ..model import Model
 from ..persist import PersistStore, default_persist_dir
 from ..session import Generation
@@ -186,10 +186,17 @@ def cache(args: argparse.Namespace) -> int:
         if leftovers:
             print(f"  and {len(leftovers)} file(s) of interrupted saves, {sum(s for _, s in leftovers) / 2**20:.1f} MiB "
                   "(`pyllamaopt cache clean` removes those older than an hour, `clean --all` all)")
+        layout = _layout(args.model, store) if args.model and entries else None
         for e in sorted(entries, key=lambda e: e.mtime, reverse=True):
             state = f"  PROBLEM: {e.problem}" if e.problem else ""
+            if layout is not None and not e.problem:
+                state = f"  {e.unusable_by(layout) or 'usable'}"
             print(f"  {e.path.name}  {e.n_tokens:>7} tokens  {e.size / 2**20:>8.1f} MiB  "
                   f"used {e.age / 3600:>7.1f} h ago  model {e.model_hash:016x}{state}")
+        if layout is not None:
+            usable = [e for e in entries if not e.unusable_by(layout)]
+            print(f"{args.model}: {len(usable)} entries ({sum(e.n_tokens for e in usable)} tokens) usable after a "
+                  f"restart, {len(store.foreign(layout))} for another model or build (never used by it)")
         return 0
     if args.action == "verify":
         problems = store.verify(remove=args.remove)
@@ -211,6 +218,20 @@ def cache(args: argparse.Namespace) -> int:
         raise SystemExit(f"pyllamaopt: error: {exc}") from None
     print(f"removed {removed} file(s); {len(store.entries())} entries left in {store.directory}")
     return 0
+
+
+def _layout(model_name: str, store: PersistStore) -> dict[str, object]:
+    """The layout of the entries a server of `model_name` (its context as `pyllamaopt serve` makes
+    it, this build) writes and restores in the store's directory."""
+    try:
+        model = Model(model_name)
+    except PyllamaoptError as exc:
+        raise SystemExit(f"pyllamaopt: error: --model {model_name}: {exc}") from None
+    config = OptConfig(persist_enabled=True, persist_dir=str(store.directory))
+    with Context(model, n_ctx=256, n_seq_max=1, config=config) as context:  # (the layout does not depend on sizes)
+        layout = context.persist_layout
+    assert layout is not None, "a context with persistence has a layout"
+    return layout
 
 
 def serve(args: argparse.Namespace) -> int:

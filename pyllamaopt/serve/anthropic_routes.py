@@ -153,19 +153,24 @@ class _Message:
     def __init__(self, model_name: str) -> None:
         self.message: dict[str, Any] = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model_name}
         self.blocks = _Blocks()
+        self.opened = False  # a stream: message_start sent
 
-    def stream(self, events: AsyncGenerator[Event, None], prompt_tokens: int) -> StreamingResponse:
-        # the prompt's tokens as input here (how many came from the cache is known at the end:
-        # message_delta splits them into input_tokens and cache_read_input_tokens, the same sum)
-        opened = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None,
-                  "usage": {"input_tokens": prompt_tokens, "cache_read_input_tokens": 0,
-                            "cache_creation_input_tokens": 0, "output_tokens": 0}}
-        return sse(events, self.events, error_body, done_line=False, named=True,
-                   prologue=[{"type": "message_start", "message": opened}])
+    def stream(self, events: AsyncGenerator[Event, None]) -> StreamingResponse:
+        return sse(events, self.events, error_body, done_line=False, named=True)
 
     def events(self, event: Event) -> list[dict[str, Any]]:
+        # the first event opens the message: the prompt was computed (or restored) before it, so its
+        # usage splits the prompt into input_tokens and cache_read_input_tokens as Anthropic's does
+        # (message_delta says the same split at the end, with the output tokens)
+        out: list[dict[str, Any]] = []
+        if not self.opened:
+            self.opened = True
+            assert event.usage is not None, "the first token carries the prompt's usage"
+            out.append({"type": "message_start", "message": {
+                **self.message, "content": [], "stop_reason": None, "stop_sequence": None,
+                "usage": _usage(event.usage)}})
         # at the end, first what the parser held back (ReplyParser.finish)
-        out = [e for piece in event.pieces for e in self.blocks.events(piece)]
+        out += [e for piece in event.pieces for e in self.blocks.events(piece)]
         if isinstance(event, TokenEvent):
             return out
         return out + self.blocks.end() + [

@@ -105,6 +105,7 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
         config.set("sparse_attn_enabled", True)
     context = Context(model, n_ctx=settings.n_ctx, n_threads=settings.threads,
                       n_seq_max=settings.max_sessions + _REQUEST_SEQUENCES, config=config)
+    _say_foreign_entries(context, settings.model)
     scheduler = Scheduler(prefetch=Session.prefetch_steps)  # decode steps of concurrent generations batched
     metrics = Metrics()
     service = Service(context, scheduler, metrics, max_sessions=settings.max_sessions,
@@ -236,6 +237,21 @@ class NoChatTemplate:
 
     def render_marked(self, *args: Any, **kwargs: Any) -> tuple[str, list[tuple[int, int]]]:
         raise ChatTemplateError(self.why)  # (--sparse-tool-results renders this way)
+
+
+def _say_foreign_entries(context: Context, model: str) -> None:
+    """Once, at the start: entries of the disk tier this server never restores (another model's or
+    build's: each would be a miss), so that an operator who expected a warm restart knows why not."""
+    store = context.persist
+    layout = None if store is None else context.persist_layout
+    if store is None or layout is None:
+        return
+    foreign, entries = store.foreign(layout), store.entries()
+    if foreign:
+        print(f"pyllamaopt serve: {len(foreign)} of {len(entries)} entries in {store.directory} are for another model or "
+              f"build and will not be used; `pyllamaopt cache ls --model {model}` marks them, `pyllamaopt cache clean "
+              "--all` clears the directory (--max-mb, --max-age: the least recently used first)", file=sys.stderr,
+              flush=True)
 
 
 async def _expire_idle(service: Service, every: float) -> None:

@@ -23,8 +23,8 @@ class ChatSurface(Protocol):
 
     call_id_prefix: str  # of the ids given to the reply's calls
 
-    def stream(self, events: AsyncGenerator[Event, None], prompt_tokens: int) -> StreamingResponse:
-        """The events as the surface's server-sent events; `prompt_tokens`: the prompt's length."""
+    def stream(self, events: AsyncGenerator[Event, None]) -> StreamingResponse:
+        """The events as the surface's server-sent events."""
         ...
 
     def whole(self, done: DoneEvent) -> dict[str, Any]:
@@ -41,6 +41,6 @@ async def answer_chat(request: Request, surface: ChatSurface, turns: Sequence[Tu
     events = await started(service.complete(tokens, prompt.generate_params(params, surface.call_id_prefix),
                                             tool_spans=tool_spans))
     if stream:
-        return surface.stream(events, len(tokens))
+        return surface.stream(events)
     _, _, done = await collect(events, request.receive)
     return surface.whole(done)

@@ -13,13 +13,6 @@ from .reply_parser import Piece, Reply
 
 
 @dataclass(frozen=True)
-class TokenEvent:
-    id: int
-    text: str
-    pieces: tuple[Piece, ...] = ()  # a chat reply: what this token's text added to the parsed reply
-
-
-@dataclass(frozen=True)
 class Usage:
     """What one request cost: prompt tokens and how their KV was obtained, generated tokens."""
 
@@ -34,7 +27,8 @@ class Usage:
 
     @property
     def cached_tokens(self) -> int:
-        """Prompt tokens whose KV was reused (in RAM or from disk), not computed."""
+        """Prompt tokens whose KV was reused, not computed: from RAM or restored from the disk tier
+        (``restored`` is the part that came from disk)."""
         return max(0, self.prompt_tokens - self.computed)
 
     def as_dict(self) -> dict[str, Any]:
@@ -42,6 +36,16 @@ class Usage:
                 "cached_tokens": self.cached_tokens, "computed_tokens": self.computed,
                 "restored_tokens": self.restored, "drafted_tokens": self.drafted,
                 "grammar_forced_tokens": self.forced, "approximate": self.approximate}
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    id: int
+    text: str
+    pieces: tuple[Piece, ...] = ()  # a chat reply: what this token's text added to the parsed reply
+    # the first token's: the usage so far, which says how the prompt's KV was obtained (a stream's
+    # opening event reports it, as Anthropic's message_start does)
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True)

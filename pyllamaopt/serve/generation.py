@@ -49,23 +49,20 @@ class GenerationRunner:
                 steps = iter(generation)
                 while (token := typed_errors(lambda: next(steps, None))) is not None:
                     now = time.perf_counter()
+                    prompt_usage = None
                     if last is None:
                         self.metrics.time_to_first_token_seconds.observe(now - started)
+                        prompt_usage = _usage(session, before, prompt_tokens, 0)
                     else:
                         self.metrics.inter_token_latency_seconds.observe(now - last)
                     last = now
                     pieces = () if reply is None else tuple(reply.feed(token.text))
-                    yield TokenEvent(token.id, token.text, pieces)
+                    yield TokenEvent(token.id, token.text, pieces, prompt_usage)
                     if reply is not None and (ended_by := reply.end_reason):
                         generation.close()
                         break
                 verify(history)
-                stats = session.stats - before
-                usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=len(generation.tokens),
-                              computed=stats.tokens_prefilled,
-                              restored=stats.persist_tokens_restored, drafted=stats.memo_tokens_skipped,
-                              forced=stats.schema_tokens_inferred, approximate=session.approx_from is not None,
-                              sparse_dropped=stats.sparse_tokens_dropped)
+                usage = _usage(session, before, prompt_tokens, len(generation.tokens))
                 self.metrics.count_usage(usage)
                 check = None if schema is None else SchemaCheck(generation.schema_valid, generation.schema_error)
                 stop_string = reply.stop_string if ended_by and reply is not None else generation.stop_string
@@ -78,3 +75,12 @@ class GenerationRunner:
                     # again), not when the garbage collector finds the generation (it is a cycle)
                     generation.close()
                 finished()
+
+
+def _usage(session: Session, before: Stats, prompt_tokens: int, completion_tokens: int) -> Usage:
+    """What the session's work since `before` cost, `completion_tokens` generated."""
+    stats = session.stats - before
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, computed=stats.tokens_prefilled,
+                 restored=stats.persist_tokens_restored, drafted=stats.memo_tokens_skipped,
+                 forced=stats.schema_tokens_inferred, approximate=session.approx_from is not None,
+                 sparse_dropped=stats.sparse_tokens_dropped)

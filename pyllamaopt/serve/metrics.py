@@ -55,6 +55,11 @@ class Metrics:
             "instead), by reason (docs/exactness.md)", ["reason"], registry=r)
         for reason in SHIFT_FALLBACK_REASONS:
             self.shift_fallbacks.labels(reason=reason)
+        self.persist_saves = Counter("pyllamaopt_persist_saves", "Contexts saved to the disk tier "
+                                     "(LLAMA_OPT_PERSIST_ENABLED=1)", registry=r)
+        self.persist_errors = Counter("pyllamaopt_persist_errors", "Saves to the disk tier that failed (a full disk, a "
+                                      "read-only directory): the requests went on without them", registry=r)
+        self._persist_seen = (0, 0)  # the context's totals counted so far: saves, errors
         self.queue_depth = Gauge("pyllamaopt_queue_depth", "Calls and generations waiting for the scheduler",
                                  registry=r)
         self.time_to_first_token_seconds = Histogram(
@@ -72,6 +77,14 @@ class Metrics:
         self.tokens_drafted.inc(usage.drafted)
         self.tokens_forced.inc(usage.forced)
         self.sparse_tokens_dropped.inc(usage.sparse_dropped)
+
+    def follow_persist(self, totals: Stats) -> None:
+        """The disk tier's saves and failures, from the context's totals (`totals`): they happen as
+        sessions close or are written behind, not within one request's usage."""
+        saves, errors = self._persist_seen
+        self.persist_saves.inc(totals.persist_saves - saves)
+        self.persist_errors.inc(totals.persist_errors - errors)
+        self._persist_seen = (totals.persist_saves, totals.persist_errors)
 
     def count_shift_fallbacks(self, spent: Stats) -> None:
         for reason in SHIFT_FALLBACK_REASONS:

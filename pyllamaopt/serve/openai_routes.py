@@ -134,7 +134,7 @@ class _ChatCompletion:
         self.include_usage = include_usage
         self.first = True  # the first delta also says the role
 
-    def stream(self, events: AsyncGenerator[Event, None], prompt_tokens: int) -> StreamingResponse:
+    def stream(self, events: AsyncGenerator[Event, None]) -> StreamingResponse:
         return sse(events, self.chunks, error_body)
 
     def chunks(self, event: Event) -> list[dict[str, Any]]:

@@ -260,5 +260,6 @@ class Service:
         self.metrics.session_active.set(len(self._sessions))
         self.metrics.session_kv_live_bytes.set(cells * self.model.kv_bytes_per_token)
         self.metrics.queue_depth.set(self.scheduler.queue_depth())
+        self.metrics.follow_persist(self.context.stats)
         self._health = {"status": "ok", "sessions": len(self._sessions), "kv_cells_used": cells,
                         "n_ctx": self.context.n_ctx}

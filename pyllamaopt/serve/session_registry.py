@@ -59,8 +59,12 @@ class SessionRegistry:
             self.drop(session_id, entry, outcome="evicted", evicted_reason="kv_full")
             entry = None
         if entry is None:
+            # ids live in this process: after a restart every one is unknown (their KV, saved to the
+            # disk tier, comes back for a new session with the same tokens)
             raise NotFound(f"session {session_id!r} does not exist: it was never created, or it was closed, "
-                           "expired or evicted; create a new one (and send its tokens again)")
+                           "expired or evicted, or the server restarted since; create a new one and send its tokens "
+                           "again (with the disk tier on, LLAMA_OPT_PERSIST_ENABLED=1, their KV is restored from disk "
+                           "rather than computed)")
         if idle and entry.busy:
             raise Busy(f"session {session_id!r} is {entry.busy}; wait until that ends")
         entry.last_used = time.monotonic()

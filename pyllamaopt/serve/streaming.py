@@ -75,9 +75,9 @@ async def _disconnect(receive: Receive) -> None:
 
 def sse(events: AsyncGenerator[Event, None], chunk: Callable[[Event], list[dict[str, Any]]],
         error_shape: Callable[[ServiceError], dict[str, Any]], *, done_line: bool = True,
-        named: bool = False, prologue: list[dict[str, Any]] | None = None) -> StreamingResponse:
-    """Server-sent events: `chunk` turns each event into the protocol's JSON payloads, after the
-    `prologue` payloads. `named`: each payload's "type" is also the event's name (Anthropic's
+        named: bool = False) -> StreamingResponse:
+    """Server-sent events: `chunk` turns each event into the protocol's JSON payloads.
+    `named`: each payload's "type" is also the event's name (Anthropic's
     stream); `done_line`: OpenAI's closing "[DONE]"."""
     def line(payload: dict[str, Any]) -> str:
         name = f"event: {payload['type']}\n" if named else ""
@@ -85,8 +85,6 @@ def sse(events: AsyncGenerator[Event, None], chunk: Callable[[Event], list[dict[
 
     async def body() -> AsyncGenerator[str, None]:
         async with contextlib.aclosing(events):
-            for payload in prologue or []:
-                yield line(payload)
             try:
                 async for event in events:
                     for payload in chunk(event):
