@@ -14,7 +14,7 @@ import pytest
 from pyllamaopt import InvalidArgumentError
 from test_memo import repetitive_prompt
 from test_reuse import context, text_tokens
-from test_structured import FORCING, generate, word_ids, words_model  # noqa: F401 (a fixture)
+from test_structured import FORCING, word_ids, words_model  # noqa: F401 (a fixture)
 
 N_GEN = 40
 
@@ -30,6 +30,17 @@ def generation_and_logits(model, prompt, n=N_GEN, **sampling):
             tokens.append(token.id)
             logits.append(s.logits())
         return tokens, logits[:len(tokens)]
+
+
+def run(model, prompt, n, config, **sampling):
+    """A generation on a context with `config`: its tokens, text, schema_valid and stats."""
+    with context(model, **config) as ctx:
+        s = ctx.session()
+        s.append(prompt)
+        before = s.stats
+        g = s.generate(n, **sampling)
+        tokens = [t.id for t in g]
+        return tokens, g.text, g.schema_valid, s.stats - before
 
 
 def adjusted(logits, history, bias=None, frequency=0.0, presence=0.0, repeat=1.0, last_n=64):
@@ -104,15 +115,10 @@ def test_memo_drafts_stay_exact_with_penalties(tiny_model, sampling):
     """A drafted token is kept only if the penalized pick, made after the tokens before it were
     accepted, is that token: the same tokens as without the memo."""
     prompt = repetitive_prompt(tiny_model)
-    runs = []
-    for memo in (False, True):
-        with context(tiny_model, memo_enabled=memo) as ctx:
-            s = ctx.session()
-            s.append(prompt)
-            before = s.stats
-            runs.append(([t.id for t in s.generate(N_GEN, logit_bias={7: -100}, **sampling)], s.stats - before))
+    runs = [run(tiny_model, prompt, N_GEN, {"memo_enabled": memo}, logit_bias={7: -100}, **sampling)
+            for memo in (False, True)]
     assert runs[1][0] == runs[0][0]
-    assert runs[1][1].memo_tokens_skipped > 0  # drafts were confirmed under the penalties
+    assert runs[1][3].memo_tokens_skipped > 0  # drafts were confirmed under the penalties
 
 
 def test_a_token_the_grammar_forces_is_taken_whatever_its_bias(words_model):  # noqa: F811
@@ -121,31 +127,19 @@ def test_a_token_the_grammar_forces_is_taken_whatever_its_bias(words_model):  # 
     prompt = word_ids(words_model, "hello world")
     ids = {words_model.token_bytes(t): t for t in range(words_model.n_vocab)}
     code, file, test = ids[b" code"], ids[b" file"], ids[b" test"]
-    runs = []
-    for skip in (False, True):
-        with context(words_model, schema_skip_enabled=skip) as ctx:
-            s = ctx.session()
-            s.append(prompt)
-            before = s.stats
-            g = s.generate(40, grammar=FORCING, logit_bias={code: -100, file: -100, test: 100},
-                           frequency_penalty=2.0)
-            runs.append(([t.id for t in g], g.text, s.stats - before))
+    runs = [run(words_model, prompt, 40, {"schema_skip_enabled": skip}, grammar=FORCING,
+                logit_bias={code: -100, file: -100, test: 100}, frequency_penalty=2.0) for skip in (False, True)]
     assert runs[1][:2] == runs[0][:2]
     assert re.fullmatch(r"the code test will return a value (paris|python)", runs[0][1])  # " file" banned, " test" +100
-    assert runs[1][2].schema_tokens_inferred == 6 and runs[0][2].schema_tokens_inferred == 0
+    assert runs[1][3].schema_tokens_inferred == 6 and runs[0][3].schema_tokens_inferred == 0
 
 
 @pytest.mark.parametrize("schema", [{"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
                                      "required": ["a", "b"]}])
 def test_penalties_under_a_json_schema_skip_exactly(tiny_model, schema):
     prompt = text_tokens(tiny_model, 40, seed=2)
-    outputs = []
-    for skip in (False, True):
-        with context(tiny_model, schema_skip_enabled=skip) as ctx:
-            s = ctx.session()
-            s.append(prompt)
-            g = s.generate(60, json_schema=schema, frequency_penalty=1.0, presence_penalty=0.5, repeat_penalty=1.2)
-            outputs.append(([t.id for t in g], g.schema_valid))
+    outputs = [run(tiny_model, prompt, 60, {"schema_skip_enabled": skip}, json_schema=schema, frequency_penalty=1.0,
+                   presence_penalty=0.5, repeat_penalty=1.2)[:3] for skip in (False, True)]
     assert outputs[1] == outputs[0]
 
 

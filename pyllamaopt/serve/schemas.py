@@ -30,16 +30,21 @@ class _Request(BaseModel):
 
 
 class _Untracked(_Request):
-    """OpenAI's fields that change nothing in an answer, accepted and ignored: who asked, tags,
-    whether OpenAI keeps the completion, its capacity tier, its prompt cache's routing and lifetime
-    (this server's cache is content-addressed and automatic), a predicted output (which OpenAI
-    uses for speed only)."""
+    """Fields that change nothing in an answer, accepted and ignored (OpenAI's and Anthropic's
+    both): tags, and the capacity tier."""
+
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+
+
+class _OpenAIUntracked(_Untracked):
+    """OpenAI's others: who asked, whether OpenAI keeps the completion, its prompt cache's routing
+    and lifetime (this server's cache is content-addressed and automatic), a predicted output
+    (which OpenAI uses for speed only)."""
 
     user: str | None = None
-    metadata: dict[str, Any] | None = None
-    store: bool | None = None
-    service_tier: str | None = None
     safety_identifier: str | None = None
+    store: bool | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     prompt_cache_options: dict[str, Any] | None = None
@@ -150,7 +155,7 @@ class _NoLogprobs(_Request):
         return None
 
 
-class ChatCompletionRequest(Sampling, _NoLogprobs, _Untracked):
+class ChatCompletionRequest(Sampling, _NoLogprobs, _OpenAIUntracked):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=0)
@@ -165,7 +170,7 @@ class ChatCompletionRequest(Sampling, _NoLogprobs, _Untracked):
     modalities: list[Literal["text"]] | None = None  # text is what this server answers
 
 
-class CompletionRequest(Sampling, _NoLogprobs, _Untracked):
+class CompletionRequest(Sampling, _NoLogprobs, _OpenAIUntracked):
     model: str | None = None
     prompt: str | list[int]
     max_tokens: int | None = Field(16, ge=0)
@@ -194,17 +199,15 @@ class AnthropicToolChoice(_Body):
     disable_parallel_tool_use: bool | None = None
 
 
-class CountTokensRequest(_Request):
+class CountTokensRequest(_Untracked):
     """Anthropic's prompt: what /v1/messages/count_tokens counts, and /v1/messages answers."""
 
     model: str | None = None
-    # accepted and ignored, as they change nothing in an answer: who asked and for whom, the
-    # capacity tier, where it runs, a cache breakpoint (this server's cache is automatic)
-    metadata: dict[str, Any] | None = None
-    service_tier: str | None = None
-    inference_geo: str | None = None
+    # accepted and ignored, as they change nothing in an answer: for whom, where it runs, a cache
+    # breakpoint (this server's cache is automatic)
     user_profile_id: str | None = None
     workspace_id: str | None = None
+    inference_geo: str | None = None
     cache_control: dict[str, Any] | None = None
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
