@@ -6,7 +6,7 @@ import contextlib
 import math
 import numbers
 import weakref
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -23,19 +23,55 @@ if TYPE_CHECKING:
     from .grammar import SchemaCheck, SchemaGrammar
 
 
+def _real(value: object) -> float:
+    """`value` as a float; NaN for what is not a real number (bool included)."""
+    return math.nan if isinstance(value, bool) or not isinstance(value, numbers.Real) else float(value)
+
+
+def _is_count(value: object) -> bool:
+    """Whether `value` is an int in [0, 2**31) (bool is refused: a True top_k is a mistake, not 1)."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and 0 <= int(value) < 2**31
+
+
 def _check_sampling(temperature: object, top_k: object, top_p: object, min_p: object) -> None:
     """InvalidArgumentError for a sampling value out of its range (objects: the caller may pass anything)."""
-    # bool is an int: refused, as a True top_k is a mistake, not 1
     for name, value, low_open, high in (("temperature", temperature, False, math.inf), ("top_p", top_p, True, 1.0),
                                         ("min_p", min_p, False, 1.0)):
-        x = math.nan if isinstance(value, bool) or not isinstance(value, numbers.Real) else float(value)
+        x = _real(value)
         ok = (0 < x if low_open else 0 <= x) and x <= high and math.isfinite(x)
         if not ok:
             where = {"temperature": "a finite number >= 0 (0: greedy)",
                      "top_p": "in (0, 1] (1: off)", "min_p": "in [0, 1] (0: off)"}[name]
             raise InvalidArgumentError(f"{name} must be {where}, got {value!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or not 0 <= int(top_k) < 2**31:
+    if not _is_count(top_k):
         raise InvalidArgumentError(f"top_k must be an integer >= 0 (0: off), got {top_k!r}")
+
+
+def _penalties(sampling: _core.Sampling, repeat: object, frequency: object, presence: object, last_n: object) -> None:
+    """The repetition penalties into `sampling`; InvalidArgumentError for a value out of its range."""
+    for name, value in (("frequency_penalty", frequency), ("presence_penalty", presence)):
+        if not math.isfinite(_real(value)):
+            raise InvalidArgumentError(f"{name} must be a finite number (0: off), got {value!r}")
+    if not (math.isfinite(_real(repeat)) and _real(repeat) > 0):
+        raise InvalidArgumentError(f"repeat_penalty must be a finite number > 0 (1: off), got {repeat!r}")
+    if not _is_count(last_n):
+        raise InvalidArgumentError(f"repeat_last_n must be an integer >= 0 (0: off), got {last_n!r}")
+    sampling.repeat_penalty, sampling.frequency_penalty, sampling.presence_penalty, sampling.repeat_last_n = (
+        _real(repeat), _real(frequency), _real(presence), int(cast(int, last_n)))
+
+
+def _logit_bias(bias: object, n_vocab: int) -> list[tuple[int, float]]:
+    """A {token id: bias} mapping as (token, bias) pairs; InvalidArgumentError naming a bad entry."""
+    if not isinstance(bias, Mapping):
+        raise InvalidArgumentError(f"logit_bias must map token ids to biases, got {bias!r}")
+    pairs = []
+    for token, value in bias.items():
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral) or not 0 <= int(token) < n_vocab:
+            raise InvalidArgumentError(f"logit_bias: token {token!r} is not a token id of this model (0..{n_vocab - 1})")
+        if not math.isfinite(_real(value)):
+            raise InvalidArgumentError(f"logit_bias: the bias of token {token} must be a finite number, got {value!r}")
+        pairs.append((int(token), _real(value)))
+    return pairs
 
 
 class Generation(Iterator[Token]):
@@ -329,6 +365,8 @@ class Session:
 
     def generate(self, max_tokens: int | None = 256, *, temperature: float = 0.0, top_k: int = 40,
                  top_p: float = 0.95, min_p: float = 0.05, seed: int | None = None,
+                 logit_bias: Mapping[int, float] | None = None, frequency_penalty: float = 0.0,
+                 presence_penalty: float = 0.0, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  stop: str | Sequence[str] | None = (), grammar: str | None = None,
                  json_schema: dict | bool | SchemaGrammar | None = None, strict: bool = True,
                  on_finish: Callable[[Generation], None] | None = None) -> Generation:
@@ -336,6 +374,13 @@ class Session:
 
         max_tokens  at most this many tokens (None: until end of generation or a full context)
         seed        makes sampling reproducible (default: random)
+        logit_bias  {token id: bias} added to those tokens' logits before anything else (OpenAI
+                    uses -100..100: -100 bans a token in practice, except one the grammar forces)
+        frequency_penalty, presence_penalty, repeat_penalty, repeat_last_n
+                    llama.cpp's repetition penalties, after the biases, over the last
+                    ``repeat_last_n`` tokens of the history (the prompt's included): a token's
+                    logit less ``frequency_penalty`` per occurrence and ``presence_penalty`` once,
+                    divided by ``repeat_penalty`` (multiplied, if negative); 0, 0 and 1: off
         stop        strings that end generation; they are not part of the returned text
         grammar     a GBNF grammar (llama.cpp's format, a ``root`` rule) the output must match
         json_schema a JSON Schema the output must be an instance of (True: any JSON value), or
@@ -374,6 +419,8 @@ class Session:
         sampling = _core.Sampling()
         sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.seed = (
             float(temperature), int(top_k), float(top_p), float(min_p), seed)
+        sampling.logit_bias = _logit_bias(logit_bias or {}, self.context.model.n_vocab)
+        _penalties(sampling, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n)
         if grammar is not None and json_schema is not None:
             raise InvalidArgumentError("give grammar or json_schema, not both")
         schema: SchemaGrammar | None = None

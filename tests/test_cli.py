@@ -59,6 +59,28 @@ def test_run_on_a_model_file(tiny_model_path):
     assert result.stdout.strip()
 
 
+def test_run_takes_the_repetition_penalties(tiny_model_path, tiny_model):
+    """llama-cli's options: the text Session.generate gives with the same penalties (and a bad
+    value is exit code 2 with what to do)."""
+    from pyllamaopt import Context
+
+    prompt = "the capital of france is the capital of france is"
+    penalties = {"frequency_penalty": 1.5, "presence_penalty": 0.5, "repeat_penalty": 1.2, "repeat_last_n": 32}
+    with Context(tiny_model, n_ctx=512, n_threads=2) as ctx:
+        s = ctx.session()
+        s.append_text(prompt)
+        expected = s.generate_text(12, **penalties)
+        s2 = ctx.session()
+        s2.append_text(prompt)
+        assert s2.generate_text(12) != expected
+    result = run("run", "--model", str(tiny_model_path), "-n", "12", "-t", "2", "--frequency-penalty", "1.5",
+                 "--presence-penalty", "0.5", "--repeat-penalty", "1.2", "--repeat-last-n", "32", prompt)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == expected + "\n"
+    result = run("run", "--model", str(tiny_model_path), "-n", "2", "--repeat-penalty", "0", prompt)
+    assert result.returncode == 2 and "repeat_penalty must be a finite number > 0" in result.stderr
+
+
 def test_run_reads_stdin_and_model_from_the_environment(tiny_model_path):
     result = run("run", "-n", "4", env={"LLAMA_OPT_MODEL": str(tiny_model_path)}, input="hello world")
     assert result.returncode == 0, result.stderr

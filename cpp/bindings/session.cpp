@@ -18,7 +18,29 @@ void register_session(py::module_ & m) {
         .def_readwrite("min_p", &llama_opt_sampling::min_p)
         .def_property("seed",  // None: a random seed
             [](const llama_opt_sampling & s) { return s.seed == LLAMA_DEFAULT_SEED ? std::optional<uint32_t>() : s.seed; },
-            [](llama_opt_sampling & s, std::optional<uint32_t> seed) { s.seed = seed.value_or(LLAMA_DEFAULT_SEED); });
+            [](llama_opt_sampling & s, std::optional<uint32_t> seed) { s.seed = seed.value_or(LLAMA_DEFAULT_SEED); })
+        .def_property("logit_bias",  // (token, bias) pairs
+            [](const llama_opt_sampling & s) {
+                std::vector<std::pair<llama_token, float>> pairs;
+                for (const llama_logit_bias & b : s.logit_bias) {
+                    pairs.emplace_back(b.token, b.bias);
+                }
+                return pairs;
+            },
+            [](llama_opt_sampling & s, const std::vector<std::pair<llama_token, float>> & pairs) {
+                s.logit_bias.clear();
+                for (const auto & [token, bias] : pairs) {
+                    s.logit_bias.push_back({ token, bias });
+                }
+            })
+        .def_property("repeat_penalty", [](const llama_opt_sampling & s) { return s.penalties.repeat; },
+                      [](llama_opt_sampling & s, float v) { s.penalties.repeat = v; })
+        .def_property("frequency_penalty", [](const llama_opt_sampling & s) { return s.penalties.frequency; },
+                      [](llama_opt_sampling & s, float v) { s.penalties.frequency = v; })
+        .def_property("presence_penalty", [](const llama_opt_sampling & s) { return s.penalties.presence; },
+                      [](llama_opt_sampling & s, float v) { s.penalties.presence = v; })
+        .def_property("repeat_last_n", [](const llama_opt_sampling & s) { return s.penalties.last_n; },
+                      [](llama_opt_sampling & s, int32_t v) { s.penalties.last_n = v; });
 
     py::class_<llama_opt_step>(m, "Step", "One generated token (token -1: the grammar allows none).")
         .def_readonly("token", &llama_opt_step::token)

@@ -30,6 +30,7 @@ llama_token llama_opt_session_decode::next_token() {
         generating_   = true;
         output_begin_ = history_.size();
         room_.reserve_output_room(output_budget_);
+        sampler_.start_generation(history_.tokens());
     }
     if (sampler_.constrained() && ctx.settings().config.schema_skip_enabled && history_.n_evaluated() > 0) {
         const llama_token inferred = sampler_.next_inferred();

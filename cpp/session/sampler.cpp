@@ -13,6 +13,7 @@ llama_opt_sampler::~llama_opt_sampler() {
 }
 
 void llama_opt_sampler::set_sampling(const llama_opt_sampling & s) {
+    auto adjust = std::make_unique<llama_opt_logit_adjust>((int32_t) model_.n_vocab(), s.logit_bias, s.penalties);
     llama_sampler * chain = llama_sampler_chain_init(llama_sampler_chain_default_params());
     if (s.temperature <= 0.0f) {
         llama_sampler_chain_add(chain, llama_sampler_init_greedy());
@@ -33,6 +34,7 @@ void llama_opt_sampler::set_sampling(const llama_opt_sampling & s) {
     chain_  = chain;
     greedy_ = s.temperature <= 0.0f;
     top_k_  = s.top_k;
+    adjust_ = std::move(adjust);
 }
 
 void llama_opt_sampler::set_grammar(const std::string & gbnf, uint32_t max_tokens) {
@@ -53,16 +55,17 @@ llama_opt_sampler::grammar_report llama_opt_sampler::end_generation() {
     return report;
 }
 
-llama_token llama_opt_sampler::pick(const std::vector<float> & logits) {
+llama_token llama_opt_sampler::pick(const std::vector<float> & raw) {
+    const float * logits = adjust_->apply(raw);
     if (grammar_) {
-        return greedy_ ? grammar_->best(logits.data(), config_.schema_full_mask) : sample_allowed(logits.data());
+        return greedy_ ? grammar_->best(logits, config_.schema_full_mask) : sample_allowed(logits);
     }
     if (greedy_) {
         // what llama_sampler_init_greedy picks (the first maximum), without a 262k-entry array
-        return (llama_token) llama_opt_first_max(logits.data(), logits.size());
+        return (llama_token) llama_opt_first_max(logits, raw.size());
     }
-    candidates_.resize(logits.size());
-    for (size_t i = 0; i < logits.size(); ++i) {
+    candidates_.resize(raw.size());
+    for (size_t i = 0; i < raw.size(); ++i) {
         candidates_[i] = { (llama_token) i, logits[i], 0.0f };
     }
     llama_token_data_array cur = { candidates_.data(), candidates_.size(), -1, false };
@@ -74,6 +77,7 @@ void llama_opt_sampler::accept(llama_token token) {
     if (grammar_) {
         grammar_->accept(token);
     }
+    adjust_->accept(token);
     llama_sampler_accept(chain_, token);
 }
 

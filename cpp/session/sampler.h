@@ -3,12 +3,13 @@
 // session/sampler: how a session picks its next token: sampling parameters, and a GBNF
 // grammar that constrains them. With schema_skip_enabled a token the grammar decides is taken
 // without logits (methods/grammar); with schema_jump_forward a forced string is taken as its
-// own tokens.
+// own tokens. Logit biases and repetition penalties adjust the logits first (session/logit-adjust).
 
 #include "engine/model.h"
 #include "base/config.h"
 #include "base/types.h"
 #include "llama.h"
+#include "session/logit-adjust.h"
 
 #include <memory>
 #include <string>
@@ -22,6 +23,8 @@ struct llama_opt_sampling {
     float    top_p       = 0.95f; // >= 1: off
     float    min_p       = 0.05f; // <= 0: off
     uint32_t seed        = LLAMA_DEFAULT_SEED;  // random
+    std::vector<llama_logit_bias> logit_bias;      // added to the logits before anything else
+    llama_opt_penalties           penalties;       // then the repetition penalties (default: off)
 };
 
 class llama_opt_sampler {
@@ -33,7 +36,10 @@ public:
     llama_opt_sampler(const llama_opt_sampler &)             = delete;
     llama_opt_sampler & operator=(const llama_opt_sampler &) = delete;
 
+    // Throws llama_opt_error(invalid_argument) for a bias or penalty out of range (logit-adjust).
     void set_sampling(const llama_opt_sampling & sampling);
+    // A generation starts after `history` (the penalties look back over its end).
+    void start_generation(const std::vector<llama_token> & history) { adjust_->start(history); }
     // Throws llama_opt_error(grammar) if `gbnf` does not parse; "": no grammar. max_tokens: the
     // output's budget (0: none), which the grammar keeps to with schema_fit_max_tokens.
     void set_grammar(const std::string & gbnf, uint32_t max_tokens = 0);
@@ -56,7 +62,7 @@ public:
     grammar_report end_generation();
 
 private:
-    llama_token sample_allowed(const float * logits);  // seeded sampling under the grammar
+    llama_token sample_allowed(const float * logits);  // seeded sampling under the grammar (adjusted logits)
     void        queue_jump_forward();                  // a forced string's own tokens, into inferred_queue_
 
     const llama_opt_model &            model_;
@@ -64,6 +70,7 @@ private:
     llama_sampler *                    chain_  = nullptr;
     bool                               greedy_ = true;  // argmax directly, no candidate array
     int32_t                            top_k_  = 40;
+    std::unique_ptr<llama_opt_logit_adjust> adjust_;
     std::unique_ptr<llama_opt_grammar> grammar_;
     std::vector<llama_token>           inferred_queue_;  // decided tokens still to take, last first
     std::vector<llama_token_data>      candidates_;      // sampling scratch, reused per step

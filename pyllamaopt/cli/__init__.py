@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-n", "--max-tokens", type=int, default=max_tokens, help=f"default {max_tokens}")
         p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
         p.add_argument("--seed", type=int, default=None)
+        # llama-cli's names and defaults (Session.generate's)
+        p.add_argument("--repeat-penalty", type=float, default=1.0, help="a repeated token's logit / this (1 = off)")
+        p.add_argument("--frequency-penalty", type=float, default=0.0, help="minus this per occurrence (0 = off)")
+        p.add_argument("--presence-penalty", type=float, default=0.0, help="minus this once it occurred (0 = off)")
+        p.add_argument("--repeat-last-n", type=int, default=64, help="the penalties' window in tokens (default 64)")
 
     p = sub.add_parser("run", help="complete one prompt", description="Complete one prompt (argument or stdin).")
     p.add_argument("prompt", nargs="?", help="the prompt (default: read stdin)")

@@ -47,10 +47,16 @@ class _Sampling(TypedDict):
     max_tokens: int | None
     temperature: float
     seed: int | None
+    repeat_penalty: float
+    frequency_penalty: float
+    presence_penalty: float
+    repeat_last_n: int
 
 
 def _sampling(args: argparse.Namespace) -> _Sampling:
-    return {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}
+    return {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed,
+            "repeat_penalty": args.repeat_penalty, "frequency_penalty": args.frequency_penalty,
+            "presence_penalty": args.presence_penalty, "repeat_last_n": args.repeat_last_n}
 
 
 def _stream(generation: Generation) -> None:

@@ -92,6 +92,10 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+# A field no route declares (schemas.py): refused, not ignored, since it could change the answer.
+_UNKNOWN_FIELD = ("this server does not take this field, and refuses it rather than ignore it (docs/serve.md lists "
+                  "the fields it takes)")
+
 # Sequences a context needs: protocol sessions, requests in flight, closed ones kept for reuse.
 _REQUEST_SEQUENCES = 16
 
@@ -169,7 +173,8 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
         if request.method == "POST" and not _is_json(kind):  # (FastAPI then says "Input should be a valid dictionary")
             return error_response(request, ServiceError(f"the request body must be JSON, sent with 'Content-Type: "
                                                         f"application/json' (got {kind or 'no content type'!r})"))
-        where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {_UNKNOWN_FIELD if e['type'] == 'extra_forbidden' else e['msg']}"
+                          for e in exc.errors())
         return error_response(request, ServiceError(f"invalid request body: {where}"))
 
     @app.exception_handler(StarletteHTTPException)

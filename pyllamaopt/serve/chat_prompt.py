@@ -81,8 +81,8 @@ def render_prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence
     grammar = None
     if generic:
         if params.json_schema is not None or params.grammar is not None:
-            raise BadRequest("response_format cannot be combined with tools: the reply's format is the tool-calling "
-                             "one (docs/serve.md); describe the answer's shape as a tool's parameters instead")
+            raise BadRequest("response_format cannot be combined with tools, nor can grammar: the reply's format is the "
+                             "tool-calling one (docs/serve.md); describe the answer's shape as a tool's parameters instead")
         grammar = reply_grammar(tools, choice)
         try:  # (they apply to the answer's decoded text: GenerateParams.engine_kwargs)
             stop_list(params.stop)

@@ -22,6 +22,11 @@ class GenerateParams:
     top_k: int = 40
     min_p: float = 0.05
     seed: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
     # the request's stop strings: the engine matches them in the generated text, except in a generic
     # reply, whose parser matches them in the answer's decoded text (in the JSON they would match a
     # call's text, or escapes)
@@ -40,4 +45,7 @@ class GenerateParams:
     def engine_kwargs(self) -> dict[str, Any]:
         """Session.generate's sampling arguments."""
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
-                "seed": self.seed, "stop": [] if self.generic_reply else self.stop, "grammar": self.grammar}
+                "seed": self.seed, "logit_bias": self.logit_bias, "frequency_penalty": self.frequency_penalty,
+                "presence_penalty": self.presence_penalty, "repeat_penalty": self.repeat_penalty,
+                "repeat_last_n": self.repeat_last_n, "stop": [] if self.generic_reply else self.stop,
+                "grammar": self.grammar}

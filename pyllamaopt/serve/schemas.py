@@ -1,7 +1,11 @@
 """Request bodies, one pydantic model per route body (validation and OpenAPI for free).
 
-Fields OpenAI or Anthropic clients send that we do not use are accepted and ignored (clients send
-many); fields we use are type-checked, and a wrong type is a 400 naming the field.
+One policy for every route (docs/serve.md, "Request fields"): a request's fields are honoured, or
+refused with a 400 naming them; a field this server does not know is refused too (it could change
+the answer: a llama-server sampler, a typo of one we take), except the few that cannot change an
+answer (``user``, ``metadata``, ...), which are accepted and ignored. Inside messages and tools,
+keys we do not use are ignored: clients send back the assistant messages they received (with
+``refusal``, ``annotations``, ...). A field of the wrong type is a 400 naming it.
 """
 from __future__ import annotations
 
@@ -14,32 +18,81 @@ from .params import GenerateParams
 
 
 class _Body(BaseModel):
+    """A part of a request (a message, a tool): keys we do not use are ignored."""
+
     model_config = ConfigDict(extra="allow")
 
 
-class Sampling(_Body):
+class _Request(BaseModel):
+    """A request body: a field not declared is refused (a 400 naming it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Untracked(_Request):
+    """Fields that change nothing in an answer, accepted and ignored (OpenAI's and Anthropic's
+    both): tags, and the capacity tier."""
+
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+
+
+class _OpenAIUntracked(_Untracked):
+    """OpenAI's others: who asked, whether OpenAI keeps the completion, its prompt cache's routing
+    and lifetime (this server's cache is content-addressed and automatic), a predicted output
+    (which OpenAI uses for speed only)."""
+
+    user: str | None = None
+    safety_identifier: str | None = None
+    store: bool | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+
+
+class Sampling(_Request):
     temperature: float | None = Field(None, ge=0, description="default 0: greedy (reproducible answers)")
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0, le=1)
     seed: int | None = Field(None, ge=0, lt=2**32 - 1)
     stop: str | list[str] | None = None
+    logit_bias: dict[str, float] | None = Field(
+        None, description="token id (as a string, /v1/tokenize gives them) -> bias in [-100, 100], added to its logit")
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    repeat_penalty: float | None = Field(None, gt=0, description="llama.cpp's (1: off)")
+    repeat_last_n: int | None = Field(None, ge=0, lt=2**31, description="the tokens the penalties look back over (default 64)")
+    grammar: str | None = Field(None, description="GBNF with a root rule (not with response_format or tools)")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (bias or {}).items():
+            if not key.isdecimal():
+                raise ValueError(f"the key {key!r} is not a token id: logit_bias maps token ids, as strings, to biases "
+                                 "(POST /v1/tokenize gives a text's ids)")
+            if not -100 <= value <= 100:
+                raise ValueError(f"the bias of token {key} is {value}: biases are in [-100, 100]")
+        return bias
 
     def params(self, max_tokens: int | None, n_ctx: int, response_format: dict[str, Any] | None = None) -> GenerateParams:
         """The generation these fields ask for. A max_tokens beyond the context is clamped to it
-        (OpenAI clients send large values): the answer then ends with finish reason 'length'."""
+        (OpenAI clients send large values): the answer then ends with finish reason 'length'. A
+        logit_bias token outside the vocabulary is refused by the engine (a 400 naming it)."""
         p = GenerateParams(max_tokens=None if max_tokens is None else min(max_tokens, n_ctx))
-        if self.temperature is not None:
-            p.temperature = self.temperature
-        if self.top_p is not None:
-            p.top_p = self.top_p
-        if self.top_k is not None:
-            p.top_k = self.top_k
-        if self.min_p is not None:
-            p.min_p = self.min_p
+        for name in ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+                     "repeat_penalty", "repeat_last_n"):
+            if getattr(self, name) is not None:
+                setattr(p, name, getattr(self, name))
+        p.logit_bias = {int(token): bias for token, bias in (self.logit_bias or {}).items()}
         p.seed = self.seed
         p.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         p.json_schema, p.schema_strict = _json_schema(response_format)
+        if self.grammar is not None and p.json_schema is not None:
+            raise BadRequest("give grammar or response_format, not both")
+        p.grammar = self.grammar
         return p
 
 
@@ -85,7 +138,7 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class _NoLogprobs(_Body):
+class _NoLogprobs(_Request):
     """Log-probabilities are refused with a 400 rather than answered null: a client that asks for
     them relies on them (the engine keeps no per-token log-probabilities; echo and n > 1 likewise)."""
 
@@ -102,7 +155,7 @@ class _NoLogprobs(_Body):
         return None
 
 
-class ChatCompletionRequest(Sampling, _NoLogprobs):
+class ChatCompletionRequest(Sampling, _NoLogprobs, _OpenAIUntracked):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=0)
@@ -114,13 +167,15 @@ class ChatCompletionRequest(Sampling, _NoLogprobs):
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    modalities: list[Literal["text"]] | None = None  # text is what this server answers
 
 
-class CompletionRequest(Sampling, _NoLogprobs):
+class CompletionRequest(Sampling, _NoLogprobs, _OpenAIUntracked):
     model: str | None = None
     prompt: str | list[int]
     max_tokens: int | None = Field(16, ge=0)
     n: Literal[1] = 1
+    best_of: Literal[1] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     echo: Literal[False] = False
@@ -144,10 +199,16 @@ class AnthropicToolChoice(_Body):
     disable_parallel_tool_use: bool | None = None
 
 
-class CountTokensRequest(_Body):
+class CountTokensRequest(_Untracked):
     """Anthropic's prompt: what /v1/messages/count_tokens counts, and /v1/messages answers."""
 
     model: str | None = None
+    # accepted and ignored, as they change nothing in an answer: for whom, where it runs, a cache
+    # breakpoint (this server's cache is automatic)
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
+    inference_geo: str | None = None
+    cache_control: dict[str, Any] | None = None
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
     tools: list[AnthropicTool] | None = None
@@ -163,17 +224,15 @@ class MessagesRequest(CountTokensRequest):
     stream: bool = False
 
     def params(self, n_ctx: int) -> GenerateParams:
-        return Sampling(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=None, seed=None,
-                        stop=self.stop_sequences).params(self.max_tokens, n_ctx)
+        return Sampling.model_validate({"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                                        "stop": self.stop_sequences}).params(self.max_tokens, n_ctx)
 
 
-class Tokens(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Tokens(_Request):
     tokens: list[int] = Field(default_factory=list)
 
 
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TokenizeRequest(_Request):
     text: str
     add_bos: bool = False   # the model's BOS token first, if the model uses one
     special: bool = False   # special-token text such as "<start_of_turn>" parsed as those tokens
@@ -185,12 +244,9 @@ class SessionGenerateRequest(Sampling):
     max_tokens: int | None = Field(256, ge=0)
     stream: bool = False
     response_format: dict[str, Any] | None = None
-    grammar: str | None = Field(None, description="GBNF with a root rule (not with response_format)")
 
     def generate_params(self, n_ctx: int) -> GenerateParams:
-        p = self.params(self.max_tokens, n_ctx, self.response_format)
-        p.grammar = self.grammar
-        return p
+        return self.params(self.max_tokens, n_ctx, self.response_format)
 
 
 def _json_schema(response_format: dict[str, Any] | None) -> tuple[dict[str, Any] | bool | None, bool]:
