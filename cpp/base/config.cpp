@@ -117,6 +117,8 @@ const std::vector<llama_opt_field> & llama_opt_fields() {
         OPT_BOOL(persist_enabled,            "LLAMA_OPT_PERSIST_ENABLED",                      "persistent KV cache on disk"),
         OPT_TEXT(persist_dir,                "LLAMA_OPT_PERSIST_DIR",                          "directory of the persistent KV cache"),
         OPT_UINT(persist_max_mb,             "LLAMA_OPT_PERSIST_MAX_MB",       0, 1u << 30,   "size budget of that directory in MiB (0: none)"),
+        OPT_BOOL(persist_write_behind,       "LLAMA_OPT_PERSIST_WRITE_BEHIND",                 "write each prompt's new blocks behind, in a background thread, as soon as they are computed"),
+        OPT_UINT(persist_queue_mb,           "LLAMA_OPT_PERSIST_QUEUE_MB",     1, 1u << 20,   "most MiB of rows queued for the background writer (more: the write is dropped, counted)"),
         OPT_BOOL(memo_enabled,               "LLAMA_OPT_MEMO_ENABLED",                         "token-level output memoization"),
         OPT_UINT(memo_draft_max,             "LLAMA_OPT_MEMO_DRAFT_MAX",       1, LLAMA_OPT_MEMO_MATCH_MAX,
                  "most tokens of earlier output checked in one forward pass"),
