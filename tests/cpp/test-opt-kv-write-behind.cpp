@@ -99,12 +99,18 @@ static void test_over_the_bound_a_job_is_dropped_and_the_session_told() {
     CHECK(writer.submit(job_of(c2, 0, b)) && writer.flush(10) && writer.counts().saves == 2);  // room again
 }
 
+// writes a 3-block prompt through `writer`; returns a 5-block context extending it
+static context write_prompt(llama_opt_persist_write_behind & writer, const std::shared_ptr<llama_opt_persist_account> & account) {
+    const context prompt = make(3, 1);
+    CHECK(writer.submit(job_of(prompt, 0, account)) && writer.flush(10));
+    return make(5, 1, 3, &prompt);
+}
+
 static void test_a_job_whose_base_is_gone_is_dropped() {
     llama_opt_persist_store store(fresh_dir("kv"));
     llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, nullptr);
     auto account = std::make_shared<llama_opt_persist_account>();
-    const context prompt = make(3, 1), longer = make(5, 1, 3, &prompt);
-    CHECK(writer.submit(job_of(prompt, 0, account)) && writer.flush(10));
+    const context longer = write_prompt(writer, account);
     CHECK(store.remove(store.list()[0].path));  // cleaned up by another process, say
     CHECK(writer.submit(job_of(longer, 3, account)) && writer.flush(10));
     CHECK(store.list().empty() && writer.counts().writes_dropped == 1 && writer.counts().errors == 0);
@@ -115,8 +121,7 @@ static void test_a_bad_block_of_the_base_stays_detectable() {
     llama_opt_persist_store store(fresh_dir("kv"));
     llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, nullptr);
     auto account = std::make_shared<llama_opt_persist_account>();
-    const context prompt = make(3, 1), longer = make(5, 1, 3, &prompt);
-    CHECK(writer.submit(job_of(prompt, 0, account)) && writer.flush(10));
+    const context longer = write_prompt(writer, account);
     const llama_opt_persist_entry base = store.list()[0];
     flip_byte(base.path, (long) (base.data_offset + B * 32 + 3));  // in block 1
     CHECK(writer.submit(job_of(longer, 3, account)) && writer.flush(10));
