@@ -221,6 +221,20 @@ def test_a_fork_queues_only_the_blocks_it_adds(tiny_model, tmp_path):
         assert ctx.persist.entries() == []
 
 
+def test_a_discarded_session_s_queued_blocks_are_not_written(tiny_model, tmp_path):
+    """discard() (after an invariant violation its KV is not to be trusted): what it queued and
+    the writer has not started is dropped, nothing of it reaches the disk."""
+    with persistent(tiny_model, tmp_path) as ctx:
+        ctx._core._hold_persist_writer(True)
+        s = ctx.session()
+        s.append(text_tokens(tiny_model, 700))
+        s.discard()
+        ctx._core._hold_persist_writer(False)
+        assert ctx.flush_persist(timeout=60)
+        assert ctx.stats.persist_writes_dropped == 1 and ctx.stats.persist_saves == 0
+    assert llkv_files(tmp_path) == []
+
+
 def test_write_behind_off_writes_on_close_only(tiny_model, tmp_path):
     """persist_write_behind=False: nothing is written while the session is open, as before."""
     tokens = text_tokens(tiny_model, 700)

@@ -101,6 +101,26 @@ bool llama_opt_persist_write_behind::wait_written(double timeout_s,
     return written;
 }
 
+void llama_opt_persist_write_behind::cancel(const llama_opt_persist_account * account) {
+    std::deque<llama_opt_persist_job> cancelled;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (auto it = queue_.begin(); it != queue_.end();) {
+            if (it->account.get() == account) {
+                queued_bytes_ -= it->bytes();
+                cancelled.push_back(std::move(*it));
+                it = queue_.erase(it);
+            } else {
+                ++it;
+            }
+        }
+    }
+    for (const llama_opt_persist_job & job : cancelled) {
+        drop(job, 0);
+    }
+    done_.notify_all();
+}
+
 void llama_opt_persist_write_behind::stop() {
     std::deque<llama_opt_persist_job> left;
     {

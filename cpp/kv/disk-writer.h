@@ -84,6 +84,9 @@ public:
     // `chain` that finds n_blocks on disk waits for what a queued job would add (an evicted
     // session's prompt asked for again at once).
     bool flush_holding(const std::vector<uint64_t> & chain, size_t n_blocks, double timeout_s);
+    // Drops (and counts) the queued jobs of `account` (a session whose KV is not to be trusted);
+    // one being written is finished.
+    void cancel(const llama_opt_persist_account * account);
     // Finishes the job being written, drops (and counts) the queued ones, ends the thread.
     void stop();
 

@@ -195,6 +195,12 @@ void llama_opt_session_reuse::write_behind() {
                     (uint64_t) std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
 }
 
+void llama_opt_session_reuse::cancel_write_behind() const {
+    if (llama_opt_persist_write_behind * writer = history_.ctx().memory().write_behind()) {
+        writer->cancel(account_.get());
+    }
+}
+
 size_t llama_opt_session_reuse::save() {
     llama_opt_context &              ctx    = history_.ctx();
     llama_opt_persist_store *        store  = ctx.memory().persist();

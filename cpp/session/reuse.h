@@ -36,6 +36,8 @@ public:
     // Write-behind (kv/disk-writer): queues the complete canonical blocks that this session has not
     // queued yet and no entry it knows of holds, their rows copied out of the cache now; never waits.
     void   write_behind();
+    // The session's KV is not to be trusted (discard): its queued blocks are not written.
+    void   cancel_write_behind() const;
     // A fork starts with what this session queued or found on disk.
     void   copy_write_behind_to(llama_opt_session_reuse & fork) const { fork.on_disk_ = on_disk_; }
     // The background writer's counts for this session's jobs.

@@ -60,6 +60,7 @@ void llama_opt_session::discard() {
     lock_t lock(ctx_->mutex());
     if (seq() >= 0 && !closed()) {
         history_.drop_draft();
+        reuse_.cancel_write_behind();
         ctx_->memory().release_seq(seq(), this, /* keep_blocks */ false);
     }
     closed_ = true;

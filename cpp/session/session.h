@@ -133,8 +133,9 @@ public:
     // Closes the session. With dedup on, its complete blocks stay in the context for reuse
     // until the space is needed.
     void close();
-    // Closes the session and drops its KV: nothing of it is saved or kept for reuse (after an
-    // invariant violation, its KV is not to be trusted).
+    // Closes the session and drops its KV: nothing of it is saved or kept for reuse, and its
+    // blocks still queued for the disk tier's writer are not written (after an invariant
+    // violation, its KV is not to be trusted).
     void discard();
     bool closed() const;   // closed itself, evicted, or its context was closed
     bool evicted() const { return evicted_; }

@@ -171,6 +171,18 @@ static void test_a_failed_write_is_counted_and_warned_once() {
     CHECK(writer.submit(job_of(make(2, 3), 0, account)) && writer.flush(10) && writer.counts().saves == 1);
 }
 
+static void test_a_cancelled_sessions_jobs_are_not_written() {
+    llama_opt_persist_store store(fresh_dir("kv"));
+    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, NO_DELAY, nullptr);
+    auto a = std::make_shared<llama_opt_persist_account>(), b = std::make_shared<llama_opt_persist_account>();
+    writer.hold(true);
+    CHECK(writer.submit(job_of(make(2, 1), 0, a)) && writer.submit(job_of(make(2, 2), 0, b)));
+    writer.cancel(a.get());
+    writer.hold(false);
+    CHECK(writer.flush(10) && a->counts.writes_dropped == 1 && a->counts.saves == 0 && b->counts.saves == 1);
+    CHECK(store.list().size() == 1);
+}
+
 static void test_stop_drops_what_is_queued() {
     llama_opt_persist_store store(fresh_dir("kv"));
     llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, NO_DELAY, nullptr);
@@ -192,6 +204,7 @@ int main() {
     test_a_job_whose_base_is_gone_is_dropped();
     test_a_bad_block_of_the_base_stays_detectable();
     test_a_failed_write_is_counted_and_warned_once();
+    test_a_cancelled_sessions_jobs_are_not_written();
     test_stop_drops_what_is_queued();
     remove_made_dirs();
     return check_result("test-opt-kv-write-behind");
