@@ -242,6 +242,9 @@ class Stats:
     def noop_ops_elided(self) -> int:
         ...
     @property
+    def persist_bytes_written(self) -> int:
+        ...
+    @property
     def persist_errors(self) -> int:
         ...
     @property
@@ -260,7 +263,19 @@ class Stats:
     def persist_saves(self) -> int:
         ...
     @property
+    def persist_snapshot_us(self) -> int:
+        ...
+    @property
     def persist_tokens_restored(self) -> int:
+        ...
+    @property
+    def persist_writes_coalesced(self) -> int:
+        ...
+    @property
+    def persist_writes_dropped(self) -> int:
+        ...
+    @property
+    def persist_writes_queued(self) -> int:
         ...
     @property
     def precompute_mask_hits(self) -> int:
@@ -425,6 +440,10 @@ class Context:
         """
         Test hook: keep only these bits of block hashes, forcing collisions.
         """
+    def _hold_persist_writer(self, held: bool) -> None:
+        """
+        Test hook: while held, the disk tier's background writer takes no job (they queue up).
+        """
     def _set_swa_view(self, on: bool) -> None:
         """
         Test hook: sliding-window layers attend over the window's cells (True, the default of a canonical context) or over the whole cache (False, llama.cpp's way); the results are the same bits.
@@ -439,6 +458,10 @@ class Context:
         """
     def close(self) -> None:
         ...
+    def flush_persist(self, timeout: typing.SupportsFloat | typing.SupportsIndex) -> bool:
+        """
+        Waits up to `timeout` seconds until the KV queued for the disk tier's background writer is written; False if some is still queued. True at once without write-behind.
+        """
     def op_profile(self) -> list:
         """
         The operation profile (profile='time' or 'facts'): one dict per group of graph nodes.

@@ -1,6 +1,7 @@
 """Context: one llama.cpp context whose unified KV cache is shared by many sessions."""
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Any
@@ -135,8 +136,21 @@ class Context:
         layout = self._core.persist_layout
         return None if layout is None else dict(layout)
 
+    def flush_persist(self, timeout: float | None = None) -> bool:
+        """Wait until the KV queued for the persistent cache's background writer is on disk
+        (``persist_write_behind``, on by default with ``persist_enabled``): each prompt's new
+        blocks are queued as soon as they are computed and written in the background. Returns
+        False if some were still queued after ``timeout`` seconds (None: no limit); True at once
+        without write-behind. Closing the context flushes too (up to a minute)::
+
+            session.append(prompt)
+            ctx.flush_persist()   # another process now restores the prompt's KV
+        """
+        return self._core.flush_persist(math.inf if timeout is None else timeout)
+
     def close(self) -> None:
-        """Free the context's memory; its sessions become closed (and saved, with persistence on)."""
+        """Free the context's memory; its sessions become closed (their KV saved, or written
+        behind and flushed, with persistence on)."""
         self._core.close()
 
     def __enter__(self) -> Context:

@@ -38,6 +38,12 @@ HEADER = 128
 MAGIC = b"LLAMAKV\0"
 
 
+# The tests below that pin *when* entries are written (on save and close only: no entry while a
+# session is open, one failed write per save, a broken entry left for clean()) run with the
+# background writer off; write-behind (on by default) is tested in test_persist_write_behind.py.
+WRITTEN_ON_SAVE = {"persist_write_behind": False}
+
+
 def persistent(model, directory, n_ctx=4096, **config):
     """A context with the persistent KV cache in `directory`."""
     return Context(model, n_ctx=n_ctx, n_batch=256, n_seq_max=8, n_threads=2,
@@ -317,7 +323,7 @@ def test_sessions_are_saved_when_they_close_and_when_the_context_closes(tiny_mod
     """No explicit save(): closing a session stores it, closing the context stores its open
     sessions; a new context restores both exactly."""
     first, second = text_tokens(tiny_model, 700, seed=1), text_tokens(tiny_model, 600, seed=2)
-    ctx = persistent(tiny_model, tmp_path)
+    ctx = persistent(tiny_model, tmp_path, **WRITTEN_ON_SAVE)
     a, b = ctx.session(), ctx.session()
     a.append(first)
     b.append(second)
@@ -354,7 +360,7 @@ def test_only_exact_kv_is_saved(tiny_model, tmp_path):
     """Tier 2 (diff_reuse_shifted) makes the KV after an edit approximate: only the exact blocks
     before it are saved, so a restore stays exact."""
     a, b = edited_histories(tiny_model)  # b: 37 tokens inserted at 200
-    with persistent(tiny_model, tmp_path, diff_reuse_shifted=True) as ctx:
+    with persistent(tiny_model, tmp_path, diff_reuse_shifted=True, **WRITTEN_ON_SAVE) as ctx:
         s = ctx.session()
         s.sync(a)
         s.sync(b)
@@ -576,7 +582,7 @@ def test_a_truncated_entry_is_a_miss_and_clean_removes_it(tiny_model, tmp_path, 
 
 def assert_skipped_then_cleaned(model, tmp_path, tokens, store, path):
     """A broken entry is a plain miss (the output exact), and clean() removes it."""
-    with persistent(model, tmp_path) as ctx:
+    with persistent(model, tmp_path, **WRITTEN_ON_SAVE) as ctx:
         s = ctx.session()
         s.append(tokens)
         stats = s.stats
@@ -719,7 +725,7 @@ def test_an_unwritable_directory_fails_saves_and_the_session_goes_on(tiny_model,
     every save fails, is counted and says why on stderr, once; nothing else changes."""
     directory = tmp_path / "file"
     tokens = text_tokens(tiny_model, 700)
-    with persistent(tiny_model, directory) as ctx:
+    with persistent(tiny_model, directory, **WRITTEN_ON_SAVE) as ctx:
         if where == "replaced_by_a_file":
             for p in directory.iterdir():
                 p.unlink()
@@ -756,7 +762,7 @@ def test_a_full_disk_fails_the_save_and_leaves_nothing(tiny_model, tmp_path, fai
     disk would: save() returns 0, counted, no entry and no temporary file left, an entry saved
     before is intact, the session goes on and saves again once there is room."""
     tokens = text_tokens(tiny_model, 700)
-    with persistent(tiny_model, tmp_path) as ctx:
+    with persistent(tiny_model, tmp_path, **WRITTEN_ON_SAVE) as ctx:
         s = ctx.session()
         s.append(tokens[:300])
         assert s.save() == 256
@@ -778,7 +784,7 @@ def test_a_full_disk_fails_the_save_and_leaves_nothing(tiny_model, tmp_path, fai
 def test_a_full_disk_when_sessions_close_is_counted_and_nothing_left(tiny_model, tmp_path):
     """The automatic saves (session close, context close) fail without raising."""
     tokens = text_tokens(tiny_model, 700)
-    with persistent(tiny_model, tmp_path) as ctx:
+    with persistent(tiny_model, tmp_path, **WRITTEN_ON_SAVE) as ctx:
         ctx.persist._core._fail_after_bytes(1000)
         s = ctx.session()
         s.append(tokens)
@@ -982,7 +988,7 @@ def test_the_budget_never_removes_the_entry_just_saved(tiny_model, tmp_path):
     """Saves in quick succession (within one second, as an agent saving after every turn):
     when the budget is exceeded, the oldest entry goes, not the one save() just reported stored."""
     histories = [text_tokens(tiny_model, 700, seed=300 + i) for i in range(7)]
-    with persistent(tiny_model, tmp_path, n_ctx=8192, persist_max_mb=1) as ctx:
+    with persistent(tiny_model, tmp_path, n_ctx=8192, persist_max_mb=1, **WRITTEN_ON_SAVE) as ctx:
         sessions = []
         for tokens in histories:
             sessions.append(ctx.session())

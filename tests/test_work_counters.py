@@ -33,7 +33,9 @@ def counters(model: Model, prompts: dict[str, list[list[int]]], persist_dir: Pat
     second agent; a fork; a restart that restores from disk), counted: the statistics summed over
     both contexts, the KV cells in use and the dedup pool's blocks at the end of each, the bytes
     of the entries stored on disk."""
-    config = OptConfig(env={}, persist_dir=str(persist_dir), **dict.fromkeys(SWITCHES, on))
+    # the disk tier written on close, as recorded: written behind, what a background writer merges
+    # depends on timing (tests/test_persist_write_behind.py)
+    config = OptConfig(env={}, persist_dir=str(persist_dir), persist_write_behind=False, **dict.fromkeys(SWITCHES, on))
     total = dict.fromkeys(COUNTERS, 0)
     cells, pool = [], []
 

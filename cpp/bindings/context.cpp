@@ -44,9 +44,21 @@ void register_context(py::module_ & m) {
         .def("close", &llama_opt_context::close, py::call_guard<py::gil_scoped_release>())
         .def("stats", &llama_opt_context::stats)
         .def("reset_stats", &llama_opt_context::reset_stats)
+        .def("flush_persist", [](llama_opt_context & self, double timeout) {
+                 llama_opt_persist_write_behind * writer = self.memory().write_behind();  // (lives as long as self)
+                 return writer == nullptr || writer->flush(timeout);
+             }, py::arg("timeout"), py::call_guard<py::gil_scoped_release>(),
+             "Waits up to `timeout` seconds until the KV queued for the disk tier's background writer is "
+             "written; False if some is still queued. True at once without write-behind.")
         .def("_set_test_hash_mask", [](llama_opt_context & self, uint64_t mask) { self.memory().set_test_hash_mask(mask); },
              py::arg("mask"),
              "Test hook: keep only these bits of block hashes, forcing collisions.")
+        .def("_hold_persist_writer", [](llama_opt_context & self, bool held) {
+                 if (llama_opt_persist_write_behind * writer = self.memory().write_behind()) {
+                     writer->hold(held);
+                 }
+             }, py::arg("held"),
+             "Test hook: while held, the disk tier's background writer takes no job (they queue up).")
         .def("_set_swa_view", [](llama_opt_context & self, bool on) { self.memory().set_swa_view(on); }, py::arg("on"),
              "Test hook: sliding-window layers attend over the window's cells (True, the default of a canonical "
              "context) or over the whole cache (False, llama.cpp's way); the results are the same bits.")

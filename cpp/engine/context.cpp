@@ -136,12 +136,19 @@ void llama_opt_context::close() {
 
 llama_opt_stats llama_opt_context::stats() const {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
-    return stats_;
+    llama_opt_stats s = stats_;
+    if (const llama_opt_persist_write_behind * writer = memory_->write_behind()) {
+        writer->counts().add_to(s);  // counted by its thread, as it goes
+    }
+    return s;
 }
 
 void llama_opt_context::reset_stats() {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     stats_.reset();
+    if (llama_opt_persist_write_behind * writer = memory_->write_behind()) {
+        writer->counts().reset();
+    }
 }
 
 void llama_opt_batch::set(int32_t i, int32_t seq, size_t pos, llama_token token, bool logits) {

@@ -98,21 +98,35 @@ uint64_t llama_opt_persist_file_size(const llama_opt_persist_layout & layout, ui
     return layout_header(layout, n_blocks).file_size;
 }
 
-bool llama_opt_persist_write_entry(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
-                                   const std::vector<uint64_t> & chain, const uint8_t * rows,
-                                   const llama_opt_persist_writer & write) {
-    const uint64_t n_blocks    = chain.size();
+std::vector<uint64_t> llama_opt_persist_block_checksums(const llama_opt_persist_layout & layout, const uint8_t * rows,
+                                                        uint64_t n_blocks) {
     const uint64_t block_bytes = layout.block_bytes();
     std::vector<uint64_t> sums(n_blocks);
     for (uint64_t k = 0; k < n_blocks; ++k) {
         sums[k] = llama_opt_checksum(rows + k * block_bytes, block_bytes);
     }
+    return sums;
+}
+
+uint64_t llama_opt_persist_write_meta(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
+                                      const std::vector<uint64_t> & chain, const std::vector<uint64_t> & sums,
+                                      const llama_opt_persist_writer & write) {
+    const uint64_t n_blocks = chain.size();
     file_header h   = layout_header(layout, n_blocks);
     h.context_hash  = chain.back();
     h.meta_checksum = meta_checksum(h, tokens, chain, sums);
-    return write(&h, sizeof(h), 0) && write(tokens.data(), 4 * tokens.size(), h.tokens_offset) &&
-           write(chain.data(), 8 * n_blocks, h.chain_offset) && write(sums.data(), 8 * n_blocks, h.checksums_offset) &&
-           write(rows, n_blocks * block_bytes, h.data_offset);
+    const bool ok = write(&h, sizeof(h), 0) && write(tokens.data(), 4 * tokens.size(), h.tokens_offset) &&
+                    write(chain.data(), 8 * n_blocks, h.chain_offset) && write(sums.data(), 8 * n_blocks, h.checksums_offset);
+    return ok ? h.data_offset : 0;
+}
+
+bool llama_opt_persist_write_entry(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
+                                   const std::vector<uint64_t> & chain, const uint8_t * rows,
+                                   const llama_opt_persist_writer & write) {
+    const uint64_t n_blocks    = chain.size();
+    const uint64_t data_offset =
+        llama_opt_persist_write_meta(layout, tokens, chain, llama_opt_persist_block_checksums(layout, rows, n_blocks), write);
+    return data_offset > 0 && write(rows, n_blocks * layout.block_bytes(), data_offset);
 }
 
 bool llama_opt_persist_read_header(const std::string & path, llama_opt_persist_entry & e,

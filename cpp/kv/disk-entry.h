@@ -65,6 +65,15 @@ bool llama_opt_persist_write_entry(const llama_opt_persist_layout & layout, cons
                                    const std::vector<uint64_t> & chain, const uint8_t * rows,
                                    const llama_opt_persist_writer & write);
 
+// The checksum of each of the n_blocks blocks of `rows` (position-major), as an entry stores them.
+std::vector<uint64_t> llama_opt_persist_block_checksums(const llama_opt_persist_layout & layout, const uint8_t * rows,
+                                                        uint64_t n_blocks);
+// Writes an entry's header and tables (`sums`: the checksum of each block's rows, which the caller
+// writes at the returned offset, block k at data_offset + k * block_bytes); 0 if a write failed.
+uint64_t llama_opt_persist_write_meta(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
+                                      const std::vector<uint64_t> & chain, const std::vector<uint64_t> & sums,
+                                      const llama_opt_persist_writer & write);
+
 // Reads an entry's header and tables (and its token ids, if `tokens`), checking their checksum;
 // false, with entry.problem saying why, if the file is not a sound entry. Never follows a link.
 bool llama_opt_persist_read_header(const std::string & path, llama_opt_persist_entry & entry,

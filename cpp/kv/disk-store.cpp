@@ -34,6 +34,19 @@ static std::vector<std::string> dir_files(const std::string & dir) {
     return names;
 }
 
+// copy_file_range (Linux): the kernel copies, without the bytes passing through us (a clone on
+// file systems that share extents); elsewhere ENOSYS, and the caller reads and writes.
+static ssize_t kernel_copy(int src_fd, uint64_t src_offset, int dst_fd, uint64_t dst_offset, size_t n) {
+#if defined(__linux__)
+    loff_t from = (loff_t) src_offset, to = (loff_t) dst_offset;
+    return copy_file_range(src_fd, &from, dst_fd, &to, n, 0);
+#else
+    (void) src_fd, (void) src_offset, (void) dst_fd, (void) dst_offset, (void) n;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
 llama_opt_persist_store::llama_opt_persist_store(std::string dir) : dir_(std::move(dir)) {}
 
 std::vector<std::string> llama_opt_persist_store::entry_names() const {
@@ -119,9 +132,21 @@ uint32_t llama_opt_persist_store::load(const llama_opt_persist_entry & e, uint32
 bool llama_opt_persist_store::save(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
                                    const std::vector<uint64_t> & chain, const uint8_t * rows, std::string & why,
                                    uint64_t max_bytes) const {
+    return save_extending(layout, tokens, chain, nullptr, 0, rows, why, max_bytes);
+}
+
+bool llama_opt_persist_store::save_extending(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
+                                             const std::vector<uint64_t> & chain, const llama_opt_persist_entry * base,
+                                             uint32_t n_base, const uint8_t * rows, std::string & why,
+                                             uint64_t max_bytes) const {
     const uint64_t n_blocks = chain.size();
     if (n_blocks == 0 || tokens.size() != n_blocks * layout.block_size) {
         why = "nothing to store: no complete block";
+        return false;
+    }
+    if (n_base > 0 && (!base || base->layout != layout || base->chain.size() < n_base ||
+                       !std::equal(chain.begin(), chain.begin() + n_base, base->chain.begin()))) {
+        why = "internal error: the base entry does not hold the context's first blocks";
         return false;
     }
     if (!llama_opt_persist_prepare_dir(dir_, why)) {
@@ -133,10 +158,28 @@ bool llama_opt_persist_store::save(const llama_opt_persist_layout & layout, cons
               std::to_string(max_bytes >> 20) + " MiB, persist_max_mb)";
         return false;
     }
+    llama_opt_fd base_file{ -1 };
+    if (n_base > 0) {
+        base_file.fd = open(base->path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        struct stat st;
+        if (base_file.fd < 0 || fstat(base_file.fd, &st) != 0 || (uint64_t) st.st_size != base->file_size) {
+            why = "the entry holding its first blocks is gone: " + base->path;  // removed (or replaced) meanwhile
+            return false;
+        }
+    }
     const std::string name = llama_opt_persist_entry_name(layout, chain.back());
     const std::string path = dir_ + "/" + name;
-    const auto        fill = [&](const llama_opt_persist_writer & write) {
-        return llama_opt_persist_write_entry(layout, tokens, chain, rows, write);
+    const uint64_t    block_bytes = layout.block_bytes();
+    const auto        fill = [&](const sink & out) {
+        if (n_base == 0) {
+            return llama_opt_persist_write_entry(layout, tokens, chain, rows, out.write);
+        }
+        std::vector<uint64_t> sums(base->checksums.begin(), base->checksums.begin() + n_base);
+        const std::vector<uint64_t> more = llama_opt_persist_block_checksums(layout, rows, n_blocks - n_base);
+        sums.insert(sums.end(), more.begin(), more.end());
+        const uint64_t data = llama_opt_persist_write_meta(layout, tokens, chain, sums, out.write);
+        return data > 0 && out.copy(base_file.fd, base->data_offset, n_base * block_bytes, data) &&
+               out.write(rows, (n_blocks - n_base) * block_bytes, data + n_base * block_bytes);
     };
     if (!write_atomically(name, fill, why)) {
         return false;
@@ -154,8 +197,7 @@ bool llama_opt_persist_store::save(const llama_opt_persist_layout & layout, cons
     return true;
 }
 
-bool llama_opt_persist_store::write_atomically(const std::string & name,
-                                               const std::function<bool(const llama_opt_persist_writer &)> & fill,
+bool llama_opt_persist_store::write_atomically(const std::string & name, const std::function<bool(const sink &)> & fill,
                                                std::string & why) const {
     static std::atomic<uint64_t> counter{ 0 };
     const std::string path = dir_ + "/" + name;
@@ -170,17 +212,25 @@ bool llama_opt_persist_store::write_atomically(const std::string & name,
         why = llama_opt_errno_text("cannot write in " + dir_);
         return false;
     }
-    uint64_t written = 0;
-    const auto put = [&](const void * src, uint64_t n, uint64_t offset) {
+    const uint64_t fail_after = fail_after_;
+    uint64_t       written    = 0;
+    // how much of n bytes may be written now: all, or up to the test hook's full disk (0: ENOSPC)
+    const auto allowed = [&](uint64_t n) -> uint64_t {
+        if (fail_after && written + n > fail_after) {
+            n = fail_after > written ? fail_after - written : 0;
+            if (n == 0) {
+                errno = ENOSPC;  // the test hook: a full disk
+            }
+        }
+        return n;
+    };
+    sink out;
+    out.write = [&](const void * src, uint64_t n, uint64_t offset) {
         const uint8_t * p = (const uint8_t *) src;
         while (n > 0) {
-            size_t chunk = (size_t) std::min<uint64_t>(n, 1 << 24);
-            if (fail_after_ && written + chunk > fail_after_) {
-                chunk = (size_t) (fail_after_ > written ? fail_after_ - written : 0);
-                if (chunk == 0) {
-                    errno = ENOSPC;  // the test hook: a full disk
-                    return false;
-                }
+            const size_t chunk = (size_t) allowed(std::min<uint64_t>(n, 1 << 24));
+            if (chunk == 0) {
+                return false;
             }
             const ssize_t w = pwrite(f.fd, p, chunk, (off_t) offset);
             if (w < 0 && errno == EINTR) {
@@ -196,7 +246,46 @@ bool llama_opt_persist_store::write_atomically(const std::string & name,
         }
         return true;
     };
-    const bool ok = fill(put) && fsync(f.fd) == 0;
+    out.copy = [&](int src_fd, uint64_t src_offset, uint64_t n, uint64_t offset) {
+        bool kernel = true;  // copy_file_range; where the kernel or the file system cannot, read and write
+        std::vector<uint8_t> buffer;
+        while (n > 0) {
+            const size_t chunk = (size_t) allowed(std::min<uint64_t>(n, 1 << 24));
+            if (chunk == 0) {
+                return false;
+            }
+            if (!kernel) {
+                buffer.resize(chunk);
+                if (!llama_opt_pread_all(src_fd, buffer.data(), chunk, src_offset) || !out.write(buffer.data(), chunk, offset)) {
+                    return false;
+                }
+                src_offset += chunk;
+                offset += chunk;
+                n -= chunk;
+                continue;
+            }
+            const ssize_t done = kernel_copy(src_fd, src_offset, f.fd, offset, chunk);
+            if (done < 0 && (errno == ENOSYS || errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP)) {
+                kernel = false;
+                continue;
+            }
+            if (done < 0 && errno == EINTR) {
+                continue;
+            }
+            if (done <= 0) {
+                if (done == 0) {
+                    errno = EIO;  // the source ended early
+                }
+                return false;
+            }
+            src_offset += (uint64_t) done;
+            offset += (uint64_t) done;
+            n -= (uint64_t) done;
+            written += (uint64_t) done;
+        }
+        return true;
+    };
+    const bool ok = fill(out) && fsync(f.fd) == 0;
     if (!ok) {
         why = llama_opt_errno_text("cannot write " + tmp);
         unlink(tmp.c_str());

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,13 @@ public:
     bool save(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
               const std::vector<uint64_t> & chain, const uint8_t * rows, std::string & why,
               uint64_t max_bytes = 0) const;
+    // save(), for a context whose first n_base blocks `base` holds (a match of find()): their rows
+    // are copied from its file by the kernel (copy_file_range, else read and written) with their
+    // checksums as they are (a block that went bad there stays detectable); `rows` holds the rest,
+    // blocks [n_base, chain.size()). Fails, nothing written, if `base` is gone or changed.
+    bool save_extending(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
+                        const std::vector<uint64_t> & chain, const llama_opt_persist_entry * base, uint32_t n_base,
+                        const uint8_t * rows, std::string & why, uint64_t max_bytes = 0) const;
 
     // Every entry (headers only; `problem` set for unreadable ones) and the total size.
     std::vector<llama_opt_persist_entry> list() const;
@@ -77,22 +85,28 @@ public:
 
     // A run of failed saves (a full disk, a read-only directory) is one warning, not one per save:
     // true for the first failure since the last success; the rest are counted (persist_errors).
-    bool first_failure() { return !failing_.exchange(true); }
-    void saved() { failing_ = false; }
+    bool first_failure() const { return !failing_.exchange(true); }
+    void saved() const { failing_ = false; }
 
     // Test hook: saves fail after writing this many bytes of their temporary file, as on a full
     // disk (0: off).
     void fail_after_bytes(uint64_t n) { fail_after_ = n; }
 
+    // Where a save's content goes: write() bytes, or copy() n bytes of another file at src_offset
+    // (false on an error, errno set).
+    struct sink {
+        std::function<bool(const void * src, uint64_t n, uint64_t offset)>                   write;
+        std::function<bool(int src_fd, uint64_t src_offset, uint64_t n, uint64_t offset)> copy;
+    };
+
 private:
-    std::string       dir_;
-    uint64_t          fail_after_ = 0;
-    std::atomic<bool> failing_{ false };
+    std::string           dir_;
+    std::atomic<uint64_t> fail_after_{ 0 };  // (set by a test while the background writer saves)
+    mutable std::atomic<bool> failing_{ false };  // (both the session's saves and the background writer's)
 
     // The names of the directory's entries (not the temporary files of saves), in order.
     std::vector<std::string> entry_names() const;
     // Creates the file `name` with what `fill` writes, atomically: a temporary file, fsynced,
     // renamed. False (and why) on an error: nothing is left behind.
-    bool write_atomically(const std::string & name, const std::function<bool(const llama_opt_persist_writer &)> & fill,
-                          std::string & why) const;
+    bool write_atomically(const std::string & name, const std::function<bool(const sink &)> & fill, std::string & why) const;
 };

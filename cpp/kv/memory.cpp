@@ -4,8 +4,12 @@
 #include "kv/disk-dir.h"
 #include "base/checksum.h"
 #include "kv/file-hash.h"
+#include "engine/log.h"
 
 #include <algorithm>
+
+// how long closing waits for the background writer before dropping what is still queued
+static constexpr double CLOSE_FLUSH_S = 60;
 
 llama_opt_kv_memory::llama_opt_kv_memory(llama_memory_t mem, const llama_opt_model & model,
                                          const llama_opt_kv_memory_params & params, const llama_opt_config & cfg,
@@ -59,6 +63,11 @@ void llama_opt_kv_memory::open_persist_store(const llama_opt_model & model, cons
     persist_layout_.v_type          = GGML_TYPE_F16;
     persist_layout_.bytes_per_token = row;
     persist_ = std::make_unique<llama_opt_persist_store>(dir);
+    if (cfg.persist_write_behind) {
+        write_behind_ = std::make_unique<llama_opt_persist_write_behind>(
+            *persist_, persist_layout_, (uint64_t) cfg.persist_queue_mb << 20, (uint64_t) cfg.persist_max_mb << 20,
+            std::chrono::milliseconds(cfg.persist_flush_ms), [](const std::string & warning) { llama_opt_log_warn(warning); });
+    }
 }
 
 void llama_opt_kv_memory::close() {
@@ -68,6 +77,10 @@ void llama_opt_kv_memory::close() {
                 owner->on_kv_leaving();
             }
         }
+    }
+    if (write_behind_) {
+        write_behind_->flush(CLOSE_FLUSH_S);  // a server's drain: what its sessions computed reaches the disk
+        write_behind_->stop();
     }
     slots_.assign(slots_.size(), slot());
     pool_.reset();

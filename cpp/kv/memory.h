@@ -18,6 +18,7 @@
 
 #include "kv/block-pool.h"
 #include "kv/disk-store.h"
+#include "kv/disk-writer.h"
 #include "engine/model.h"
 #include "base/config.h"
 #include "base/stats.h"
@@ -75,7 +76,8 @@ public:
     llama_opt_kv_memory(const llama_opt_kv_memory &)             = delete;
     llama_opt_kv_memory & operator=(const llama_opt_kv_memory &) = delete;
 
-    // Owners are told (on_kv_leaving, when there is a disk tier), then every slot and the pool are
+    // Owners are told (on_kv_leaving, when there is a disk tier), the background writer is given
+    // up to a minute to write what they queued and stopped, then every slot and the pool are
     // emptied; the llama memory is not used again. The caller frees it afterwards.
     void close();
     // llama_opt_error(session_closed) once closed.
@@ -180,6 +182,9 @@ public:
     // kv-cache-persist: the disk tier, if persist_enabled (else null), and what its entries must match
     llama_opt_persist_store *        persist() const { return persist_.get(); }
     const llama_opt_persist_layout & persist_layout() const { return persist_layout_; }
+    // its background writer (kv/disk-writer), if persist_write_behind too (else null); it lives
+    // until the memory does, stopped by close() after a bounded flush
+    llama_opt_persist_write_behind * write_behind() const { return write_behind_.get(); }
 
 private:
     enum class slot_state { free, session, cached };
@@ -205,6 +210,7 @@ private:
     llama_opt_stats &                        stats_;
     std::unique_ptr<llama_opt_block_pool>    pool_;
     std::unique_ptr<llama_opt_persist_store> persist_;
+    std::unique_ptr<llama_opt_persist_write_behind> write_behind_;  // (after persist_: stopped before it goes)
     llama_opt_persist_layout                 persist_layout_;
     std::vector<slot>                        slots_;  // by sequence id
     uint64_t                                 clock_     = 0;  // for LRU

@@ -4,6 +4,12 @@
 #include "engine/log.h"
 
 #include <algorithm>
+#include <chrono>
+
+// how long save() waits for the session's jobs queued for the background writer
+static constexpr double SAVE_FLUSH_S = 60;
+// how long a lookup waits for a queued job that holds more of its prompt than the disk does
+static constexpr double LOOKUP_FLUSH_S = 5;
 
 void llama_opt_session_reuse::adopt_shared_prefix() {
     llama_opt_context &    ctx  = history_.ctx();
@@ -53,11 +59,17 @@ void llama_opt_session_reuse::adopt_shared_prefix() {
     counters_.count(&llama_opt_stats::dedup_blocks_hit, path.size() - std::min(path.size(), own));
     counters_.count(&llama_opt_stats::dedup_tokens_saved, saved);
     history_.adopt_blocks(hashes);
+    if (ctx.memory().write_behind()) {  // the holder wrote them behind, most likely: not snapshotted again
+        const std::vector<uint64_t> chain = persist_chain(path.size());
+        known_on_disk(chain, ctx.memory().persist()->find(ctx.memory().persist_layout(), chain,
+                                                          history_.tokens().data(), path.size()).n_blocks);
+    }
 }
 
 void llama_opt_session_reuse::computed_canonically(size_t end) {
     history_.computed_canonically(end);
     register_blocks();
+    write_behind();
 }
 
 void llama_opt_session_reuse::register_blocks() {
@@ -129,11 +141,63 @@ std::vector<uint64_t> llama_opt_session_reuse::persist_chain(size_t n_blocks) co
     return chain;
 }
 
-void llama_opt_session_reuse::save_quietly() {
+void llama_opt_session_reuse::known_on_disk(const std::vector<uint64_t> & chain, size_t n) {
+    const size_t common = std::mismatch(on_disk_.begin(), on_disk_.begin() + std::min(on_disk_.size(), n), chain.begin()).first -
+                          on_disk_.begin();
+    if (common < n) {
+        on_disk_.assign(chain.begin(), chain.begin() + n);
+    }
+}
+
+void llama_opt_session_reuse::save_on_leaving() {
     try {
-        save();
+        if (history_.ctx().memory().write_behind()) {
+            write_behind();
+        } else {
+            save();
+        }
     } catch (const std::exception &) {
         counters_.count(&llama_opt_stats::persist_errors, 1);
+    }
+}
+
+void llama_opt_session_reuse::write_behind() {
+    llama_opt_context &              ctx    = history_.ctx();
+    llama_opt_persist_write_behind * writer = ctx.memory().write_behind();
+    if (!writer) {
+        return;
+    }
+    if (account_->lost.exchange(false)) {  // a job was dropped or failed: start again from what is there
+        on_disk_.resize(std::min<size_t>(on_disk_.size(), account_->blocks_on_disk));
+    }
+    const uint32_t B        = ctx.block_size();
+    const size_t   n_blocks = history_.n_canonical() / B;  // exact KV only
+    const std::vector<uint64_t> chain = persist_chain(n_blocks);
+    const size_t first_new = std::mismatch(chain.begin(), chain.begin() + std::min(n_blocks, on_disk_.size()), on_disk_.begin()).first -
+                             chain.begin();
+    if (first_new == n_blocks) {
+        return;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    llama_opt_persist_job job;
+    job.rows.resize((n_blocks - first_new) * B * ctx.memory().persist_layout().bytes_per_token);
+    if (!ctx.memory().read(history_.seq(), first_new * B, n_blocks * B, job.rows.data())) {
+        counters_.count(&llama_opt_stats::persist_errors, 1);  // (not expected: canonical blocks have their KV)
+        return;
+    }
+    job.account   = account_;
+    job.tokens.assign(history_.tokens().begin(), history_.tokens().begin() + n_blocks * B);
+    job.chain     = chain;
+    job.first_new = (uint32_t) first_new;
+    on_disk_      = chain;
+    writer->submit(std::move(job));  // dropped: account_->lost says so next time
+    counters_.count(&llama_opt_stats::persist_snapshot_us,
+                    (uint64_t) std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+}
+
+void llama_opt_session_reuse::cancel_write_behind() const {
+    if (llama_opt_persist_write_behind * writer = history_.ctx().memory().write_behind()) {
+        writer->cancel(account_.get());
     }
 }
 
@@ -147,11 +211,15 @@ size_t llama_opt_session_reuse::save() {
     if (n_blocks == 0) {
         return 0;
     }
+    if (llama_opt_persist_write_behind * writer = ctx.memory().write_behind()) {
+        writer->flush(SAVE_FLUSH_S, account_.get());  // what it queued first: then this finds it stored
+    }
     const size_t n = n_blocks * B;
     const std::vector<uint64_t> chain = persist_chain(n_blocks);
     const llama_opt_persist_store::match stored = store->find(layout, chain, tokens.data(), n_blocks);
     if (stored.n_blocks == n_blocks) {
         store->touch(stored.entry.path);  // used again: the last to go when the store is cleaned
+        known_on_disk(chain, n_blocks);
         return n;  // stored already (maybe within a longer context)
     }
     std::vector<uint8_t> rows(n * layout.bytes_per_token);
@@ -162,6 +230,8 @@ size_t llama_opt_session_reuse::save() {
                            (uint64_t) ctx.settings().config.persist_max_mb << 20)) {
         counters_.count(&llama_opt_stats::persist_saves, 1);
         store->saved();
+        counters_.count(&llama_opt_stats::persist_bytes_written, llama_opt_persist_file_size(layout, n_blocks));
+        known_on_disk(chain, n_blocks);
         return n;
     }
     counters_.count(&llama_opt_stats::persist_errors, 1);
@@ -188,7 +258,12 @@ void llama_opt_session_reuse::restore_from_disk(size_t end) {
     if (want <= own) {
         return;
     }
-    const llama_opt_persist_store::match m = store->find(layout, persist_chain(want), history_.tokens().data(), want);
+    const std::vector<uint64_t> chain = persist_chain(want);
+    if (llama_opt_persist_write_behind * writer = ctx.memory().write_behind()) {
+        writer->flush_holding(chain, own, LOOKUP_FLUSH_S);  // queued, not yet written: a write beats computing
+    }
+    const llama_opt_persist_store::match m = store->find(layout, chain, history_.tokens().data(), want);
+    known_on_disk(chain, m.n_blocks);  // (not written behind again)
     if (m.n_blocks <= own) {
         if (m.miss == llama_opt_persist_miss::incompatible) {
             counters_.count(&llama_opt_stats::persist_misses_incompatible, 1);

@@ -49,7 +49,7 @@ void llama_opt_session::close() {
     if (seq() >= 0 && !closed()) {  // seq() < 0: open() found no sequence for it
         history_.drop_draft();
         if (ctx_->memory().persist()) {
-            reuse_.save_quietly();
+            reuse_.save_on_leaving();
         }
         ctx_->memory().release_seq(seq(), this);
     }
@@ -60,6 +60,7 @@ void llama_opt_session::discard() {
     lock_t lock(ctx_->mutex());
     if (seq() >= 0 && !closed()) {
         history_.drop_draft();
+        reuse_.cancel_write_behind();
         ctx_->memory().release_seq(seq(), this, /* keep_blocks */ false);
     }
     closed_ = true;
@@ -72,7 +73,7 @@ void llama_opt_session::on_evicted() {
 
 void llama_opt_session::on_kv_leaving() {
     if (!closed()) {
-        reuse_.save_quietly();
+        reuse_.save_on_leaving();
     }
 }
 
@@ -134,6 +135,7 @@ std::shared_ptr<llama_opt_session> llama_opt_session::fork() {
     auto other = open(ctx_);
     history_.fork_to(other->history_);
     reuse_.share_blocks_with(other->seq());
+    reuse_.copy_write_behind_to(other->reuse_);
     approx_.copy_to(other->approx_);
     attn_drop_.copy_marks_to(other->attn_drop_);
     return other;
@@ -221,4 +223,10 @@ std::vector<float> llama_opt_session::logits() {
     decode_.compute_pending();  // peeking must not change how generation goes on
     prefill_.ensure_logits(&llama_opt_stats::tokens_prefilled);
     return history_.logits();
+}
+
+llama_opt_stats llama_opt_session::stats() const {
+    llama_opt_stats s = counters_.stats();
+    reuse_.add_write_behind_counts(s);  // what the background writer did for this session so far
+    return s;
 }

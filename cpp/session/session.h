@@ -95,7 +95,9 @@ public:
     // kv-cache-persist: stores the KV of the history's complete canonical blocks on disk, unless
     // an entry holds them already; returns the tokens stored or already held. A failed write is
     // counted (persist_errors) and returns 0. Throws invalid_argument if persistence is off.
-    // Sessions are also saved when they close (and when their context closes).
+    // Synchronous: with write-behind, the session's queued jobs are written first (waiting). Sessions
+    // are also saved (with write-behind: queued) when they close (and when their context closes), and
+    // with write-behind each prompt's new blocks are queued as soon as they are computed.
     size_t save();
 
     // Sampler for the following next_token() calls.
@@ -131,8 +133,9 @@ public:
     // Closes the session. With dedup on, its complete blocks stay in the context for reuse
     // until the space is needed.
     void close();
-    // Closes the session and drops its KV: nothing of it is saved or kept for reuse (after an
-    // invariant violation, its KV is not to be trusted).
+    // Closes the session and drops its KV: nothing of it is saved or kept for reuse, and its
+    // blocks still queued for the disk tier's writer are not written (after an invariant
+    // violation, its KV is not to be trusted).
     void discard();
     bool closed() const;   // closed itself, evicted, or its context was closed
     bool evicted() const { return evicted_; }
@@ -156,7 +159,7 @@ public:
     // Logits after the last token of the history (computed if needed; empty if no history),
     // a copy. A pending sampled token is computed as the next generation step would.
     std::vector<float>               logits();
-    const llama_opt_stats &          stats() const { return counters_.stats(); }
+    llama_opt_stats                  stats() const;
 
 private:
     void on_evicted() override;     // the context took our KV

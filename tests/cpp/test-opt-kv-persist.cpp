@@ -3,6 +3,7 @@
 // cleanup by age and size.
 
 #include "check.h"
+#include "persist-fixtures.h"
 #include "kv/block-hash.h"
 #include "kv/disk-dir.h"
 #include "kv/disk-store.h"
@@ -19,60 +20,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static const uint32_t B = 4;
-
-static llama_opt_persist_layout layout(uint64_t model = 7) {
-    llama_opt_persist_layout l;
-    l.model_hash = model;
-    l.compat_hash = 11;
-    l.block_size = B;
-    l.n_layers = 2;
-    l.n_kv_heads = 1;
-    l.k_dim = l.v_dim = 4;
-    l.k_type = l.v_type = 1;
-    l.bytes_per_token = 32;
-    return l;
-}
-
-struct context {
-    std::vector<llama_token> tokens;
-    std::vector<uint64_t>    chain;
-    std::vector<uint8_t>     rows;
-};
-
-static context make(size_t n_blocks, int seed, size_t same_blocks = 0, const context * like = nullptr) {
-    context c;
-    for (size_t i = 0; i < n_blocks * B; ++i) {
-        c.tokens.push_back(like && i < same_blocks * B ? like->tokens[i] : (llama_token) (seed * 1000 + i));
-    }
-    uint64_t h = LLAMA_OPT_CHAIN_ROOT;
-    for (size_t k = 0; k < n_blocks; ++k) {
-        h = llama_opt_hash_chain(h, c.tokens.data() + k * B, B);
-        c.chain.push_back(h);
-    }
-    for (size_t i = 0; i < n_blocks * B * 32; ++i) {
-        c.rows.push_back(like && i < same_blocks * B * 32 ? like->rows[i] : (uint8_t) (seed * 31 + i * 7));
-    }
-    return c;
-}
-
-static std::vector<std::string> made_dirs;  // removed when the tests end
-
-static std::string fresh_dir(const char * name) {
-    char tmpl[] = "/tmp/llama-opt-persist-XXXXXX";
-    made_dirs.emplace_back(mkdtemp(tmpl));
-    return made_dirs.back() + "/" + name;
-}
-
-static void flip_byte(const std::string & path, long offset) {
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(offset);
-    char c;
-    f.get(c);
-    f.seekp(offset);
-    f.put((char) (c ^ 0x10));
-}
 
 static void test_round_trip_of_any_prefix() {
     llama_opt_persist_store store(fresh_dir("kv"));
@@ -365,9 +312,6 @@ int main() {
     test_a_failed_save_leaves_nothing();
     test_longer_context_subsumes_its_prefixes();
     test_cleanup_by_size_removes_least_recently_used();
-    for (const std::string & dir : made_dirs) {
-        std::error_code ignored;
-        std::filesystem::remove_all(dir, ignored);
-    }
+    remove_made_dirs();
     return check_result("test-opt-kv-persist");
 }
