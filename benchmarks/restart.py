@@ -132,7 +132,8 @@ def bench_restart(model: Model, work: Path, n_tokens: int, gen: int) -> None:
     stop(clean.process)
 
     print(f"  the history on disk {to_disk:.2f} s after its first token (write-behind on); load {load_average():.1f}")
-    print(f"  {'run':38} {'TTFT ms':>8} {'/ cold':>7} {'restored':>8} {'computed':>8} {'ready s':>7} {'answer = cold':>13}")
+    print(f"  {'run':38} {'TTFT ms':>8} {'/ cold':>7} {'restored':>8} {'computed':>8} {'ready s':>7} "
+          f"{'answer = cold':>13}")
     for label, reply, ready, cold in rows:
         print(f"  {label:38} {reply.ttft * 1000:>8.0f} {reply.ttft / cold.ttft:>7.3f} {reply.restored:>8} "
               f"{reply.computed:>8} {ready:>7.1f} {'yes' if reply.text == cold.text else 'NO':>13}")
