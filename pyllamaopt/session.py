@@ -217,8 +217,11 @@ class Session:
         """Store the KV of the history's complete blocks in the persistent KV cache (the context
         needs ``persist_enabled``); a later session or process whose prompt starts with them
         restores them instead of computing them. Returns the tokens stored (or already stored);
-        0 if writing failed (counted in ``stats.persist_errors``). Sessions are also saved when
-        they close."""
+        0 if writing failed (counted in ``stats.persist_errors``). Synchronous: with
+        ``persist_write_behind`` (on by default) it first waits for the blocks the session queued
+        for the background writer, which already writes each prompt's blocks as they are computed
+        (``Context.flush_persist`` waits for every session's). Sessions are also saved (queued)
+        when they close."""
         return self._core.save()
 
     @property

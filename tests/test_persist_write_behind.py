@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -30,17 +31,18 @@ KILLED_SCRIPT = """
                   config=OptConfig(env={}, persist_enabled=True, persist_dir=sys.argv[2]))
     s = ctx.session()
     s.append(text_tokens(model, 700))
-    assert ctx.flush_persist(timeout=60)
-    print("written", ctx.stats.persist_saves, flush=True)
+    print("prefilled", flush=True)
     time.sleep(600)  # killed here: the session never closes, the context never closes
 """
 
 
 def test_a_prompt_is_on_disk_after_its_prefill_and_survives_a_kill(tiny_model, tiny_model_path, tmp_path):
-    """A process computes a 700-token prompt and is killed with SIGKILL, its session still open:
-    the prompt's 10 complete blocks were written behind, and a new process restores them exactly."""
+    """A process computes a 700-token prompt and is killed with SIGKILL a second later, its session
+    still open, nothing flushed: the prompt's 10 complete blocks were written behind (within the
+    flush interval, 250 ms, and the write), and a new process restores them exactly."""
     proc = run_script(tmp_path, "killed.py", KILLED_SCRIPT, tiny_model_path, tmp_path / "kv")
-    assert proc.stdout.readline().split() == ["written", "1"], proc.stderr.read() if proc.poll() is not None else ""
+    assert proc.stdout.readline().split() == ["prefilled"], proc.stderr.read() if proc.poll() is not None else ""
+    time.sleep(1.0)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert [e.n_tokens for e in PersistStore(tmp_path / "kv").entries()] == [640]
@@ -156,6 +158,21 @@ def test_what_is_stored_is_not_written_again(tiny_model, tmp_path):
     assert path.stat().st_mtime > 1_000_000
 
 
+def test_the_pieces_of_a_prompt_are_written_once_within_the_flush_interval(tiny_model, tmp_path):
+    """A prompt computed in pieces (as the server does while other requests wait): each piece's
+    job waits persist_flush_ms for the next one, which merges into it; flush_persist does not wait."""
+    tokens = text_tokens(tiny_model, 700)
+    with persistent(tiny_model, tmp_path, persist_flush_ms=60_000) as ctx:
+        s = ctx.session()
+        for start in range(0, 700, 256):
+            s.append(tokens[start:start + 256])
+        time.sleep(0.2)
+        assert llkv_files(tmp_path) == [] and ctx.stats.persist_writes_queued == 3
+        assert ctx.flush_persist(timeout=60)
+        assert ctx.stats.persist_saves == 1 and ctx.stats.persist_writes_coalesced == 2
+        assert [e.n_tokens for e in ctx.persist.entries()] == [640]
+
+
 def test_queued_jobs_of_a_session_are_coalesced(tiny_model, tmp_path):
     """Three turns queued while the writer is busy become one write of the longest history."""
     tokens = text_tokens(tiny_model, 700)
@@ -229,9 +246,9 @@ def test_closing_the_context_flushes_the_queue(tiny_model, tmp_path):
     assert sorted(e.n_tokens for e in PersistStore(tmp_path).entries()) == [640, 640, 640]
 
 
-@pytest.mark.parametrize("name", ["persist_write_behind", "persist_queue_mb"])
-def test_the_settings_come_from_the_environment(name):
-    env = {"LLAMA_OPT_" + name.upper(): "0" if name == "persist_write_behind" else "64"}
-    config = OptConfig(env=env)
-    assert getattr(config, name) == (False if name == "persist_write_behind" else 64)
-    assert config.source(name) == "environment"
+@pytest.mark.parametrize("name, text, value", [("persist_write_behind", "0", False), ("persist_queue_mb", "64", 64),
+                                               ("persist_flush_ms", "1000", 1000)])
+def test_the_settings_come_from_the_environment(name, text, value):
+    config = OptConfig(env={"LLAMA_OPT_" + name.upper(): text})
+    assert getattr(config, name) == value and config.source(name) == "environment"
+    assert OptConfig(env={}).persist_write_behind is True

@@ -42,6 +42,7 @@ def counters(model: Model, prompts: dict[str, list[list[int]]], persist_dir: Pat
         list(session.generate(10, **({"grammar": WORDS_CALL} if constrained else {})))
 
     def add(ctx):
+        assert ctx.flush_persist(timeout=60)  # the disk tier's writer counts its saves as it writes them
         for name in COUNTERS:
             total[name] += getattr(ctx.stats, name)
         cells.append(ctx.kv_cells_used)

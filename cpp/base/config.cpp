@@ -118,6 +118,7 @@ const std::vector<llama_opt_field> & llama_opt_fields() {
         OPT_TEXT(persist_dir,                "LLAMA_OPT_PERSIST_DIR",                          "directory of the persistent KV cache"),
         OPT_UINT(persist_max_mb,             "LLAMA_OPT_PERSIST_MAX_MB",       0, 1u << 30,   "size budget of that directory in MiB (0: none)"),
         OPT_BOOL(persist_write_behind,       "LLAMA_OPT_PERSIST_WRITE_BEHIND",                 "write each prompt's new blocks behind, in a background thread, as soon as they are computed"),
+        OPT_UINT(persist_flush_ms,           "LLAMA_OPT_PERSIST_FLUSH_MS",     0, 600000,     "a queued write waits this long for the same session's next one to merge into it (written behind within about this, plus the write)"),
         OPT_UINT(persist_queue_mb,           "LLAMA_OPT_PERSIST_QUEUE_MB",     1, 1u << 20,   "most MiB of rows queued for the background writer (more: the write is dropped, counted)"),
         OPT_BOOL(memo_enabled,               "LLAMA_OPT_MEMO_ENABLED",                         "token-level output memoization"),
         OPT_UINT(memo_draft_max,             "LLAMA_OPT_MEMO_DRAFT_MAX",       1, LLAMA_OPT_MEMO_MATCH_MAX,

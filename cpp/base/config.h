@@ -60,6 +60,7 @@ struct llama_opt_config {
     uint32_t    persist_max_mb  = 10240;    // size budget of the directory (0 = none)
     bool        persist_write_behind = true;  // computed blocks queued for a background writer (kv/disk-writer)
     uint32_t    persist_queue_mb     = 256;   // bound on the rows queued for it; a job over it is dropped
+    uint32_t    persist_flush_ms     = 250;   // a queued job waits this long for the same prompt's next piece
 
     bool     memo_enabled   = false;
     uint32_t memo_draft_max = LLAMA_OPT_MEMO_MATCH_MAX;  // most drafted tokens checked per forward pass (methods/memo.h)

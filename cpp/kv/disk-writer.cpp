@@ -28,8 +28,9 @@ static void count(llama_opt_persist_counts & all, const llama_opt_persist_job & 
 llama_opt_persist_write_behind::llama_opt_persist_write_behind(const llama_opt_persist_store & store,
                                                                const llama_opt_persist_layout & layout,
                                                                uint64_t max_queue_bytes, uint64_t max_store_bytes,
+                                                               std::chrono::milliseconds delay,
                                                                std::function<void(const std::string &)> warn)
-    : store_(store), layout_(layout), max_queue_bytes_(max_queue_bytes), max_store_bytes_(max_store_bytes),
+    : store_(store), layout_(layout), max_queue_bytes_(max_queue_bytes), max_store_bytes_(max_store_bytes), delay_(delay),
       warn_(std::move(warn)), thread_([this] { run(); }) {}
 
 llama_opt_persist_write_behind::~llama_opt_persist_write_behind() {
@@ -59,6 +60,7 @@ bool llama_opt_persist_write_behind::submit(llama_opt_persist_job job) {
         return false;
     }
     queued_bytes_ += job.bytes() - replaced;
+    job.due = std::chrono::steady_clock::now() + delay_;
     if (extends) {
         count(counts_, job, &llama_opt_persist_counts::writes_coalesced);
         *last = std::move(job);
@@ -69,24 +71,34 @@ bool llama_opt_persist_write_behind::submit(llama_opt_persist_job job) {
     return true;
 }
 
-bool llama_opt_persist_write_behind::pending(const llama_opt_persist_account * account) const {
-    if (!account) {
-        return !queue_.empty() || writing_ != nullptr;
-    }
-    return writing_ == account ||
-           std::any_of(queue_.begin(), queue_.end(), [&](const auto & q) { return q.account.get() == account; });
+bool llama_opt_persist_write_behind::flush(double timeout_s, const llama_opt_persist_account * account) {
+    return wait_written(timeout_s, [&](const llama_opt_persist_job & job) { return !account || job.account.get() == account; });
 }
 
-bool llama_opt_persist_write_behind::flush(double timeout_s, const llama_opt_persist_account * account) {
+bool llama_opt_persist_write_behind::flush_holding(const std::vector<uint64_t> & chain, size_t n_blocks, double timeout_s) {
+    return wait_written(timeout_s, [&](const llama_opt_persist_job & job) {
+        return job.chain.size() > n_blocks && chain.size() > n_blocks &&
+               std::equal(job.chain.begin(), job.chain.begin() + n_blocks + 1, chain.begin());
+    });
+}
+
+bool llama_opt_persist_write_behind::wait_written(double timeout_s,
+                                                  const std::function<bool(const llama_opt_persist_job &)> & which) {
     std::unique_lock<std::mutex> lock(mutex_);
+    const auto pending = [&] { return (writing_ && which(*writing_)) || std::any_of(queue_.begin(), queue_.end(), which); };
+    urgent_.push_back(&which);
+    wake_.notify_all();
+    bool written = true;
     if (!(timeout_s < 1e9)) {  // (infinite: no deadline, which would overflow the clock)
-        done_.wait(lock, [&] { return !pending(account); });
-        return true;
+        done_.wait(lock, [&] { return !pending(); });
+    } else {
+        const auto deadline = std::chrono::steady_clock::now() +
+                              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                  std::chrono::duration<double>(std::max(0.0, timeout_s)));
+        written = done_.wait_until(lock, deadline, [&] { return !pending(); });
     }
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                              std::chrono::duration<double>(std::max(0.0, timeout_s)));
-    return done_.wait_until(lock, deadline, [&] { return !pending(account); });
+    urgent_.erase(std::find(urgent_.begin(), urgent_.end(), &which));
+    return written;
 }
 
 void llama_opt_persist_write_behind::stop() {
@@ -116,17 +128,40 @@ void llama_opt_persist_write_behind::hold(bool held) {
     wake_.notify_all();
 }
 
+std::deque<llama_opt_persist_job>::iterator llama_opt_persist_write_behind::next_due(
+    std::chrono::steady_clock::time_point & wake) {
+    const auto now = std::chrono::steady_clock::now();
+    wake = std::chrono::steady_clock::time_point::max();
+    if (held_) {
+        return queue_.end();
+    }
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {  // (a merged job may be due later than the next)
+        const bool urgent = std::any_of(urgent_.begin(), urgent_.end(), [&](const auto * which) { return (*which)(*it); });
+        if (urgent || it->due <= now) {
+            return it;
+        }
+        wake = std::min(wake, it->due);
+    }
+    return queue_.end();
+}
+
 void llama_opt_persist_write_behind::run() {
     std::unique_lock<std::mutex> lock(mutex_);
-    while (true) {
-        wake_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !held_); });
-        if (queue_.empty()) {
-            return;  // stopping
+    while (!stopping_) {
+        std::chrono::steady_clock::time_point wake;
+        const auto next = next_due(wake);
+        if (next == queue_.end()) {
+            if (wake == std::chrono::steady_clock::time_point::max()) {
+                wake_.wait(lock);
+            } else {
+                wake_.wait_until(lock, wake);
+            }
+            continue;
         }
-        llama_opt_persist_job job = std::move(queue_.front());
-        queue_.pop_front();
+        llama_opt_persist_job job = std::move(*next);
+        queue_.erase(next);
         queued_bytes_ -= job.bytes();
-        writing_ = job.account.get();
+        writing_ = &job;
         lock.unlock();
         write(job);
         lock.lock();

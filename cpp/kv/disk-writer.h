@@ -13,6 +13,7 @@
 #include "base/stats.h"
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -52,6 +53,7 @@ struct llama_opt_persist_job {
     std::vector<uint64_t>    chain;   // their chained hashes (kv/block-hash, unmasked)
     uint32_t                 first_new = 0;
     std::vector<uint8_t>     rows;    // of blocks [first_new, chain.size()), position-major
+    std::chrono::steady_clock::time_point due{};  // written from then on (set when queued)
 
     uint64_t bytes() const { return rows.size() + tokens.size() * sizeof(llama_token) + chain.size() * 8; }
 };
@@ -59,10 +61,12 @@ struct llama_opt_persist_job {
 class llama_opt_persist_write_behind {
 public:
     // Writes into `store` (which must outlive it) entries of `layout`, keeping the directory within
-    // max_store_bytes (0: no limit) as save() does; at most max_queue_bytes of jobs wait. `warn`
+    // max_store_bytes (0: no limit) as save() does; at most max_queue_bytes of jobs wait. A job is
+    // written `delay` after it was queued (or last merged into), so that the next piece of the same
+    // prompt merges into it instead of being a second write; flush() does not wait for it. `warn`
     // hears of a failed write (the first of a run of failures).
     llama_opt_persist_write_behind(const llama_opt_persist_store & store, const llama_opt_persist_layout & layout,
-                                   uint64_t max_queue_bytes, uint64_t max_store_bytes,
+                                   uint64_t max_queue_bytes, uint64_t max_store_bytes, std::chrono::milliseconds delay,
                                    std::function<void(const std::string &)> warn);
     ~llama_opt_persist_write_behind();  // stop()
 
@@ -74,8 +78,12 @@ public:
     // told) if the queue would go over its bound or the writer has stopped.
     bool submit(llama_opt_persist_job job);
     // Waits until the jobs queued so far (of `account` only, if not null) are written, up to
-    // timeout_s seconds; false if some were not by then.
+    // timeout_s seconds, the delay waived meanwhile; false if some were not by then.
     bool flush(double timeout_s, const llama_opt_persist_account * account = nullptr);
+    // flush(), for the jobs holding more than the first n_blocks blocks of `chain`: a lookup of
+    // `chain` that finds n_blocks on disk waits for what a queued job would add (an evicted
+    // session's prompt asked for again at once).
+    bool flush_holding(const std::vector<uint64_t> & chain, size_t n_blocks, double timeout_s);
     // Finishes the job being written, drops (and counts) the queued ones, ends the thread.
     void stop();
 
@@ -87,14 +95,18 @@ public:
 
 private:
     void run();
+    // the first job due (or that a flush waits for), else end(); `wake` says when one will be
+    std::deque<llama_opt_persist_job>::iterator next_due(std::chrono::steady_clock::time_point & wake);
     void write(const llama_opt_persist_job & job);
     void drop(const llama_opt_persist_job & job, uint32_t blocks_on_disk);
-    bool pending(const llama_opt_persist_account * account) const;  // (under mutex_)
+    // waits (the delay waived) until no job `which` picks is queued or being written
+    bool wait_written(double timeout_s, const std::function<bool(const llama_opt_persist_job &)> & which);
 
     const llama_opt_persist_store &          store_;
     const llama_opt_persist_layout           layout_;
     const uint64_t                           max_queue_bytes_;
     const uint64_t                           max_store_bytes_;
+    const std::chrono::milliseconds          delay_;
     std::function<void(const std::string &)> warn_;
     llama_opt_persist_counts                 counts_;
     bool                                     failing_ = false;  // the last write failed (warned once per run)
@@ -104,9 +116,11 @@ private:
     std::condition_variable            done_;  // a job was written (or dropped)
     std::deque<llama_opt_persist_job>  queue_;
     uint64_t                           queued_bytes_ = 0;
-    const llama_opt_persist_account *  writing_      = nullptr;  // the account of the job being written
+    const llama_opt_persist_job *      writing_      = nullptr;  // the job being written (read only, by both threads)
     bool                               busy_         = false;
     bool                               stopping_     = false;
     bool                               held_         = false;
+    // what the flush() calls waiting want written: those jobs without delay
+    std::vector<const std::function<bool(const llama_opt_persist_job &)> *> urgent_;
     std::thread                        thread_;
 };

@@ -66,7 +66,7 @@ void llama_opt_kv_memory::open_persist_store(const llama_opt_model & model, cons
     if (cfg.persist_write_behind) {
         write_behind_ = std::make_unique<llama_opt_persist_write_behind>(
             *persist_, persist_layout_, (uint64_t) cfg.persist_queue_mb << 20, (uint64_t) cfg.persist_max_mb << 20,
-            [](const std::string & warning) { llama_opt_log_warn(warning); });
+            std::chrono::milliseconds(cfg.persist_flush_ms), [](const std::string & warning) { llama_opt_log_warn(warning); });
     }
 }
 

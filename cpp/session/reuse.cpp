@@ -8,6 +8,8 @@
 
 // how long save() waits for the session's jobs queued for the background writer
 static constexpr double SAVE_FLUSH_S = 60;
+// how long a lookup waits for a queued job that holds more of its prompt than the disk does
+static constexpr double LOOKUP_FLUSH_S = 5;
 
 void llama_opt_session_reuse::adopt_shared_prefix() {
     llama_opt_context &    ctx  = history_.ctx();
@@ -247,6 +249,9 @@ void llama_opt_session_reuse::restore_from_disk(size_t end) {
         return;
     }
     const std::vector<uint64_t> chain = persist_chain(want);
+    if (llama_opt_persist_write_behind * writer = ctx.memory().write_behind()) {
+        writer->flush_holding(chain, own, LOOKUP_FLUSH_S);  // queued, not yet written: a write beats computing
+    }
     const llama_opt_persist_store::match m = store->find(layout, chain, history_.tokens().data(), want);
     known_on_disk(chain, m.n_blocks);  // (not written behind again)
     if (m.n_blocks <= own) {

@@ -10,6 +10,8 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+static const std::chrono::milliseconds NO_DELAY(0);
+
 static std::string read_file(const std::string & path) {
     std::ifstream f(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(f), {});
@@ -28,7 +30,7 @@ static llama_opt_persist_job job_of(const context & c, uint32_t first_new, std::
 
 static void test_an_extended_entry_is_the_file_a_whole_save_writes() {
     llama_opt_persist_store store(fresh_dir("kv")), whole(fresh_dir("kv"));
-    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, nullptr);
+    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, NO_DELAY, nullptr);
     auto account = std::make_shared<llama_opt_persist_account>();
     const context prompt = make(3, 1);
     const context longer = make(7, 2, 3, &prompt);
@@ -48,7 +50,7 @@ static void test_an_extended_entry_is_the_file_a_whole_save_writes() {
 
 static void test_what_is_stored_is_not_written_again() {
     llama_opt_persist_store store(fresh_dir("kv"));
-    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, nullptr);
+    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, NO_DELAY, nullptr);
     auto account = std::make_shared<llama_opt_persist_account>();
     const context c = make(4, 1);
     const context prefix = make(2, 1);  // the same first blocks
@@ -63,7 +65,7 @@ static void test_what_is_stored_is_not_written_again() {
 
 static void test_queued_jobs_of_a_session_merge() {
     llama_opt_persist_store store(fresh_dir("kv"));
-    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, nullptr);
+    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, NO_DELAY, nullptr);
     auto a = std::make_shared<llama_opt_persist_account>(), b = std::make_shared<llama_opt_persist_account>();
     const context turn1 = make(2, 1), turn2 = make(5, 1, 2, &turn1), turn3 = make(6, 1, 5, &turn2);
     const context other = make(3, 9);
@@ -84,11 +86,37 @@ static void test_queued_jobs_of_a_session_merge() {
     CHECK(m.n_blocks == 6 && store.load(m.entry, 0, 6, rows.data(), why, miss) == 6 && rows == turn3.rows);
 }
 
+static void test_the_pieces_of_a_prompt_merge_within_the_delay() {
+    llama_opt_persist_store store(fresh_dir("kv"));
+    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, std::chrono::seconds(30), nullptr);
+    auto account = std::make_shared<llama_opt_persist_account>();
+    const context piece1 = make(2, 1), piece2 = make(4, 1, 2, &piece1);
+    CHECK(writer.submit(job_of(piece1, 0, account)));
+    CHECK(writer.submit(job_of(piece2, 2, account)));
+    usleep(100 * 1000);
+    CHECK(store.list().empty() && writer.counts().saves == 0);  // waiting for a next piece
+    CHECK(writer.flush(10) && writer.counts().saves == 1 && writer.counts().writes_coalesced == 1);  // flush: no wait
+    CHECK(store.list().size() == 1 && store.list()[0].n_tokens == 4 * B);
+}
+
+static void test_a_lookup_waits_only_for_jobs_holding_more_of_its_prompt() {
+    llama_opt_persist_store store(fresh_dir("kv"));
+    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, std::chrono::seconds(30), nullptr);
+    auto account = std::make_shared<llama_opt_persist_account>();
+    const context prompt = make(4, 1), other = make(4, 2);
+    CHECK(writer.submit(job_of(prompt, 0, account)) && writer.submit(job_of(other, 0, account)));
+    CHECK(writer.flush_holding(prompt.chain, 4, 10));  // nothing more of it queued: no wait
+    CHECK(store.list().empty());
+    CHECK(writer.flush_holding(make(6, 1, 4, &prompt).chain, 2, 10));  // a longer prompt sharing its 4 blocks
+    const auto entries = store.list();
+    CHECK(entries.size() == 1 && entries[0].n_tokens == 4 * B);  // that job only (the other's still waits)
+}
+
 static void test_over_the_bound_a_job_is_dropped_and_the_session_told() {
     llama_opt_persist_store store(fresh_dir("kv"));
     const context c1 = make(4, 1), c2 = make(4, 2);
     const llama_opt_persist_job probe = job_of(c1, 0, nullptr);
-    llama_opt_persist_write_behind writer(store, layout(), probe.bytes() + 10, 0, nullptr);
+    llama_opt_persist_write_behind writer(store, layout(), probe.bytes() + 10, 0, NO_DELAY, nullptr);
     auto a = std::make_shared<llama_opt_persist_account>(), b = std::make_shared<llama_opt_persist_account>();
     writer.hold(true);
     CHECK(writer.submit(job_of(c1, 0, a)));
@@ -99,12 +127,18 @@ static void test_over_the_bound_a_job_is_dropped_and_the_session_told() {
     CHECK(writer.submit(job_of(c2, 0, b)) && writer.flush(10) && writer.counts().saves == 2);  // room again
 }
 
+// writes a 3-block prompt through `writer`; returns a 5-block context extending it
+static context write_prompt(llama_opt_persist_write_behind & writer, const std::shared_ptr<llama_opt_persist_account> & account) {
+    const context prompt = make(3, 1);
+    CHECK(writer.submit(job_of(prompt, 0, account)) && writer.flush(10));
+    return make(5, 1, 3, &prompt);
+}
+
 static void test_a_job_whose_base_is_gone_is_dropped() {
     llama_opt_persist_store store(fresh_dir("kv"));
-    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, nullptr);
+    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, NO_DELAY, nullptr);
     auto account = std::make_shared<llama_opt_persist_account>();
-    const context prompt = make(3, 1), longer = make(5, 1, 3, &prompt);
-    CHECK(writer.submit(job_of(prompt, 0, account)) && writer.flush(10));
+    const context longer = write_prompt(writer, account);
     CHECK(store.remove(store.list()[0].path));  // cleaned up by another process, say
     CHECK(writer.submit(job_of(longer, 3, account)) && writer.flush(10));
     CHECK(store.list().empty() && writer.counts().writes_dropped == 1 && writer.counts().errors == 0);
@@ -113,10 +147,9 @@ static void test_a_job_whose_base_is_gone_is_dropped() {
 
 static void test_a_bad_block_of_the_base_stays_detectable() {
     llama_opt_persist_store store(fresh_dir("kv"));
-    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, nullptr);
+    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, NO_DELAY, nullptr);
     auto account = std::make_shared<llama_opt_persist_account>();
-    const context prompt = make(3, 1), longer = make(5, 1, 3, &prompt);
-    CHECK(writer.submit(job_of(prompt, 0, account)) && writer.flush(10));
+    const context longer = write_prompt(writer, account);
     const llama_opt_persist_entry base = store.list()[0];
     flip_byte(base.path, (long) (base.data_offset + B * 32 + 3));  // in block 1
     CHECK(writer.submit(job_of(longer, 3, account)) && writer.flush(10));
@@ -128,7 +161,7 @@ static void test_a_bad_block_of_the_base_stays_detectable() {
 static void test_a_failed_write_is_counted_and_warned_once() {
     llama_opt_persist_store store(fresh_dir("kv"));
     int warnings = 0;
-    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, [&](const std::string &) { ++warnings; });
+    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, NO_DELAY, [&](const std::string &) { ++warnings; });
     auto account = std::make_shared<llama_opt_persist_account>();
     store.fail_after_bytes(200);
     CHECK(writer.submit(job_of(make(2, 1), 0, account)) && writer.submit(job_of(make(2, 2), 0, account)) && writer.flush(10));
@@ -140,7 +173,7 @@ static void test_a_failed_write_is_counted_and_warned_once() {
 
 static void test_stop_drops_what_is_queued() {
     llama_opt_persist_store store(fresh_dir("kv"));
-    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, nullptr);
+    llama_opt_persist_write_behind writer(store, layout(), 1 << 20, 0, NO_DELAY, nullptr);
     auto account = std::make_shared<llama_opt_persist_account>();
     writer.hold(true);
     CHECK(writer.submit(job_of(make(2, 1), 0, account)));
@@ -153,6 +186,8 @@ int main() {
     test_an_extended_entry_is_the_file_a_whole_save_writes();
     test_what_is_stored_is_not_written_again();
     test_queued_jobs_of_a_session_merge();
+    test_the_pieces_of_a_prompt_merge_within_the_delay();
+    test_a_lookup_waits_only_for_jobs_holding_more_of_its_prompt();
     test_over_the_bound_a_job_is_dropped_and_the_session_told();
     test_a_job_whose_base_is_gone_is_dropped();
     test_a_bad_block_of_the_base_stays_detectable();
