@@ -275,8 +275,8 @@ def test_kill_9_at_random_points_loses_at_most_the_last_second_and_never_restore
         killed = life
     verify = subprocess.run([sys.executable, "-m", "pyllamaopt.cli", "cache", "verify", "--dir", str(directory)],
                             capture_output=True, text=True, cwd=tmp_path)
-    print(f"kills: {dict(points)} (the writer seen busy at {writer_seen_busy}); {must_restore} prompts to restore; "
-          f"{verify.stdout.strip()}")
+    print(f"kills: {dict(points)} (the writer seen busy at {writer_seen_busy}, files of killed writes left: "
+          f"{len(PersistStore(directory).leftovers())}); {must_restore} prompts to restore; {verify.stdout.strip()}")
     assert verify.returncode == 0 and ", 0 bad" in verify.stdout, verify.stdout + verify.stderr
     assert min(points[point] for point in KILL_POINTS) >= 3, points
     assert must_restore >= KILLS
