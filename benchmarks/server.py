@@ -167,6 +167,7 @@ class Reply:
     computed: int          # prompt tokens whose KV the server computed
     drafted: int = 0       # generated tokens confirmed from pyllamaopt's memo drafts (several in one pass)
     retries: int = 0       # 503s before it was taken
+    restored: int = 0      # prompt tokens pyllamaopt read back from its disk tier
 
 
 def ask(client: openai.OpenAI, prompt: list[int], gen: int, extra: dict | None = None) -> Reply:
@@ -189,7 +190,7 @@ def ask(client: openai.OpenAI, prompt: list[int], gen: int, extra: dict | None =
 def read_stream(stream: openai.Stream, t0: float) -> Reply:
     times: list[float] = []
     pieces: list[str] = []
-    generated = computed = drafted = 0
+    generated = computed = drafted = restored = 0
     for chunk in stream:
         extras = chunk.model_extra or {}
         text = "".join(choice.text for choice in chunk.choices)
@@ -201,11 +202,12 @@ def read_stream(stream: openai.Stream, t0: float) -> Reply:
         if "pyllamaopt" in extras:
             computed += extras["pyllamaopt"]["computed_tokens"]
             drafted += extras["pyllamaopt"]["drafted_tokens"]
+            restored += extras["pyllamaopt"]["restored_tokens"]
         if extras.get("timings", {}).get("prompt_n") is not None and chunk.choices and chunk.choices[0].finish_reason:
             computed += extras["timings"]["prompt_n"]
     end = time.perf_counter()
     return Reply("".join(pieces), (times[0] if times else end) - t0, [b - a for a, b in zip(times, times[1:])],
-                 generated or len(times), computed, drafted)
+                 generated or len(times), computed, drafted, restored=restored)
 
 
 def run_turns(client: openai.OpenAI, prompts: list[list[int]], gen: int, extra: dict | None = None) -> list[Reply]:
