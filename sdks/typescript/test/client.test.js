@@ -229,8 +229,8 @@ for (const transport of TRANSPORTS) {
     await assert.rejects(session.append([5, 10 ** 7]), InvalidTokenError);
     await assert.rejects(greedy(session, -1), InvalidArgumentError);
     await assert.rejects(session.append(new Array(2000).fill(7)), ContextOverflowError);
-    // a grammar that never ends keeps the generation going for about a second (a stalled reader does not
-    // pause it: the connection buffers far more than the server's 16 tokens ahead)
+    // a grammar that never ends keeps the generation going (for about a second; over gRPC a stalled
+    // reader holds it after a few dozen tokens, still generating: busy)
     const running = session.generate({ maxTokens: 250, grammar: "root ::= [a-z] root" });
     const iterator = running[Symbol.asyncIterator]();
     await iterator.next();
