@@ -430,7 +430,7 @@ def test_typescript_sdk(served, tiny_model_path, tmp_path):
         stop_server(short_ttl)
         stop_server(keyed)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "# pass 17" in run.stdout, run.stdout  # every test ran: 7 over each transport, 3 more
+    assert "# pass 20" in run.stdout, run.stdout  # every test ran: 8 over each transport, 4 more
 
 
 # Node's side of test_typescript_protobuf_...: the message descriptions of sdks/typescript/src/protobuf.js,

@@ -131,11 +131,19 @@ class Scheduler:
             if item is None:
                 continue
             fn, future = item
+            self._finish_cancelled()
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(fn())
                 except BaseException as exc:  # handed to the caller, never lost
                     future.set_exception(exc)
+
+    def _finish_cancelled(self) -> None:
+        """Closes the streams whose readers have left: before a call, so that a call sent after a
+        cancel (a generation right after one was cancelled) finds its session idle, not busy until
+        the thread's next round of steps."""
+        for s in [s for s in self._streams if s.cancelled.is_set()]:
+            self._finish(s, close=True)
 
     def _step(self, s: _Stream) -> bool:
         """One item of the stream, if its reader has room for it; False if it had none."""

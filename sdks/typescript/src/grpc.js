@@ -20,6 +20,13 @@ const CODES = ["OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEE
   "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"];
 const INT32_MAX = 2 ** 31 - 1;
 const READ_AHEAD = 16; // messages received and not yet read before the stream is paused
+// The HTTP/2 stream window of generations (bytes; a token's message is about 16): what the server may
+// send that this process has not taken yet. A reader that stalls, or a process the machine does not
+// run for a while, holds the server's generation after about this much (plus READ_AHEAD and the
+// server's own 16 tokens ahead), not after Node's default 64 KiB (thousands of tokens: a cancel came
+// after the whole answer was computed). Unary calls keep the default window on a connection of their
+// own: a long history's SessionInfo would take a round trip per window.
+const GENERATION_WINDOW = 512;
 /** @type {Record<string, string>} */
 const REQUEST_TYPES = {
   CreateSession: "CreateSessionRequest", AppendTokens: "AppendTokensRequest", Sync: "SyncRequest",
@@ -36,8 +43,8 @@ export class GrpcTransport {
     this.origin = origin;
     /** @type {Record<string, string>} */
     this.metadata = apiKey ? { authorization: `Bearer ${apiKey}` } : {};
-    /** @type {import("node:http2").ClientHttp2Session | null} */
-    this.connection = null;
+    /** @type {Record<"unary" | "generation", import("node:http2").ClientHttp2Session | null>} one of each, opened when first used */
+    this.connections = { unary: null, generation: null };
     /** @type {WeakMap<import("node:http2").ClientHttp2Session, Error>} a connection's own error (its streams only say they were cancelled) */
     this.connectionErrors = new WeakMap();
     /** @type {WeakMap<import("node:http2").ClientHttp2Session, number>} calls in flight: a connection keeps Node running only while it has some */
@@ -88,7 +95,8 @@ export class GrpcTransport {
    * @returns {AsyncGenerator<GenerateEvent, void, undefined>}
    */
   async *generate(id, options, signal) {
-    for await (const event of this.call("Generate", generateRequest(id, options), "GenerateResponse", signal)) {
+    const request = generateRequest(id, options);
+    for await (const event of this.call("Generate", request, "GenerateResponse", "generation", signal)) {
       if (event.token) {
         yield { token: { id: event.token.id, text: event.token.text } };
       } else if (event.done) {
@@ -97,10 +105,10 @@ export class GrpcTransport {
     }
   }
 
-  /** Closes the connection (a later call opens another). */
+  /** Closes the connections (a later call opens another). */
   disconnect() {
-    if (this.connection) this.connection.close();
-    this.connection = null;
+    for (const connection of Object.values(this.connections)) connection?.close();
+    this.connections = { unary: null, generation: null };
   }
 
   /**
@@ -113,19 +121,24 @@ export class GrpcTransport {
   async unary(method, request, responseType) {
     /** @type {Record<string, any> | null} */
     let answer = null;
-    for await (const message of this.call(method, request, responseType)) answer = message;
+    for await (const message of this.call(method, request, responseType, "unary")) answer = message;
     if (answer === null) throw new ServerError(`the server answered ${method} with no message`);
     return answer;
   }
 
-  /** @returns {import("node:http2").ClientHttp2Session} */
-  connect() {
-    if (this.connection && !this.connection.closed && !this.connection.destroyed) return this.connection;
-    const connection = http2.connect(this.origin);
+  /**
+   * @param {"unary" | "generation"} kind
+   * @returns {import("node:http2").ClientHttp2Session}
+   */
+  connect(kind) {
+    const open = this.connections[kind];
+    if (open && !open.closed && !open.destroyed) return open;
+    const connection = http2.connect(this.origin,
+      kind === "generation" ? { settings: { initialWindowSize: GENERATION_WINDOW } } : {});
     connection.on("error", (err) => { this.connectionErrors.set(connection, err); });
-    connection.on("close", () => { if (this.connection === connection) this.connection = null; });
+    connection.on("close", () => { if (this.connections[kind] === connection) this.connections[kind] = null; });
     connection.unref();
-    this.connection = connection;
+    this.connections[kind] = connection;
     return connection;
   }
 
@@ -134,10 +147,11 @@ export class GrpcTransport {
    * @param {string} method
    * @param {Record<string, any>} request
    * @param {string} responseType
+   * @param {"unary" | "generation"} kind  the connection it goes on
    * @param {AbortSignal} [signal]
    * @returns {AsyncGenerator<Record<string, any>, void, undefined>}
    */
-  async *call(method, request, responseType, signal) {
+  async *call(method, request, responseType, kind, signal) {
     let payload;
     try {
       payload = encode(MESSAGES[REQUEST_TYPES[method]], request);
@@ -150,7 +164,7 @@ export class GrpcTransport {
     /** @type {import("node:http2").ClientHttp2Stream} */
     let stream;
     try {
-      connection = this.connect();
+      connection = this.connect(kind);
       stream = connection.request({
         ":method": "POST", ":path": SERVICE + method, "content-type": "application/grpc", te: "trailers",
         ...this.metadata,

@@ -76,6 +76,7 @@ export class HttpTransport {
         const event = buffered.slice(0, end);
         buffered = buffered.slice(end + 2);
         for (const line of event.split("\n")) {
+          signal.throwIfAborted(); // cancelled: the rest of what came in the same read is not the caller's
           if (!line.startsWith("data: ")) continue;
           const data = JSON.parse(line.slice(6));
           if (data.error) throw httpError(200, data); // after the stream started: the last event

@@ -199,6 +199,28 @@ for (const transport of TRANSPORTS) {
     await session.close();
   });
 
+  test(`${transport}: cancelled after any number of tokens, the session takes the next generation at once`, async () => {
+    // the cancel and the next call race to the server: the next must never meet the cancelled one
+    const client = new Client(urls[transport]);
+    const session = await client.createSession({ tokens: PROMPT.slice(0, 40) });
+    for (let k = 1; k <= 16; k++) {
+      await session.sync(PROMPT.slice(0, 40));
+      const controller = new AbortController(); // half of them cancelled by the signal, half by leaving the loop
+      const generation = session.generate({ maxTokens: 250, grammar: "root ::= [a-z] root", signal: controller.signal });
+      const read = [];
+      for await (const t of generation) {
+        read.push(t.id);
+        if (read.length < k) continue;
+        if (k % 2) break;
+        controller.abort();
+      }
+      assert.equal(generation.finishReason, "interrupted");
+      assert.equal((await greedy(session, 1)).length, 1);
+      assert.deepEqual((await session.info()).tokens.slice(40, 40 + k), read);
+    }
+    await session.close();
+  });
+
   test(`${transport}: errors are the pyllamaopt classes`, async () => {
     const client = new Client(urls[transport]);
     await assert.rejects(client.session("no-such-session").info(),
@@ -207,8 +229,8 @@ for (const transport of TRANSPORTS) {
     await assert.rejects(session.append([5, 10 ** 7]), InvalidTokenError);
     await assert.rejects(greedy(session, -1), InvalidArgumentError);
     await assert.rejects(session.append(new Array(2000).fill(7)), ContextOverflowError);
-    // a grammar that never ends keeps the generation going for about a second (a stalled reader does not
-    // pause it: the connection buffers far more than the server's 16 tokens ahead)
+    // a grammar that never ends keeps the generation going (for about a second; over gRPC a stalled
+    // reader holds it after a few dozen tokens, still generating: busy)
     const running = session.generate({ maxTokens: 250, grammar: "root ::= [a-z] root" });
     const iterator = running[Symbol.asyncIterator]();
     await iterator.next();
@@ -267,6 +289,45 @@ test("grpc: a client's idle connection does not keep Node running; client.close(
   const run = spawnSync(process.execPath, ["--input-type=module", "-e", script], { encoding: "utf8", timeout: 30_000 });
   assert.equal(run.status, 0, run.stderr);
   assert.equal(run.stdout.trim(), "answered"); // and it exited by itself, within the timeout
+});
+
+test("grpc: a client the machine stops running holds its generation; it cancels when it runs again", async () => {
+  // what a loaded machine does to a client between two tokens, for longer than the whole generation
+  // takes: the generation ran on to its end (250 tokens) while the HTTP/2 window was Node's 64 KiB
+  const client = new Client(urls.grpc);
+  const session = await client.createSession({ tokens: PROMPT.slice(0, 40) });
+  const script = `
+    import { Client } from ${JSON.stringify(new URL("../src/index.js", import.meta.url).href)};
+    const session = new Client(${JSON.stringify(urls.grpc)}).session(${JSON.stringify(session.id)});
+    let n = 0;
+    for await (const _ of session.generate({ maxTokens: 250, grammar: "root ::= [a-z] root" })) {
+      if (++n < 3) continue;
+      console.log("read 3");
+      process.kill(process.pid, "SIGSTOP");
+      break; // (once continued) cancels
+    }`;
+  const child = spawn(process.execPath, ["--input-type=module", "-e", script], { stdio: ["ignore", "pipe", "inherit"] });
+  const exited = new Promise((resolve) => child.on("exit", resolve));
+  await new Promise((resolve) => child.stdout.once("data", resolve));
+  let generated = -1; // until the server has generated nothing more for a second, or has finished
+  for (let stable = 0; stable < 1000; stable += 100) {
+    const info = await session.info();
+    if (info.busy === null) break;
+    if (info.stats.tokens_generated !== generated) [generated, stable] = [info.stats.tokens_generated, 0];
+    await sleep(100);
+  }
+  const held = await session.info();
+  child.kill("SIGCONT");
+  assert.equal(await exited, 0);
+  assert.equal(held.busy, "generating", `the generation did not wait for its reader: ${held.stats.tokens_generated} tokens`);
+  assert.ok(held.stats.tokens_generated < 125, `${held.stats.tokens_generated} tokens for a reader that read 3`);
+  const deadline = Date.now() + 10_000;
+  while ((await session.info()).busy !== null) {
+    assert.ok(Date.now() < deadline, "the generation did not stop after the cancel");
+    await sleep(50);
+  }
+  await session.close();
+  client.close();
 });
 
 test("grpc: a call on the connection after client.close() keeps Node running to its end", () => {

@@ -27,7 +27,7 @@ declare module "node:http2" {
     on(event: "close", listener: () => void): this;
   }
 
-  function connect(authority: string): ClientHttp2Session;
+  function connect(authority: string, options?: { settings?: { initialWindowSize?: number } }): ClientHttp2Session;
   const constants: { NGHTTP2_CANCEL: number };
 
   const http2: { connect: typeof connect; constants: typeof constants };
