@@ -11,6 +11,12 @@
   llama-cpp-python  0.3.36 with LlamaGrammar.from_json_schema (same llama.cpp)
 
     python benchmarks/structured_output.py [--engines ...] [--max-tokens 160] [--limit N]
+                                           [--whitespace spaced,indented] [--model M] [--chat]
+
+--whitespace: the grammar's layouts (pyllamaopt.grammar.WHITESPACE) to compare, each of our
+engines run with each (rows "engine@layout"; "same as constrained" against constrained with the
+same layout). --chat: each prompt sent as a user message through the model's chat template (an
+instruction-tuned model, e.g. --model smollm2-135m) instead of as raw text.
 
 Schemas and prompts: benchmarks/schemas.py. Reported per engine: outputs valid against their
 schema (jsonschema), truncated at max_tokens, failed (the engine could not take the schema),
@@ -32,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from schemas import SCHEMAS  # noqa: E402
 
 from pyllamaopt import Context, Model, OptConfig, models  # noqa: E402
-from pyllamaopt.grammar import json_schema_to_gbnf  # noqa: E402
+from pyllamaopt.chat import ChatTemplate  # noqa: E402
+from pyllamaopt.grammar import WHITESPACE, compile_json_schema  # noqa: E402
 
 N_CTX = 2048
 
@@ -62,9 +69,9 @@ class Pyllamaopt:
         self.model, self.grammar = model, grammar
         self.ctx = Context(model, n_ctx=N_CTX, n_threads=2, config=OptConfig(env={}, **config))
 
-    def run(self, schema: object, prompt: str, max_tokens: int) -> Run:
+    def run(self, schema: object, prompt: str | list[int], max_tokens: int) -> Run:
         s = self.ctx.session()
-        s.append_text(prompt)
+        s.append_text(prompt) if isinstance(prompt, str) else s.append(prompt)
         before = s.stats
         start = time.perf_counter()
         g = s.generate(max_tokens, json_schema=schema if self.grammar else None)  # (a dict, or compiled)
@@ -89,16 +96,16 @@ class LlamaCppPython:
         vocab = llama_cpp.llama_model_get_vocab(self.llm._model.model)
         self.is_eog = lambda token: llama_cpp.llama_vocab_is_eog(vocab, token)
 
-    def run(self, schema: object, prompt: str, max_tokens: int) -> Run:
+    def run(self, schema: object, prompt: str | list[int], max_tokens: int) -> Run:
         from llama_cpp.llama_grammar import json_schema_to_gbnf
 
         return self.run_grammar(json_schema_to_gbnf(json.dumps(schema)), prompt, max_tokens)
 
-    def run_grammar(self, gbnf: str, prompt: str, max_tokens: int) -> Run:
+    def run_grammar(self, gbnf: str, prompt: str | list[int], max_tokens: int) -> Run:
         from llama_cpp import LlamaGrammar
 
         grammar = LlamaGrammar.from_string(gbnf, verbose=False)
-        tokens = self.llm.tokenize(prompt.encode(), add_bos=True, special=False)
+        tokens = self.llm.tokenize(prompt.encode(), add_bos=True, special=False) if isinstance(prompt, str) else prompt
         self.llm.reset()
         self.llm.eval(tokens)  # the prompt, outside the timed part (as for pyllamaopt)
         start = time.perf_counter()
@@ -138,7 +145,12 @@ def main() -> int:
     parser.add_argument("--engines", default="unconstrained,full-mask,constrained,exact-skip,jump-forward,llama-cpp-python")
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--limit", type=int, default=0, help="only the first N schemas")
+    parser.add_argument("--whitespace", default="spaced", help=f"layouts to compare, of {', '.join(WHITESPACE)}")
+    parser.add_argument("--chat", action="store_true", help="prompts through the model's chat template")
     args = parser.parse_args()
+    layouts = args.whitespace.split(",")
+    if not set(layouts) <= set(WHITESPACE):
+        parser.error(f"--whitespace: layouts of {', '.join(WHITESPACE)}")
 
     path = models.resolve(args.model)
     model = Model(path, progress=False)
@@ -151,31 +163,42 @@ def main() -> int:
         "llama-cpp-python": lambda: LlamaCppPython(path),
     }
     cases = SCHEMAS[: args.limit] if args.limit else SCHEMAS
-    engines = {}
+    if args.chat:
+        template = ChatTemplate.for_model(model)
+        cases = [(case, schema, model.tokenize(template.render([{"role": "user", "content": prompt.strip()}]),
+                                               add_bos=False, special=True))  # the markup as special tokens
+                 for case, schema, prompt in cases]
+    engines = {}  # row name -> (engine, layout: None for llama-cpp-python, which takes the schema)
     for name in args.engines.split(","):
         try:
-            engines[name] = factories[name]()
+            engine = factories[name]()
         except ImportError as exc:
             print(f"{name}: not available ({exc})")
+            continue
+        for layout in layouts if isinstance(engine, Pyllamaopt) and engine.grammar else [None]:
+            engines[name if layout is None or len(layouts) == 1 else f"{name}@{layout}"] = (engine, layout)
     totals = {name: Totals() for name in engines}
     for case, schema, prompt in cases:
-        json_schema_to_gbnf(schema)  # fail early on a schema the converter rejects
-        for name, engine in engines.items():  # interleaved: the machine's drift hits all alike
+        grammars = {layout: compile_json_schema(schema, whitespace=layout) for layout in layouts}  # fails early
+        for name, (engine, layout) in engines.items():  # interleaved: the machine's drift hits all alike
             try:
-                totals[name].runs.append(engine.run(schema, prompt, args.max_tokens))
+                totals[name].runs.append(engine.run(schema if layout is None else grammars[layout], prompt,
+                                                    args.max_tokens))
             except Exception as exc:  # e.g. a converter that cannot handle the schema: reported
                 print(f"  {case}: {name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
                 totals[name].runs.append(Run([], "", "failed", 0.0))
         print(f"  {case}: " + " | ".join(f"{n} {t.runs[-1].finish} {len(t.runs[-1].tokens)}" for n, t in totals.items()),
               file=sys.stderr)
 
-    print(f"model {model.description}; 2 threads; greedy; {len(cases)} schemas; max_tokens {args.max_tokens}\n")
-    reference = totals.get("constrained")
+    print(f"model {model.description}; 2 threads; greedy; {len(cases)} schemas; max_tokens {args.max_tokens}; "
+          f"{'chat template' if args.chat else 'raw prompts'}\n")
     header = (f"{'engine':<17} {'valid':>7} {'truncated':>9} {'failed':>6} {'tokens':>7} {'passes/tok':>10} {'forced':>7} "
               f"{'grammar us/tok':>14} {'tok/s':>7} {'same as constrained':>19}")
     print(header)
     rates = {}
     for name, t in totals.items():
+        layout = engines[name][1]
+        reference = totals.get("constrained" if layout is None or len(layouts) == 1 else f"constrained@{layout}")
         n = sum(len(r.tokens) for r in t.runs)
         done = [(r, s) for r, (_, s, _) in zip(t.runs, cases) if r.finish not in ("length", "failed")]
         ok = sum(valid(s, r.text) for r, s in done) if name != "unconstrained" else 0

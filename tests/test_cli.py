@@ -239,3 +239,11 @@ def test_info_version_and_config_show_what_a_user_set(tiny_model_path):
     assert share.split()[:3] == ["diff_recompute_share", "0.1", "environment"]  # not 0.10000000149011612
     persist = next(line for line in table if line.startswith("persist_dir")).split()
     assert persist[1:4] == ["(default)", "default", "LLAMA_OPT_PERSIST_DIR"] and persist[5].endswith("kv")
+
+
+def test_serve_json_whitespace_is_one_of_the_grammars_layouts(tmp_path):
+    for args, env in ((["--json-whitespace", "pretty"], None), ([], {"LLAMA_OPT_SERVE_JSON_WHITESPACE": "pretty"})):
+        refused = run("serve", "--model", str(tmp_path / "absent.gguf"), *args, env=env)
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+        assert ("--json-whitespace (LLAMA_OPT_SERVE_JSON_WHITESPACE) must be one of spaced, compact, free, indented, "
+                "got 'pretty'") in refused.stderr, refused.stderr

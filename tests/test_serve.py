@@ -823,7 +823,7 @@ def test_a_strict_schema_we_cannot_enforce_is_a_400_a_non_strict_one_is_checked(
     server.request("DELETE", f"/v1/sessions/{sid}")
 
 
-def test_fit_max_tokens_is_a_server_configuration_that_closes_structured_output(server, tiny_model_path, tmp_path):
+def test_fit_max_tokens_is_a_server_configuration_that_closes_structured_output(tiny_model_path, tmp_path):
     """LLAMA_OPT_SCHEMA_FIT_MAX_TOKENS=1 (off by default): an answer under a response_format that
     max_tokens would cut off is closed in time instead, and valid."""
     schema = {"type": "object", "properties": {"files": {"type": "array", "items": {"type": "string"}},
@@ -836,9 +836,16 @@ def test_fit_max_tokens_is_a_server_configuration_that_closes_structured_output(
         assert status == 200, out
         return out
 
-    cut = answer(server)
+    # json.dumps's one-line layout, in which the tiny model's answer runs past max_tokens (in the
+    # server's default layout, indented, it finishes within them: issue 43)
+    spaced = start_server(tiny_model_path, tmp_path, "--json-whitespace", "spaced")
+    try:
+        cut = answer(spaced)
+    finally:
+        stop_server(spaced)
     assert cut["finish_reason"] == "length" and cut["schema_valid"] is False
-    fitting = start_server(tiny_model_path, tmp_path, env={"LLAMA_OPT_SCHEMA_FIT_MAX_TOKENS": "1"})
+    fitting = start_server(tiny_model_path, tmp_path, "--json-whitespace", "spaced",
+                           env={"LLAMA_OPT_SCHEMA_FIT_MAX_TOKENS": "1"})
     try:
         closed = answer(fitting)
     finally:

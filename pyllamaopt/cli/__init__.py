@@ -191,6 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Tier 2, off by default: the chat routes mark tool results, whose spans irrelevant to "
                         "what follows them leave attention (approximate: answers say so; same as "
                         "LLAMA_OPT_SPARSE_ATTN_ENABLED=1, tuned by LLAMA_OPT_SPARSE_ATTN_*)")
+    p.add_argument("--json-whitespace", default=os.environ.get("LLAMA_OPT_SERVE_JSON_WHITESPACE") or None,
+                   metavar="{indented,spaced,compact,free}",
+                   help="how response_format answers may lay out JSON: indented (default: one line or a line break "
+                        "and indentation, as models write it), spaced (one line, json.dumps's spacing), compact "
+                        "(no whitespace) or free (any); default $LLAMA_OPT_SERVE_JSON_WHITESPACE or indented")
     p.set_defaults(func=commands.serve)
 
     p = sub.add_parser("info", help="build and model information")

@@ -242,6 +242,7 @@ def _layout(model_name: str, store: PersistStore) -> dict[str, object]:
 
 def serve(args: argparse.Namespace) -> int:
     from ..serve import ServeSettings
+    from ..serve.schema_cache import DEFAULT_JSON_WHITESPACE
     from ..serve import serve as run_server
 
     OptConfig()  # a malformed LLAMA_OPT_* variable stops here, before the model loads
@@ -249,5 +250,6 @@ def serve(args: argparse.Namespace) -> int:
                              n_ctx=args.n_ctx, threads=args.threads, api_key=args.api_key, tls_cert=args.tls_cert,
                              tls_key=args.tls_key, max_sessions=args.max_sessions, session_ttl=args.session_ttl,
                              approximate_reuse=args.approximate_reuse, sparse_tool_results=args.sparse_tool_results,
+                             json_whitespace=args.json_whitespace or DEFAULT_JSON_WHITESPACE,
                              verbose=args.verbose))
     return 0

@@ -16,11 +16,11 @@ The supported keywords and the canonical form: docs/structured-output.md.
 """
 from __future__ import annotations
 
-from .base import MAX_WS, WHITESPACE, Relaxation
+from .base import MAX_INDENT, MAX_WS, WHITESPACE, Relaxation
 from .numbers import MAX_EXP_DIGITS, MAX_FRAC_DIGITS, MAX_INT_DIGITS  # the canonical form's limits
 from .schema_grammar import JSON_GBNF, SchemaGrammar, compile_json_schema, json_schema_to_gbnf
 from .strings import SUPPORTED_FORMATS
 from .validation import SchemaCheck
 
 __all__ = ["JSON_GBNF", "json_schema_to_gbnf", "compile_json_schema", "SchemaGrammar", "SchemaCheck", "Relaxation",
-           "SUPPORTED_FORMATS", "WHITESPACE"]
+           "SUPPORTED_FORMATS", "WHITESPACE", "MAX_INDENT"]

@@ -211,7 +211,7 @@ class Converter(ObjectRules, ArrayRules, NumberRules):
                 raise schema_error(path, f"enum/const value {v!r} is not a JSON value")
             if json_key(v) not in seen:
                 seen.add(json_key(v))
-                texts.append(json_text(v, spaced=self.whitespace == "spaced"))
+                texts.append(json_text(v, spaced=self.whitespace in ("spaced", "indented")))
         if not texts:
             raise Unsatisfiable(path, "no 'enum'/'const' value is allowed (by 'type')")
         node = alt(*(literal(t) for t in texts))

@@ -32,11 +32,13 @@ from ..chat import ChatTemplate
 from ..config import OptConfig
 from ..context import Context
 from ..errors import AuthenticationError, ChatTemplateError
+from ..grammar import WHITESPACE
 from ..model import Model
 from ..session import Session
 from . import anthropic_routes, openai_routes, session_routes
 from .metrics import Metrics
 from .scheduler import Scheduler
+from .schema_cache import DEFAULT_JSON_WHITESPACE
 from .errors import InternalError, ServiceError
 from .service import Service
 
@@ -57,6 +59,7 @@ class ServeSettings:
     max_body_bytes: int = 16 << 20
     approximate_reuse: bool = False  # Tier 2: diff_reuse_shifted (service.py says how requests use it)
     sparse_tool_results: bool = False  # Tier 2: sparse_attn_enabled, the chat routes mark tool results
+    json_whitespace: str = DEFAULT_JSON_WHITESPACE  # how response_format answers lay out JSON (grammar.WHITESPACE)
     verbose: bool = False
 
     def check(self) -> None:
@@ -68,6 +71,9 @@ class ServeSettings:
             raise SystemExit("pyllamaopt serve: --max-sessions must be between 1 and 200")
         if not (math.isfinite(self.session_ttl) and self.session_ttl > 0):  # (nan: sessions never expired)
             raise SystemExit("pyllamaopt serve: --session-ttl must be a positive number of seconds")
+        if self.json_whitespace not in WHITESPACE:
+            raise SystemExit(f"pyllamaopt serve: --json-whitespace (LLAMA_OPT_SERVE_JSON_WHITESPACE) must be one of "
+                             f"{', '.join(WHITESPACE)}, got {self.json_whitespace!r}")
         if not 0 < self.port < 65536:
             raise SystemExit("pyllamaopt serve: --port must be a port number (1-65535)")
         if self.grpc_port is not None and (not 0 < self.grpc_port < 65536 or self.grpc_port == self.port):
@@ -113,7 +119,7 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
     scheduler = Scheduler(prefetch=Session.prefetch_steps)  # decode steps of concurrent generations batched
     metrics = Metrics()
     service = Service(context, scheduler, metrics, max_sessions=settings.max_sessions,
-                      session_ttl=settings.session_ttl)
+                      session_ttl=settings.session_ttl, json_whitespace=settings.json_whitespace)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

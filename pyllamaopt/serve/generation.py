@@ -20,9 +20,9 @@ from .schema_cache import SchemaCache
 
 
 class GenerationRunner:
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, json_whitespace: str) -> None:
         self.metrics = metrics
-        self._schemas = SchemaCache()
+        self._schemas = SchemaCache(json_whitespace)
 
     def events(self, session: Session, prompt_tokens: int, params: GenerateParams, before: Stats, *,
                started: float, verify: Callable[[int], None], finished: Callable[[], None]) -> Iterator[Any]:

@@ -10,10 +10,14 @@ from ..grammar import SchemaGrammar, compile_json_schema
 from .errors import BadRequest
 
 SCHEMA_CACHE_SIZE = 32
+#: the layout of JSON answers (--json-whitespace): a line break and indentation allowed, as models
+#: write JSON (docs/structured-output.md measures it against json.dumps's one line)
+DEFAULT_JSON_WHITESPACE = "indented"
 
 
 class SchemaCache:
-    def __init__(self) -> None:
+    def __init__(self, whitespace: str) -> None:
+        self.whitespace = whitespace  # the server's layout of JSON answers (--json-whitespace)
         self._compiled: collections.OrderedDict[tuple[str, bool], SchemaGrammar] = collections.OrderedDict()
 
     def compiled(self, schema: dict[str, Any] | bool, strict: bool) -> SchemaGrammar:
@@ -24,7 +28,7 @@ class SchemaCache:
         compiled = self._compiled.pop(key, None)
         if compiled is None:
             try:
-                compiled = compile_json_schema(schema, strict=strict)
+                compiled = compile_json_schema(schema, strict=strict, whitespace=self.whitespace)
             except UnenforceableSchemaError as exc:
                 raise BadRequest(f"response_format.json_schema.strict is true, but the schema's '{exc.keyword}' at "
                                  f"{exc.path} cannot be enforced by a grammar: {exc}. Remove that constraint, or "

@@ -44,12 +44,13 @@ from .pinning import pinned
 from .prefill_coordinator import PrefillCoordinator
 from .request_pool import IdleRequestPool
 from .scheduler import PENDING, Scheduler, primed
+from .schema_cache import DEFAULT_JSON_WHITESPACE
 from .session_registry import ProtocolSession, SessionRegistry
 
 
 class Service:
     def __init__(self, context: Context, scheduler: Scheduler, metrics: Metrics, *,
-                 max_sessions: int, session_ttl: float) -> None:
+                 max_sessions: int, session_ttl: float, json_whitespace: str = DEFAULT_JSON_WHITESPACE) -> None:
         self.context = context
         self.model = context.model
         self.scheduler = scheduler
@@ -58,7 +59,7 @@ class Service:
                                          changed=self._update_gauges)
         self._idle = IdleRequestPool(context)
         self._prefills = PrefillCoordinator(context, scheduler, metrics)
-        self._generations = GenerationRunner(metrics)
+        self._generations = GenerationRunner(metrics, json_whitespace)
         self._health: dict[str, Any] = {}
         self._update_gauges()
 
