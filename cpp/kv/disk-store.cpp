@@ -80,7 +80,7 @@ llama_opt_persist_store::match llama_opt_persist_store::find(const llama_opt_per
             foreign = true;
             continue;
         }
-        if (k > best.n_blocks) {
+        if (k > best.n_blocks && (e.base_blocks == 0 || lineage(e).back().base_blocks == 0)) {  // (not an orphan)
             best.entry    = std::move(e);
             best.n_blocks = (uint32_t) k;
         }

@@ -42,7 +42,7 @@ public:
         llama_opt_persist_miss  miss     = llama_opt_persist_miss::not_stored;
     };
     // The entry holding the longest prefix of `tokens` (at most max_blocks blocks), verified
-    // token by token. `chain` holds the chained hashes of the blocks of `tokens`. miss says
+    // token by token; never an extension whose parents are not all there. `chain` holds the chained hashes of the blocks of `tokens`. miss says
     // why nothing matched: not_stored, or incompatible when only entries for another model or
     // build hold these tokens.
     match find(const llama_opt_persist_layout & layout, const std::vector<uint64_t> & chain,

@@ -96,8 +96,13 @@ static void test_a_missing_parent_is_a_miss_for_its_blocks_and_cleanup_removes_t
     CHECK(store.remove(entry_of(store, 5)));  // the middle one
     uint32_t got;
     llama_opt_persist_miss miss;
-    restore(store, c, got, miss);
-    CHECK(got == 0 && miss == llama_opt_persist_miss::not_stored);  // its blocks 0-4: not stored (as a chain)
+    llama_opt_persist_entry orphan;
+    CHECK(llama_opt_persist_read_header(entry_of(store, 6), orphan, nullptr));
+    std::vector<uint8_t> rows(6 * B * 32);
+    std::string why;
+    CHECK(store.load(orphan, 0, 6, rows.data(), why, miss) == 0 && miss == llama_opt_persist_miss::not_stored);
+    rows = restore(store, c, got, miss);  // a lookup passes over it: the first entry's 3 blocks
+    CHECK(got == 3 && miss == llama_opt_persist_miss::none && std::equal(rows.begin(), rows.end(), c.rows.begin()));
     CHECK(store.verify(entry_of(store, 6)).find("parent entry (blocks 0-4) is missing") != std::string::npos);
     CHECK(store.verify(entry_of(store, 3)).empty());
     CHECK(store.cleanup(0, 0) == 1 && store.list().size() == 1 && entry_of(store, 6).empty());
