@@ -10,25 +10,21 @@ from test_persist import BLOCK, flip_bit, header_u64, restores, run_script
 from test_cli import run
 from test_reuse import text_tokens
 
-TURNS = (150, 420, 700)  # the history's length after each turn: 2, 6 and 10 complete blocks
-
 GROW_SCRIPT = """
     import sys
-    import pyllamaopt
-    from pyllamaopt import Context, OptConfig
+    from pyllamaopt import Context, Model, OptConfig
     from test_reuse import text_tokens
 
-    model = pyllamaopt.Model(sys.argv[1])
-    tokens = text_tokens(model, 700)
-    with Context(model, n_ctx=4096, n_batch=256, n_seq_max=8, n_threads=2,
-                 config=OptConfig(env={}, persist_enabled=True, persist_dir=sys.argv[2])) as ctx:
-        s = ctx.session()
-        start = 0
-        for stop in (150, 420, 700):
-            s.append(tokens[start:stop])
-            start = stop
-            assert ctx.flush_persist(timeout=60)
-        print(s.stats.persist_bytes_written, flush=True)
+    model = Model(sys.argv[1])
+    config = OptConfig(env={}, persist_enabled=True, persist_dir=sys.argv[2])
+    ctx = Context(model, n_ctx=4096, n_batch=256, n_seq_max=8, n_threads=2, config=config)
+    s, tokens, start = ctx.session(), text_tokens(model, 700), 0
+    for stop in (150, 420, 700):  # the history after each turn: 2, 6 and 10 complete blocks
+        s.append(tokens[start:stop])
+        start = stop
+        assert ctx.flush_persist(timeout=60)
+    print(s.stats.persist_bytes_written, flush=True)
+    ctx.close()
 """
 
 
