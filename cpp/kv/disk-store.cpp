@@ -58,6 +58,7 @@ llama_opt_persist_store::match llama_opt_persist_store::find(const llama_opt_per
         return best;
     }
     bool  foreign = false;  // these tokens are stored, for another model or build
+    std::vector<std::pair<uint32_t, llama_opt_persist_entry>> candidates;  // (blocks of `tokens` held, entry)
     for (const std::string & name : entry_names()) {
         llama_opt_persist_entry  e;
         std::vector<llama_token> stored;
@@ -80,9 +81,15 @@ llama_opt_persist_store::match llama_opt_persist_store::find(const llama_opt_per
             foreign = true;
             continue;
         }
-        if (k > best.n_blocks && (e.base_blocks == 0 || lineage(e).back().base_blocks == 0)) {  // (not an orphan)
+        candidates.emplace_back((uint32_t) k, std::move(e));
+    }
+    // the longest that is not an orphan (its parents, read only for the candidates tried, all there)
+    std::sort(candidates.begin(), candidates.end(), [](const auto & a, const auto & b) { return a.first > b.first; });
+    for (auto & [k, e] : candidates) {
+        if (e.base_blocks == 0 || lineage(e).back().base_blocks == 0) {
             best.entry    = std::move(e);
-            best.n_blocks = (uint32_t) k;
+            best.n_blocks = k;
+            break;
         }
     }
     best.miss = best.n_blocks > 0 ? llama_opt_persist_miss::none
