@@ -340,9 +340,10 @@ def test_sessions_are_saved_when_they_close_and_when_the_context_closes(tiny_mod
 
 def test_a_longer_save_replaces_the_entry_of_its_prefix(tiny_model, tmp_path):
     """An entry whose tokens are a prefix of a newly saved context is removed (the new one
-    restores that prefix too) unless the new one extends it; the context after a turn restores exactly."""
+    restores that prefix too); the context after a turn restores exactly. (Written on save: the
+    writer behind keeps the prefix's entry, which its entry extends: test_persist_extensions.)"""
     prompt = text_tokens(tiny_model, 400)
-    with persistent(tiny_model, tmp_path) as ctx:
+    with persistent(tiny_model, tmp_path, **WRITTEN_ON_SAVE) as ctx:
         s = ctx.session()
         s.append(prompt)
         assert s.save() == 384
@@ -350,8 +351,7 @@ def test_a_longer_save_replaces_the_entry_of_its_prefix(tiny_model, tmp_path):
         s.append(text_tokens(tiny_model, 300, seed=3))
         assert s.save() == (420 + 300) // BLOCK * BLOCK
         history = s.tokens
-        # written behind (on by default): an extension of the prefix's entry, which it keeps (format v2)
-        assert sorted(e.n_tokens for e in ctx.persist.entries()) == [384, 704]
+        assert [e.n_tokens for e in ctx.persist.entries()] == [704]
     assert history[:420] == prompt + answer
     assert restores(tiny_model, tmp_path, history).persist_tokens_restored == 640
     assert restores(tiny_model, tmp_path, prompt).persist_tokens_restored == 320
@@ -800,8 +800,8 @@ def test_a_full_disk_when_sessions_close_is_counted_and_nothing_left(tiny_model,
 def test_a_run_of_failed_saves_is_one_warning(tiny_model, tmp_path, capfd):
     """A full disk fails every save: each is counted, the first of the run says why on stderr, the
     others do not (a server's log had a line per request); once a save succeeds, the next failure
-    is said again."""
-    with persistent(tiny_model, tmp_path) as ctx:
+    is said again. (Written on save: behind, each prefill's write would fail and count too.)"""
+    with persistent(tiny_model, tmp_path, **WRITTEN_ON_SAVE) as ctx:
         ctx.persist._core._fail_after_bytes(1000)
         capfd.readouterr()
         sessions = [ctx.session() for _ in range(4)]

@@ -224,7 +224,7 @@ void llama_opt_persist_write_behind::write(const llama_opt_persist_job & job) {
     job.account->blocks_on_disk = on_disk;
     job.account->lost           = true;
     if (store_.first_failure() && warn_) {
-        warn_("pyllamaopt: could not write the KV of a session behind: " + why + " (writes that fail are counted in "
+        warn_("pyllamaopt: could not save the KV of a session (written behind): " + why + " (writes that fail are counted in "
               "persist_errors, not logged again until one succeeds; requests go on without)");
     }
 }
