@@ -165,7 +165,9 @@ def test_a_read_only_directory_restores_and_counts_the_saves_it_cannot_make(chat
     directory = tmp_path / "kv"
     stored = sorted(p.name for p in directory.iterdir())
     with read_only(directory):
-        server = start_server(chat_model, tmp_path, env=env)
+        # saves on close (behind, a prompt extending one whose write failed is dropped, not
+        # counted as an error: how many are errors would depend on the writer's timing)
+        server = start_server(chat_model, tmp_path, env={**env, "LLAMA_OPT_PERSIST_WRITE_BEHIND": "0"})
         try:
             assert make_saves(server, range(6)) == expected
             metrics = server.metrics()

@@ -233,7 +233,8 @@ def test_session_settings_override_the_context_and_forks_keep_them(tiny_model):
 
 def test_a_session_with_a_hole_persists_only_its_exact_prefix(tiny_model, tmp_path):
     tokens = text_tokens(tiny_model, 700)
-    with context(tiny_model, persist_enabled=True, persist_dir=str(tmp_path / "kv")) as ctx:
+    # written on save (behind, the prompt's exact KV is on disk before the hole is made: exact too)
+    with context(tiny_model, persist_enabled=True, persist_dir=str(tmp_path / "kv"), persist_write_behind=False) as ctx:
         s = ctx.session()
         s.append(tokens)
         s.drop_span(130, 500)
