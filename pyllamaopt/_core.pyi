@@ -39,6 +39,7 @@ class _PersistEntryInfo(typing.TypedDict):
     """
     path: str
     n_tokens: int
+    base_tokens: int
     size: int
     mtime: int
     context_hash: int

@@ -44,6 +44,8 @@ class PersistEntry:
     problem: str
     # what model, build and KV shape it is for (Context.persist_layout is a context's)
     layout: Mapping[str, object] = field(default_factory=dict, compare=False)
+    # an extension's first tokens, whose KV its parent entry holds (its file holds the rest): 0 if none
+    base_tokens: int = 0
 
     @property
     def age(self) -> float:
@@ -104,7 +106,7 @@ class PersistStore:
 
     def entries(self) -> list[PersistEntry]:
         return [PersistEntry(Path(e["path"]), e["n_tokens"], e["size"], float(e["mtime"]), e["model_hash"], e["problem"],
-                             e["layout"]) for e in self._core.list()]
+                             e["layout"], e["base_tokens"]) for e in self._core.list()]
 
     def foreign(self, layout: Mapping[str, object]) -> list[PersistEntry]:
         """The sound entries a context whose ``persist_layout`` is `layout` never restores: another

@@ -208,10 +208,10 @@ void llama_opt_persist_write_behind::write(const llama_opt_persist_job & job) {
         return;
     }
     std::string why;
-    if (store_.save_extending(layout_, job.tokens, job.chain, job.first_new > 0 ? &stored.entry : nullptr, job.first_new,
-                              job.rows.data(), why, max_store_bytes_)) {
+    if (const uint64_t written = store_.save_extending(layout_, job.tokens, job.chain, job.first_new > 0 ? &stored.entry : nullptr,
+                                                       job.first_new, job.rows.data(), why, max_store_bytes_)) {
         count(counts_, job, &llama_opt_persist_counts::saves);
-        count(counts_, job, &llama_opt_persist_counts::bytes_written, llama_opt_persist_file_size(layout_, n));
+        count(counts_, job, &llama_opt_persist_counts::bytes_written, written);
         store_.saved();
         return;
     }

@@ -3,9 +3,9 @@
 // kv/disk-writer: the disk tier's write-behind (docs/persist-format.md). When a session's prompt
 // (or, once computed again on the canonical schedule, its answer) adds complete blocks, the
 // scheduler thread copies only the new blocks' rows out of the KV cache and queues a job; a
-// background thread writes the entry: the blocks an entry on disk holds already are copied from
-// it file to file, with their checksums, the new ones from the job's rows, then the store's
-// atomic temporary file + fsync + rename. The scheduler thread never writes a file and never
+// background thread writes the entry: an extension of the entry on disk that holds the blocks
+// before the new ones (only the new rows are written; docs/persist-format.md), through the
+// store's atomic temporary file + fsync + rename. The scheduler thread never writes a file and never
 // waits: a job over the queue's bound is dropped and counted. The writer touches only files and
 // its own jobs, never llama.cpp or the KV cache, so it needs no lock of the context's.
 

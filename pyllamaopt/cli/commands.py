@@ -197,11 +197,12 @@ def cache(args: argparse.Namespace) -> int:
             state = f"  PROBLEM: {e.problem}" if e.problem else ""
             if layout is not None and not e.problem:
                 state = f"  {e.unusable_by(layout) or 'usable'}"
+            extends = f"  extends the entry of its first {e.base_tokens} tokens" if e.base_tokens else ""
             print(f"  {e.path.name}  {e.n_tokens:>7} tokens  {e.size / 2**20:>8.1f} MiB  "
-                  f"used {e.age / 3600:>7.1f} h ago  model {e.model_hash:016x}{state}")
+                  f"used {e.age / 3600:>7.1f} h ago  model {e.model_hash:016x}{state}{extends}")
         if layout is not None:
             usable = [e for e in entries if not e.unusable_by(layout)]
-            print(f"{args.model}: {len(usable)} entries ({sum(e.n_tokens for e in usable)} tokens) usable after a "
+            print(f"{args.model}: {len(usable)} entries ({sum(e.n_tokens - e.base_tokens for e in usable)} tokens) usable after a "
                   f"restart, {len(store.foreign(layout))} for another model or build (never used by it)")
         return 0
     if args.action == "verify":
