@@ -43,6 +43,9 @@ struct llama_opt_persist_account {
     // holds, which the session's next job starts from.
     std::atomic<uint32_t>    blocks_on_disk{ 0 };
     std::atomic<bool>        lost{ false };
+    // Its last write failed: the jobs queued behind it, which extend that write, fail with it
+    // (counted as errors, not drops: they were lost to the failure, not to the queue).
+    std::atomic<bool>        failed{ false };
 };
 
 // Blocks of one context to store: the first `first_new` are held by an entry on disk (or will be,
@@ -102,6 +105,7 @@ private:
     std::deque<llama_opt_persist_job>::iterator next_due(std::chrono::steady_clock::time_point & wake);
     void write(const llama_opt_persist_job & job);
     void drop(const llama_opt_persist_job & job, uint32_t blocks_on_disk);
+    void fail(const llama_opt_persist_job & job, uint32_t blocks_on_disk, const std::string & why);
     // waits (the delay waived) until no job `which` picks is queued or being written
     bool wait_written(double timeout_s, const std::function<bool(const llama_opt_persist_job &)> & which);
 
