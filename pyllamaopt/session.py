@@ -5,21 +5,35 @@ import codecs
 import contextlib
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
 from . import _core
+from .config import OptConfig
 from .errors import ContextOverflowError, InvalidArgumentError, SessionClosedError, SessionEvictedError
-from .model import check_token_ids
+from .model import Model, check_token_ids
 from .sampling import budget, check_max_tokens, output_grammar, sampling_settings
 from .stats import Stats
 from .stop_strings import find_stop, held_back, stop_list
 from .tokens import Token
 
 if TYPE_CHECKING:
-    from .context import Context
     from .grammar import SchemaCheck, SchemaGrammar
+
+
+class SessionContext(Protocol):
+    """What a session uses of the context it is a sequence of (``Context`` is one). Named here
+    instead of ``Context``, which creates sessions: the two modules then depend one way."""
+
+    @property
+    def model(self) -> Model: ...
+
+    @property
+    def config(self) -> OptConfig: ...
+
+    @property
+    def n_ctx(self) -> int: ...
 
 
 class Generation(Iterator[Token]):
@@ -161,7 +175,7 @@ class Session:
     Raw token ids are the contract (``append``, ``tokens``); text and chat are conveniences.
     """
 
-    def __init__(self, context: Context, core: _core.Session) -> None:
+    def __init__(self, context: SessionContext, core: _core.Session) -> None:
         self.context = context
         self._core = core
         # the tag of the generation whose sampling and grammar the engine holds (not the generation:
@@ -238,8 +252,6 @@ class Session:
         if other:
             raise InvalidArgumentError("configure_tier2 takes attn_prune_*, sparse_* and spec_prefill_* options "
                                        f"(not spec_prefill_draft_model) only, got {other}")
-        from .config import OptConfig
-
         config = OptConfig(env={})
         for name, value in {**self.context.config.as_dict(), **values}.items():
             if name.startswith(_TIER2_PREFIXES):
