@@ -1,6 +1,6 @@
 """OpenAI's n on the tiny model, with the real `openai` client against a server process: n choices
 are the answers of n requests of their own, choice i with seed + i (streamed or not, completions and
-chat); the prompt is computed once, the forks computing only its last partial block; each choice
+chat); the prompt is computed once, the forks computing only its last chunk; each choice
 honours the request's logit bias, penalties and JSON Schema; n out of range is a 400 naming it."""
 from __future__ import annotations
 
@@ -168,12 +168,15 @@ def test_n_out_of_range_is_a_400_naming_it(server, n):
         client.chat.completions.create(model="m", messages=ASK, max_tokens=2, n=n)
 
 
-def test_the_most_choices_leave_the_server_as_it_was(server):
-    """n = 8 (the most): every fork is closed afterwards (seven leaked a request would leave no
-    sequence for the third: the server keeps 16 for requests), and answers the same again."""
+def test_the_most_choices_answered_or_left_mid_stream_leave_the_server_as_it_was(server):
+    """n = 8 (the most), answered whole or left mid-stream, again and again: the forks' sequences
+    come back (more than the server's 32 taken in all), the same answers each time."""
     client = server.client()
-    answers = [client.completions.create(model="m", prompt=PROMPT[:70], max_tokens=4, n=8, **SAMPLED)
-               for _ in range(3)]
-    assert len(answers[0].choices) == 8 and answers[0].usage.completion_tokens == 32
-    assert [[c.text for c in a.choices] for a in answers] == [[c.text for c in answers[0].choices]] * 3
-    assert server.request("GET", "/health")[1]["status"] == "ok"
+    first = client.completions.create(model="m", prompt=PROMPT[:70], max_tokens=4, n=8, **SAMPLED)
+    assert len(first.choices) == 8 and first.usage.completion_tokens == 32
+    for _ in range(4):
+        with client.completions.create(model="m", prompt=PROMPT[:70], max_tokens=40, n=8, stream=True,
+                                       **SAMPLED) as stream:
+            next(iter(stream))  # then the client leaves
+        again = client.completions.create(model="m", prompt=PROMPT[:70], max_tokens=4, n=8, **SAMPLED)
+        assert [c.text for c in again.choices] == [c.text for c in first.choices]

@@ -1,7 +1,7 @@
 """OpenAI's ``n``: several choices of one prompt. The prompt is computed once, on the request's
-session; each further choice is a fork of it (``Session.fork``: the prompt's complete blocks shared,
-not computed again; the fork computes only the prompt's last partial block, as a request resuming
-the prompt would). The choices are generated together on the scheduler thread, a step of each in
+session; each further choice is a fork of it (``Session.fork``: the prompt's blocks shared, not
+computed again, but for its last chunk, which the canonical schedule keeps at least a block long:
+64 to 127 tokens, about what a request repeating the prompt computes). The choices are generated together on the scheduler thread, a step of each in
 turn, their decode steps computed in shared batches (``Session.prefetch_steps``: bit for bit what
 each computes alone), so a choice is exactly the answer of a request of its own with its seed.
 
@@ -75,7 +75,7 @@ class ChoiceTally:
     def usage(self) -> Usage:
         """The usage of all choices: the prompt once (the forks' generations count none of it: it
         was the first choice's), every choice's completion tokens, every token computed (each fork's
-        last partial block of the prompt included)."""
+        last chunk of the prompt included)."""
         usages = [done.usage for done in self.dones.values()]
         summed: dict[str, Any] = {field.name: sum(getattr(u, field.name) for u in usages)
                   for field in dataclasses.fields(Usage) if field.name != "approximate"}
