@@ -226,6 +226,54 @@ def test_every_status_code_is_its_exception(client):
                     assert code(e) == "RESOURCE_EXHAUSTED"
 
 
+def test_logit_bias_and_penalties_over_grpc_answer_what_http_and_the_library_answer(served, client, tiny_model):
+    """GenerateRequest's logit_bias and penalties: a biased-out token never appears (greedy and
+    sampled), the penalties change the text as over HTTP (the same text as /v1/completions and the
+    library), both SDK flavours; a bad value is INVALID_ARGUMENT naming the field."""
+    prompt = LONG_PROMPT[:90]
+    with client.create_session(tokens=prompt) as session:
+        plain = [t.id for t in session.generate(16)]
+        banned = sorted(set(plain[:6]))
+        bias = {t: -100.0 for t in banned}
+        for sampling in ({}, {"temperature": 1.5, "seed": 3}, {"temperature": 1.5, "seed": 4}):
+            session.sync(prompt)
+            biased = [t.id for t in session.generate(16, logit_bias=bias, **sampling)]
+            assert not set(biased) & set(banned)
+            assert biased == _local(tiny_model, prompt, 16, logit_bias=bias, **sampling)
+        penalties = {"frequency_penalty": 1.5, "presence_penalty": 0.5, "repeat_penalty": 1.25, "repeat_last_n": 32}
+        expected = _local(tiny_model, prompt, 24, **penalties)
+        assert expected != _local(tiny_model, prompt, 24)
+        session.sync(prompt)
+        assert session.generate_text(24, **penalties) == tiny_model.detokenize(expected)
+        http = served[0].client().completions.create(model="m", prompt=prompt, max_tokens=24,
+                                                     extra_body=penalties).choices[0].text
+        session.sync(prompt)
+        assert session.generate_text(24, **penalties) == http
+
+        async def from_async() -> list[int]:
+            async with AsyncClient(served[1], timeout=60) as c:
+                remote = c.session(session.id)
+                await remote.sync(prompt)
+                return [t.id async for t in remote.generate(24, logit_bias=bias, **penalties)]
+
+        assert asyncio.run(from_async()) == _local(tiny_model, prompt, 24, logit_bias=bias, **penalties)
+        for fields, named in [({"frequency_penalty": 2.5}, "frequency_penalty"),
+                              ({"presence_penalty": -3.0}, "presence_penalty"),
+                              ({"repeat_penalty": 0.0}, "repeat_penalty"), ({"repeat_last_n": -1}, "repeat_last_n"),
+                              ({"logit_bias": {5: 101.0}}, "logit_bias"), ({"logit_bias": {-5: 1.0}}, "logit_bias"),
+                              ({"logit_bias": {10**6: -100.0}}, "logit_bias: token 1000000")]:
+            with pytest.raises(InvalidArgumentError, match=named) as e:
+                list(session.generate(2, **fields))
+            assert e.value.code == "INVALID_ARGUMENT"  # type: ignore[attr-defined]
+        assert session.tokens[:len(prompt)] == prompt
+
+
+def _local(tiny_model, prompt: list[int], max_tokens: int, **sampling: object) -> list[int]:
+    with Context(tiny_model, n_ctx=N_CTX, n_threads=2) as ctx, ctx.session() as s:
+        s.append(prompt)
+        return [t.id for t in s.generate(max_tokens, **sampling)]  # type: ignore[arg-type]
+
+
 def test_invariant_violation_is_failed_precondition(tiny_model, tmp_path):
     """003 §2.8 through gRPC: KV removed behind a session's back (the test hook of test_serve) is
     found by the next operation; FAILED_PRECONDITION, InvariantViolationError, the session gone.
@@ -430,7 +478,7 @@ def test_typescript_sdk(served, tiny_model_path, tmp_path):
         stop_server(short_ttl)
         stop_server(keyed)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "# pass 20" in run.stdout, run.stdout  # every test ran: 8 over each transport, 4 more
+    assert "# pass 22" in run.stdout, run.stdout  # every test ran: 9 over each transport, 4 more
 
 
 # Node's side of test_typescript_protobuf_...: the message descriptions of sdks/typescript/src/protobuf.js,
@@ -482,6 +530,8 @@ def test_typescript_protobuf_matches_the_proto_and_pythons_protobuf():
         pb.GenerateRequest(session_id="g", max_tokens=0, temperature=0.5, top_k=40, seed=2**32 - 2, stop=["\n", "é"],
                            json_schema='{"type": "object"}'),
         pb.GenerateRequest(session_id="g", top_p=0.0, min_p=0.25, grammar='root ::= "a"'),
+        pb.GenerateRequest(session_id="b", logit_bias={19556: -100.0}, frequency_penalty=0.0, presence_penalty=-1.5,
+                           repeat_penalty=1.25, repeat_last_n=0),
         pb.CloseSessionRequest(session_id="x"),
     ]
     answers = [

@@ -751,7 +751,7 @@ def test_the_least_recently_used_idle_session_goes_first(server):
     ("/v1/completions", {"prompt": "x", "max_tokens": -1}, None, 400, "body.max_tokens:"),
     ("/v1/completions", {"prompt": "x", "max_tokens": "many"}, None, 400, "body.max_tokens:"),
     ("/v1/completions", {"prompt": [1, 10**9]}, None, 400, "outside the vocabulary"),
-    ("/v1/completions", {"prompt": "x", "n": 2}, None, 400, "body.n:"),
+    ("/v1/completions", {"prompt": "x", "n": 9}, None, 400, "body.n:"),  # (n > 8: choices.MAX_CHOICES)
     ("/v1/completions", {"prompt": "x", "temperature": -1}, None, 400, "body.temperature:"),
     ("/v1/completions", {"prompt": [5] * (N_CTX + 5)}, None, 400,
      f"the prompt has {N_CTX + 5} tokens, and the server's context holds {N_CTX} with the answer: shorten it"),

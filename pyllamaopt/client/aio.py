@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -95,11 +95,14 @@ class AsyncRemoteSession:
     def generate(self, max_tokens: int | None = 256, *, temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
                  stop: str | Sequence[str] = (), grammar: str | None = None,
-                 json_schema: dict[str, Any] | bool | None = None) -> AsyncRemoteGeneration:
+                 json_schema: dict[str, Any] | bool | None = None, logit_bias: Mapping[int, float] | None = None,
+                 frequency_penalty: float | None = None, presence_penalty: float | None = None,
+                 repeat_penalty: float | None = None, repeat_last_n: int | None = None) -> AsyncRemoteGeneration:
         """``async for token in session.generate(...)``; ``aclose()`` (or leaving an ``async with``
         block) cancels it on the server."""
         request = generate_request(self.id, max_tokens, temperature, top_k, top_p, min_p, seed, stop, grammar,
-                                   json_schema)
+                                   json_schema, logit_bias, frequency_penalty, presence_penalty, repeat_penalty,
+                                   repeat_last_n)
         return AsyncRemoteGeneration(self, lambda: self.client._stub.Generate(request, metadata=self.client._metadata))
 
     async def generate_text(self, max_tokens: int | None = 256, **kwargs: Any) -> str:

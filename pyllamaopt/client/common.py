@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,14 +74,19 @@ def info_of(message: pb.SessionInfo) -> SessionInfo:
 
 def generate_request(session_id: str, max_tokens: int | None, temperature: float | None, top_k: int | None,
                      top_p: float | None, min_p: float | None, seed: int | None, stop: str | Sequence[str],
-                     grammar: str | None, json_schema: dict[str, Any] | bool | None) -> pb.GenerateRequest:
+                     grammar: str | None, json_schema: dict[str, Any] | bool | None,
+                     logit_bias: Mapping[int, float] | None, frequency_penalty: float | None,
+                     presence_penalty: float | None, repeat_penalty: float | None,
+                     repeat_last_n: int | None) -> pb.GenerateRequest:
     """Session.generate's arguments as a message; None: the server's default (max_tokens None: until the
-    end of the answer or a full context)."""
+    end of the answer or a full context). The server validates the values, as the HTTP routes do."""
     if grammar is not None and json_schema is not None:
         raise errors.InvalidArgumentError("give grammar or json_schema, not both")
     request = pb.GenerateRequest(session_id=session_id, max_tokens=(1 << 31) - 1 if max_tokens is None else max_tokens,
                                  temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                                 stop=[stop] if isinstance(stop, str) else list(stop))
+                                 stop=[stop] if isinstance(stop, str) else list(stop), logit_bias=logit_bias,
+                                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
     if grammar is not None:
         request.grammar = grammar
     elif json_schema is not None:

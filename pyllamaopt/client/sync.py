@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -109,12 +109,15 @@ class RemoteSession:
     def generate(self, max_tokens: int | None = 256, *, temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
                  stop: str | Sequence[str] = (), grammar: str | None = None,
-                 json_schema: dict[str, Any] | bool | None = None) -> RemoteGeneration:
+                 json_schema: dict[str, Any] | bool | None = None, logit_bias: Mapping[int, float] | None = None,
+                 frequency_penalty: float | None = None, presence_penalty: float | None = None,
+                 repeat_penalty: float | None = None, repeat_last_n: int | None = None) -> RemoteGeneration:
         """Streams the generated tokens as the server commits them (Session.generate's arguments;
         None: the server's default). Leaving the loop early cancels the generation on the server
         (when the object is dropped, or at once with ``close()`` or a ``with`` block)."""
         request = generate_request(self.id, max_tokens, temperature, top_k, top_p, min_p, seed, stop, grammar,
-                                   json_schema)
+                                   json_schema, logit_bias, frequency_penalty, presence_penalty, repeat_penalty,
+                                   repeat_last_n)
         return RemoteGeneration(self, lambda: self.client._stub.Generate(request, metadata=self.client._metadata))
 
     def generate_text(self, max_tokens: int | None = 256, **kwargs: Any) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -12,12 +12,13 @@ from fastapi.responses import StreamingResponse
 
 from .chat_answer import answer_chat
 from .chat_messages import NO_PARAMETERS, Tool, ToolCall, ToolChoice, ToolResult, Turn, arguments_text, text_of
+from .choices import ChoiceTally
 from .errors import BadRequest, ServiceError
 from .events import DoneEvent, Event, TokenEvent, Usage
 from .reply_parser import ArgumentsPiece, CallStart, Piece, TextPiece
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
 from .service import Service
-from .streaming import collect, sse, started
+from .streaming import collect_choices, sse, started
 
 router = APIRouter()
 
@@ -35,12 +36,13 @@ def _usage(usage: Usage) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
 
 
-def _ending(head: dict[str, Any], choice: dict[str, Any], done: DoneEvent, include_usage: bool) -> list[dict[str, Any]]:
-    """A stream's last chunks: the finish reason (with a JSON Schema, whether the output is valid),
-    then (if the client asked) the usage."""
+def _ending(head: dict[str, Any], choice: dict[str, Any], done: DoneEvent, tally: ChoiceTally,
+            include_usage: bool) -> list[dict[str, Any]]:
+    """A choice's last chunk in a stream: its finish reason (with a JSON Schema, whether its output is
+    valid); after the last choice's, (if the client asked) the usage of all."""
     out = [{**head, "choices": [choice], **({"pyllamaopt": done.schema_fields()} if done.schema else {})}]
-    if include_usage:
-        out.append({**head, "choices": [], "usage": _usage(done.usage), "pyllamaopt": done.extension()})
+    if tally.add(done) and include_usage:
+        out.append({**head, "choices": [], "usage": _usage(tally.usage), "pyllamaopt": tally.extension()})
     return out
 
 
@@ -59,23 +61,27 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     service = _service(request)
     model = service.model
     tokens = body.prompt if isinstance(body.prompt, list) else model.tokenize(body.prompt)
-    events = await started(service.complete(tokens, body.params(body.max_tokens, service.context.n_ctx)))
+    events = await started(service.complete(tokens, body.params(body.max_tokens, service.context.n_ctx), n=body.n))
     rid, created, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), request.app.state.model_name
     head = {"id": rid, "object": "text_completion", "created": created, "model": name}
+    tally = ChoiceTally(body.n)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         def chunk(event: Event) -> list[dict[str, Any]]:
             if isinstance(event, TokenEvent):
-                return [{**head, "choices": [{"index": 0, "text": event.text, "logprobs": None, "finish_reason": None}]}]
-            return _ending(head, {"index": 0, "text": "", "logprobs": None,
-                                  "finish_reason": FINISH_REASONS[event.finish_reason]}, event, include_usage)
+                return [{**head, "choices": [{"index": event.index, "text": event.text, "logprobs": None,
+                                              "finish_reason": None}]}]
+            return _ending(head, {"index": event.index, "text": "", "logprobs": None,
+                                  "finish_reason": FINISH_REASONS[event.finish_reason]}, event, tally, include_usage)
 
         return sse(events, chunk, error_body)
-    _, text, done = await collect(events, request.receive)
-    return {**head, "choices": [{"index": 0, "text": text, "logprobs": None,
-                                 "finish_reason": FINISH_REASONS[done.finish_reason]}],
-            "usage": _usage(done.usage), "pyllamaopt": done.extension()}
+    choices = await collect_choices(events, request.receive)
+    for _, _, done in choices:
+        tally.add(done)
+    return {**head, "choices": [{"index": done.index, "text": text, "logprobs": None,
+                                 "finish_reason": FINISH_REASONS[done.finish_reason]} for _, text, done in choices],
+            "usage": _usage(tally.usage), "pyllamaopt": tally.extension()}
 
 
 def _turns(messages: list[ChatMessage]) -> list[Turn]:
@@ -129,28 +135,36 @@ class _ChatCompletion:
 
     call_id_prefix = "call_"
 
-    def __init__(self, model_name: str, include_usage: bool) -> None:
+    def __init__(self, model_name: str, include_usage: bool, n: int) -> None:
         self.head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model_name}
         self.include_usage = include_usage
-        self.first = True  # the first delta also says the role
+        self.tally = ChoiceTally(n)
+        self.opened: set[int] = set()  # the choices whose first delta said the role
 
     def stream(self, events: AsyncGenerator[Event, None]) -> StreamingResponse:
         return sse(events, self.chunks, error_body)
 
     def chunks(self, event: Event) -> list[dict[str, Any]]:
         c = {**self.head, "object": "chat.completion.chunk"}
-        out = []
+        index, out = event.index, []
         for delta in filter(None, map(_delta, event.pieces)):  # at the end: what the parser held back
-            if self.first and isinstance(event, TokenEvent):
-                delta, self.first = {"role": "assistant", **delta}, False
-            out.append({**c, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+            if index not in self.opened and isinstance(event, TokenEvent):
+                delta = {"role": "assistant", **delta}
+                self.opened.add(index)
+            out.append({**c, "choices": [{"index": index, "delta": delta, "finish_reason": None}]})
         if isinstance(event, TokenEvent):
             return out
-        delta = {"role": "assistant", "content": ""} if self.first else {}
-        return out + _ending(c, {"index": 0, "delta": delta, "finish_reason": _finish_reason(event)}, event,
-                             self.include_usage)
+        delta = {} if index in self.opened else {"role": "assistant", "content": ""}
+        return out + _ending(c, {"index": index, "delta": delta, "finish_reason": _finish_reason(event)}, event,
+                             self.tally, self.include_usage)
 
-    def whole(self, done: DoneEvent) -> dict[str, Any]:
+    def whole(self, dones: Sequence[DoneEvent]) -> dict[str, Any]:
+        for done in dones:
+            self.tally.add(done)
+        return {**self.head, "object": "chat.completion", "choices": [self._choice(done) for done in dones],
+                "usage": _usage(self.tally.usage), "pyllamaopt": self.tally.extension()}
+
+    def _choice(self, done: DoneEvent) -> dict[str, Any]:
         reply = done.reply
         assert reply is not None
         message: dict[str, Any] = {"role": "assistant", "content": reply.text}
@@ -158,9 +172,10 @@ class _ChatCompletion:
             message = {"role": "assistant", "content": None, "tool_calls": [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 for c in reply.calls]}
-        return {**self.head, "object": "chat.completion",
-                "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(done), "logprobs": None}],
-                "usage": _usage(done.usage), "pyllamaopt": done.extension()}
+        # several choices: each says whether its output is valid (one: the answer's pyllamaopt says it)
+        schema = {"pyllamaopt": done.schema_fields()} if done.schema and self.tally.n > 1 else {}
+        return {"index": done.index, "message": message, "finish_reason": _finish_reason(done), "logprobs": None,
+                **schema}
 
 
 @router.post("/v1/chat/completions")
@@ -170,5 +185,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     params = body.params(max_tokens, service.context.n_ctx, body.response_format)
     tools, choice = _tools(body)
     surface = _ChatCompletion(request.app.state.model_name,
-                              bool(body.stream_options and body.stream_options.include_usage))
-    return await answer_chat(request, surface, _turns(body.messages), tools, choice, params, stream=bool(body.stream))
+                              bool(body.stream_options and body.stream_options.include_usage), body.n)
+    return await answer_chat(request, surface, _turns(body.messages), tools, choice, params, stream=bool(body.stream),
+                             n=body.n)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from .choices import MAX_CHOICES
 from .errors import BadRequest
 from .params import GenerateParams
 
@@ -35,6 +36,13 @@ class _Untracked(_Request):
 
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
+
+
+class _Choices(_Request):
+    """OpenAI's n: that many choices of one prompt (choices.py: the prompt computed once, choice i
+    sampled with seed + i)."""
+
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description=f"choices of the prompt, 1..{MAX_CHOICES}")
 
 
 class _OpenAIUntracked(_Untracked):
@@ -140,7 +148,7 @@ class StreamOptions(_Body):
 
 class _NoLogprobs(_Request):
     """Log-probabilities are refused with a 400 rather than answered null: a client that asks for
-    them relies on them (the engine keeps no per-token log-probabilities; echo and n > 1 likewise)."""
+    them relies on them (the engine keeps no per-token log-probabilities; echo likewise)."""
 
     logprobs: bool | int | None = None
     top_logprobs: int | None = None
@@ -155,12 +163,11 @@ class _NoLogprobs(_Request):
         return None
 
 
-class ChatCompletionRequest(Sampling, _NoLogprobs, _OpenAIUntracked):
+class ChatCompletionRequest(Sampling, _Choices, _NoLogprobs, _OpenAIUntracked):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=0)
     max_completion_tokens: int | None = Field(None, ge=0)
-    n: Literal[1] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: dict[str, Any] | None = None
@@ -170,11 +177,10 @@ class ChatCompletionRequest(Sampling, _NoLogprobs, _OpenAIUntracked):
     modalities: list[Literal["text"]] | None = None  # text is what this server answers
 
 
-class CompletionRequest(Sampling, _NoLogprobs, _OpenAIUntracked):
+class CompletionRequest(Sampling, _Choices, _NoLogprobs, _OpenAIUntracked):
     model: str | None = None
     prompt: str | list[int]
     max_tokens: int | None = Field(16, ge=0)
-    n: Literal[1] = 1
     best_of: Literal[1] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -35,6 +35,7 @@ from typing import Any
 from ..context import Context
 from ..session import Session
 from ..stats import Stats
+from .choices import choice_params, interleaved
 from .errors import BadRequest, ContextFull, InvariantViolation, typed_errors
 from .events import Event, done_last
 from .generation import GenerationRunner
@@ -70,10 +71,11 @@ class Service:
 
     # stateless prompts
 
-    def complete(self, tokens: list[int], params: GenerateParams, *,
-                 tool_spans: Sequence[tuple[int, int]] = ()) -> AsyncGenerator[Event, None]:
+    def complete(self, tokens: list[int], params: GenerateParams, *, tool_spans: Sequence[tuple[int, int]] = (),
+                 n: int = 1) -> AsyncGenerator[Event, None]:
         """Generates after `tokens` (see the module's docstring); `tool_spans`: the tool results
-        among them, for sparse attention (``Session.sync``)."""
+        among them, for sparse attention (``Session.sync``); `n` choices, the prompt computed once
+        (choices.py: the events carry their choice's index)."""
         accepted = time.perf_counter()  # time to first token counts the prompt's wait and computation
 
         def answer(session: Session, kept: int) -> Iterator[Any]:
@@ -89,8 +91,11 @@ class Service:
                     session.close()
                     raise
                 self._verify(session)
-                yield from self._generation(session, len(tokens), params, before, done=self._idle.keep,
-                                            started=accepted)
+                if n == 1:
+                    yield from self._generation(session, len(tokens), params, before, done=self._idle.keep,
+                                                started=accepted)
+                else:
+                    yield from self._choices(session, len(tokens), params, n, before, accepted)
 
         def start() -> tuple[Iterator[Any], Any]:
             if not tokens:
@@ -254,6 +259,24 @@ class Service:
                                         started=time.perf_counter() if started is None else started,
                                         verify=lambda history: self._verify(session, entry, grew_from=history),
                                         finished=finished)
+
+    def _choices(self, session: Session, prompt_tokens: int, params: GenerateParams, n: int, before: Stats,
+                 started: float) -> Iterator[Any]:
+        """`n` choices after the prompt `session` holds (choices.py): its own generation, kept for reuse
+        afterwards, and n - 1 on forks of it, closed afterwards (their blocks stay cached)."""
+        forks: list[Session] = []
+        try:
+            for _ in range(n - 1):
+                forks.append(self._idle.open(session.fork))
+        except BaseException:
+            for fork in forks:
+                fork.close()
+            self._idle.keep(session)
+            raise
+        runs = [primed(self._generation(session, prompt_tokens, params, before, done=self._idle.keep, started=started))]
+        runs += [primed(self._generation(fork, 0, choice_params(params, i), fork.stats, done=Session.close,
+                                         started=started)) for i, fork in enumerate(forks, 1)]
+        return interleaved(runs, [session, *forks])
 
     def _update_gauges(self) -> None:
         """On the scheduler thread, after each change: the gauges, and what /health says."""
