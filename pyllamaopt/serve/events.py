@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..grammar import SchemaCheck
+from ..tokens import TokenLogprob
 from .reply_parser import Piece, Reply
 
 
@@ -46,6 +47,7 @@ class TokenEvent:
     # the first token's: the usage so far, which says how the prompt's KV was obtained (a stream's
     # opening event reports it, as Anthropic's message_start does)
     usage: Usage | None = None
+    logprob: TokenLogprob | None = None  # with GenerateParams.logprobs
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class DoneEvent:
     schema: SchemaCheck | None = None  # with a JSON Schema: the output checked against all of it
     reply: Reply | None = None  # a chat reply: as parsed to its end
     pieces: tuple[Piece, ...] = ()  # a chat reply: what its parser held back until the end (ReplyParser.finish)
+    logprobs: tuple[TokenLogprob, ...] = ()  # with GenerateParams.logprobs: every generated token's, in order
 
     def schema_fields(self) -> dict[str, Any]:
         """With a JSON Schema: whether the output is valid against all of it (``schema_valid``;

@@ -3,17 +3,20 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from fastapi.responses import StreamingResponse
 
+from ..tokens import TokenLogprob
 from .chat_answer import answer_chat
 from .chat_messages import NO_PARAMETERS, Tool, ToolCall, ToolChoice, ToolResult, Turn, arguments_text, text_of
 from .errors import BadRequest, ServiceError
 from .events import DoneEvent, Event, TokenEvent, Usage
+from .logprob_shapes import CompletionLogprobs, TokenBytes, chat_content
 from .reply_parser import ArgumentsPiece, CallStart, Piece, TextPiece
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
 from .service import Service
@@ -58,22 +61,43 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def completions(body: CompletionRequest, request: Request) -> Any:
     service = _service(request)
     model = service.model
-    tokens = body.prompt if isinstance(body.prompt, list) else model.tokenize(body.prompt)
-    events = await started(service.complete(tokens, body.params(body.max_tokens, service.context.n_ctx)))
+    prompt = body.one_prompt()
+    tokens = prompt if isinstance(prompt, list) else model.tokenize(prompt)
+    params = body.generate_params(service.context.n_ctx)
+    # echo: the prompt first; with logprobs, the prompt's own (Service.score), computed before the answer
+    prompt_text = "" if not body.echo else prompt if isinstance(prompt, str) else model.detokenize(tokens)
+    echoed, scored = (await service.score(tokens, params.logprobs) if body.echo and params.logprobs is not None
+                      else (None, 0))
+    events = await started(service.complete(tokens, params))
     rid, created, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), request.app.state.model_name
     head = {"id": rid, "object": "text_completion", "created": created, "model": name}
+    shape = None if params.logprobs is None else CompletionLogprobs(model.token_bytes)
+
+    def logprobs(ids: list[int], values: Sequence[TokenLogprob | None]) -> dict[str, Any] | None:
+        return None if shape is None else shape.lists(ids, values)
+
+    def usage(done: DoneEvent) -> DoneEvent:  # the prompt's scoring computed tokens too
+        return replace(done, usage=replace(done.usage, computed=done.usage.computed + scored))
+
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         def chunk(event: Event) -> list[dict[str, Any]]:
             if isinstance(event, TokenEvent):
-                return [{**head, "choices": [{"index": 0, "text": event.text, "logprobs": None, "finish_reason": None}]}]
+                return [{**head, "choices": [{"index": 0, "text": event.text, "finish_reason": None,
+                                              "logprobs": logprobs([event.id], [event.logprob])}]}]
             return _ending(head, {"index": 0, "text": "", "logprobs": None,
-                                  "finish_reason": FINISH_REASONS[event.finish_reason]}, event, include_usage)
+                                  "finish_reason": FINISH_REASONS[event.finish_reason]}, usage(event), include_usage)
 
-        return sse(events, chunk, error_body)
-    _, text, done = await collect(events, request.receive)
-    return {**head, "choices": [{"index": 0, "text": text, "logprobs": None,
+        opening = [] if not body.echo else [{**head, "choices": [{
+            "index": 0, "text": prompt_text, "finish_reason": None,
+            "logprobs": None if echoed is None else logprobs(tokens, echoed)}]}]
+        return sse(events, chunk, error_body, opening=opening)
+    ids, text, done = await collect(events, request.receive)
+    done = usage(done)
+    answer_logprobs = logprobs([*tokens, *ids], [*echoed, *done.logprobs]) if echoed is not None else \
+        logprobs(ids, done.logprobs)
+    return {**head, "choices": [{"index": 0, "text": prompt_text + text, "logprobs": answer_logprobs,
                                  "finish_reason": FINISH_REASONS[done.finish_reason]}],
             "usage": _usage(done.usage), "pyllamaopt": done.extension()}
 
@@ -125,30 +149,46 @@ def _finish_reason(done: DoneEvent) -> str:
 
 
 class _ChatCompletion:
-    """A chat completion's answer in OpenAI's shapes (chat_answer.ChatSurface)."""
+    """A chat completion's answer in OpenAI's shapes (chat_answer.ChatSurface); `token_bytes`: with
+    log-probabilities asked for, how their tokens are spelled."""
 
     call_id_prefix = "call_"
 
-    def __init__(self, model_name: str, include_usage: bool) -> None:
+    def __init__(self, model_name: str, include_usage: bool, token_bytes: TokenBytes | None) -> None:
         self.head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model_name}
         self.include_usage = include_usage
+        self.token_bytes = token_bytes
         self.first = True  # the first delta also says the role
+        self.unsent: list[TokenLogprob] = []  # streamed: tokens whose text the parser holds back yet
 
     def stream(self, events: AsyncGenerator[Event, None]) -> StreamingResponse:
         return sse(events, self.chunks, error_body)
 
+    def _logprobs(self, values: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+        if self.token_bytes is None:
+            return None
+        return {"content": chat_content(values, self.token_bytes), "refusal": None}
+
+    def _choice(self, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+        """A streamed choice; it carries the log-probabilities of the tokens not sent yet."""
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        if self.token_bytes is not None:
+            choice["logprobs"], self.unsent = self._logprobs(self.unsent), []
+        return choice
+
     def chunks(self, event: Event) -> list[dict[str, Any]]:
         c = {**self.head, "object": "chat.completion.chunk"}
+        if isinstance(event, TokenEvent) and event.logprob is not None:
+            self.unsent.append(event.logprob)
         out = []
         for delta in filter(None, map(_delta, event.pieces)):  # at the end: what the parser held back
             if self.first and isinstance(event, TokenEvent):
                 delta, self.first = {"role": "assistant", **delta}, False
-            out.append({**c, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+            out.append({**c, "choices": [self._choice(delta, None)]})
         if isinstance(event, TokenEvent):
             return out
         delta = {"role": "assistant", "content": ""} if self.first else {}
-        return out + _ending(c, {"index": 0, "delta": delta, "finish_reason": _finish_reason(event)}, event,
-                             self.include_usage)
+        return out + _ending(c, self._choice(delta, _finish_reason(event)), event, self.include_usage)
 
     def whole(self, done: DoneEvent) -> dict[str, Any]:
         reply = done.reply
@@ -159,7 +199,8 @@ class _ChatCompletion:
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 for c in reply.calls]}
         return {**self.head, "object": "chat.completion",
-                "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(done), "logprobs": None}],
+                "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(done),
+                             "logprobs": self._logprobs(done.logprobs)}],
                 "usage": _usage(done.usage), "pyllamaopt": done.extension()}
 
 
@@ -167,8 +208,10 @@ class _ChatCompletion:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     service = _service(request)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    params = body.params(max_tokens, service.context.n_ctx, body.response_format)
+    params = replace(body.params(max_tokens, service.context.n_ctx, body.response_format),
+                     logprobs=body.alternatives())
     tools, choice = _tools(body)
     surface = _ChatCompletion(request.app.state.model_name,
-                              bool(body.stream_options and body.stream_options.include_usage))
+                              bool(body.stream_options and body.stream_options.include_usage),
+                              None if params.logprobs is None else service.model.token_bytes)
     return await answer_chat(request, surface, _turns(body.messages), tools, choice, params, stream=bool(body.stream))
