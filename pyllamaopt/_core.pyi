@@ -529,14 +529,14 @@ class Sampling:
     @property
     def logit_bias(self) -> list[tuple[int, float]]:
         ...
+    @logit_bias.setter
+    def logit_bias(self, arg1: collections.abc.Sequence[tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]]) -> None:
+        ...
     @property
     def logprobs(self) -> int:
         ...
     @logprobs.setter
     def logprobs(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
-        ...
-    @logit_bias.setter
-    def logit_bias(self, arg1: collections.abc.Sequence[tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]]) -> None:
         ...
     @property
     def min_p(self) -> float:
