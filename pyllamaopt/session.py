@@ -12,11 +12,12 @@ import numpy as np
 from . import _core
 from .config import OptConfig
 from .errors import ContextOverflowError, InvalidArgumentError, SessionClosedError, SessionEvictedError
+from .logprobs import check_top, from_core, score_prompt
 from .model import Model, check_token_ids
 from .sampling import budget, check_max_tokens, output_grammar, sampling_settings
 from .stats import Stats
 from .stop_strings import find_stop, held_back, stop_list
-from .tokens import Token
+from .tokens import Token, TokenLogprob
 
 if TYPE_CHECKING:
     from .grammar import SchemaCheck, SchemaGrammar
@@ -136,7 +137,7 @@ class Generation(Iterator[Token]):
                         full += decoder.decode(b"", final=True)
                     release = len(full)
                 piece, self.text = full[len(self.text):release], full[:release]
-                yield Token(token, piece)
+                yield Token(token, piece, None if step.logprob is None else from_core(step.logprob))
         except KeyboardInterrupt:
             self.finish_reason = "interrupted"
             # Ctrl-C lands inside core.step() (it runs without the GIL) after the step committed its
@@ -305,6 +306,16 @@ class Session:
                 raise InvalidArgumentError(f"tool_spans must hold (start, end) pairs of positions, got {span!r}")
         self._core.sync(check_token_ids(tokens), [(span[0], span[1]) for span in spans])
 
+    def score(self, tokens: Sequence[int], *, top_logprobs: int = 0) -> list[TokenLogprob | None]:
+        """Set the history to `tokens`, computing every one afresh (no KV reused: the logits of every
+        position are computed, which reuse would skip), and return each token's log-probability given
+        the tokens before it, with the ``top_logprobs`` (0..20) most likely tokens there; None for the
+        first token. Bit for bit what a fresh context computes for the same tokens, whatever this
+        session or the cache held (docs/exactness.md, "Echo"). Costs a prefill of all of them with
+        every row's logits; their blocks join the pool, and the next generation computes the last
+        chunk again (the logits after the last token come from the usual prefill)."""
+        return score_prompt(self, tokens, top_logprobs)
+
     def fork(self) -> Session:
         """A new session with the same history, sharing this one's KV (no recomputation of
         complete blocks)."""
@@ -327,7 +338,7 @@ class Session:
                  presence_penalty: float = 0.0, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  stop: str | Sequence[str] | None = (), grammar: str | None = None,
                  json_schema: dict | bool | SchemaGrammar | None = None, strict: bool = True,
-                 on_finish: Callable[[Generation], None] | None = None) -> Generation:
+                 logprobs: int | None = None, on_finish: Callable[[Generation], None] | None = None) -> Generation:
         """Stream generated tokens (greedy unless ``temperature`` > 0).
 
         max_tokens  at most this many tokens (None: until end of generation or a full context)
@@ -347,6 +358,10 @@ class Session:
         strict      with json_schema: True refuses (UnenforceableSchemaError) a schema with a
                     constraint a grammar cannot enforce; False enforces the rest and reports
                     in ``Generation.schema_valid`` whether the output is valid against all of it
+        logprobs    each Token's ``logprob``: its log-probability under the model's raw logits (before
+                    logit_bias, penalties, grammar and temperature) and this many (0..20) most likely
+                    tokens there; None: off. With a grammar, forced tokens are then picked from logits
+                    too (the same tokens, computed rather than skipped)
         on_finish   called with the Generation when it ends
 
         With a grammar, tokens the grammar forces are taken without computing logits
@@ -365,6 +380,7 @@ class Session:
                                      logit_bias=logit_bias, frequency_penalty=frequency_penalty,
                                      presence_penalty=presence_penalty, repeat_penalty=repeat_penalty,
                                      repeat_last_n=repeat_last_n, n_vocab=self.context.model.n_vocab)
+        settings.logprobs = -1 if logprobs is None else check_top(logprobs)
         if self.evicted:  # said now, not at the first token
             raise SessionEvictedError("the session was idle when the KV cache ran out of room and its KV was "
                                       "evicted: open a new session and append its history again")

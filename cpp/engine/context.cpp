@@ -169,7 +169,8 @@ void llama_opt_context::last_logits(std::vector<float> & logits) const {
 }
 
 void llama_opt_context::compute_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end,
-                                     std::vector<float> * logits, bool evict_sessions, llama_opt_work & work) {
+                                     std::vector<float> * logits, bool evict_sessions, llama_opt_work & work,
+                                     const llama_opt_row_logits & each_row) {
     check_open();
     memory_->touch(seq);
     llama_opt_batch b((int32_t) llama_n_batch(ctx_.get()));
@@ -184,9 +185,12 @@ void llama_opt_context::compute_span(int32_t seq, const llama_token * tokens, si
             }
             b.batch.n_tokens = (int32_t) (stop - pos);
             for (size_t p = pos; p < stop; ++p) {
-                b.set((int32_t) (p - pos), seq, p, tokens[p], logits && p + 1 == end);
+                b.set((int32_t) (p - pos), seq, p, tokens[p], each_row || (logits && p + 1 == end));
             }
             decode_chunk(seq, b.batch, evict_sessions, work);
+            for (size_t p = pos; each_row && p < stop; ++p) {
+                each_row(p, llama_get_logits_ith(ctx_.get(), (int32_t) (p - pos)));
+            }
             pos = stop;
         }
     } catch (...) {

@@ -31,6 +31,7 @@
 #include "llama.h"
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -42,6 +43,10 @@ struct llama_opt_row {
     size_t      pos;
     llama_token token;
 };
+
+// The logits of each row of a span, as they are computed: (position, n_vocab logits), valid
+// during the call only.
+using llama_opt_row_logits = std::function<void(size_t pos, const float * logits)>;
 
 // Work a compute call did, for the caller's statistics.
 struct llama_opt_work {
@@ -134,8 +139,12 @@ public:
     // evict_sessions) idle sequences are evicted, least recently used first. On failure the KV
     // of [begin, end) is removed and llama_opt_error is thrown. Adds the work done to `work`,
     // also when it fails (work thrown away, which the statistics must show too).
+    // With `each_row`, every row of every chunk outputs logits, handed to it chunk by chunk. The
+    // KV is the same (llama.cpp selects the output rows after the last layer's attention), the
+    // last row's logits are not: the last layer's FFN and the output layer then run over the
+    // whole chunk, a matrix product of another size (docs/exactness.md, "Echo").
     void compute_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end, std::vector<float> * logits,
-                      bool evict_sessions, llama_opt_work & work);
+                      bool evict_sessions, llama_opt_work & work, const llama_opt_row_logits & each_row = nullptr);
     // Computes `rows` in one batch (at most LLAMA_OPT_ROW_INVARIANT_BATCH rows: each computes
     // like a one-token decode step, patches/0006) with the logits of every row, row after row,
     // into `logits`. Rows may belong to several sequences. Returns false, with nothing computed,

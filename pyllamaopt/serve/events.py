@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..grammar import SchemaCheck
+from ..tokens import TokenLogprob
 from .reply_parser import Piece, Reply
 
 
@@ -47,6 +48,7 @@ class TokenEvent:
     # opening event reports it, as Anthropic's message_start does)
     usage: Usage | None = None
     index: int = 0  # of the choice it belongs to (OpenAI's n: choices.py)
+    logprob: TokenLogprob | None = None  # with GenerateParams.logprobs
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class DoneEvent:
     reply: Reply | None = None  # a chat reply: as parsed to its end
     pieces: tuple[Piece, ...] = ()  # a chat reply: what its parser held back until the end (ReplyParser.finish)
     index: int = 0  # of the choice it ends
+    logprobs: tuple[TokenLogprob, ...] = ()  # with GenerateParams.logprobs: every generated token's, in order
 
     def schema_fields(self) -> dict[str, Any]:
         """With a JSON Schema: whether the output is valid against all of it (``schema_valid``;

@@ -35,6 +35,7 @@ from typing import Any
 from ..context import Context
 from ..session import Session
 from ..stats import Stats
+from ..tokens import TokenLogprob
 from .choices import choice_params, interleaved
 from .errors import BadRequest, ContextFull, InvariantViolation, typed_errors
 from .events import Event, done_last
@@ -98,16 +99,41 @@ class Service:
                     yield from self._choices(session, len(tokens), params, n, before, accepted)
 
         def start() -> tuple[Iterator[Any], Any]:
-            if not tokens:
-                raise BadRequest("the prompt is empty: give at least one token (or a message with text)")
-            if len(tokens) >= self.context.n_ctx:  # (all of it: no room for an answer)
-                raise ContextFull(f"the prompt has {len(tokens)} tokens, and the server's context holds "
-                                  f"{self.context.n_ctx} with the answer: shorten it, or restart the server with a "
-                                  "larger --n-ctx")
+            self._check_prompt(tokens)
             session, kept = self._idle.take(tokens)
             return primed(answer(session, kept)), session
 
         return self.scheduler.stream(start)
+
+    async def score(self, tokens: list[int], top: int) -> tuple[list[TokenLogprob | None], int]:
+        """A prompt's own log-probabilities (OpenAI's echo), with `top` alternatives per token, and
+        the tokens computed for them: every position computed afresh, on a request session that then
+        stays idle with the prompt (a completion after it finds it: Session.score). In one piece."""
+        def score() -> tuple[list[TokenLogprob | None], int]:
+            self._check_prompt(tokens)
+            session, _ = self._idle.take(tokens)
+            before = session.stats
+            with pinned(session):
+                try:
+                    logprobs = session.score(tokens, top_logprobs=top)
+                except BaseException:
+                    session.close()
+                    raise
+                self._verify(session)
+            self._idle.keep(session)
+            self._update_gauges()
+            return logprobs, (session.stats - before).tokens_prefilled
+
+        return await self._run(score)
+
+    def _check_prompt(self, tokens: list[int]) -> None:
+        """A prompt that cannot be answered: empty, or no room left for an answer."""
+        if not tokens:
+            raise BadRequest("the prompt is empty: give at least one token (or a message with text)")
+        if len(tokens) >= self.context.n_ctx:  # (all of it: no room for an answer)
+            raise ContextFull(f"the prompt has {len(tokens)} tokens, and the server's context holds "
+                              f"{self.context.n_ctx} with the answer: shorten it, or restart the server with a "
+                              "larger --n-ctx")
 
     # the session protocol
 

@@ -6,7 +6,7 @@ import contextlib
 import json
 import sys
 import traceback
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -83,16 +83,18 @@ async def _disconnect(receive: Receive) -> None:
 
 def sse(events: AsyncGenerator[Event, None], chunk: Callable[[Event], list[dict[str, Any]]],
         error_shape: Callable[[ServiceError], dict[str, Any]], *, done_line: bool = True,
-        named: bool = False) -> StreamingResponse:
-    """Server-sent events: `chunk` turns each event into the protocol's JSON payloads.
-    `named`: each payload's "type" is also the event's name (Anthropic's
-    stream); `done_line`: OpenAI's closing "[DONE]"."""
+        named: bool = False, opening: Sequence[dict[str, Any]] = ()) -> StreamingResponse:
+    """Server-sent events: `chunk` turns each event into the protocol's JSON payloads, after the
+    `opening` ones (a completion's echoed prompt). `named`: each payload's "type" is also the
+    event's name (Anthropic's stream); `done_line`: OpenAI's closing "[DONE]"."""
     def line(payload: dict[str, Any]) -> str:
         name = f"event: {payload['type']}\n" if named else ""
         return f"{name}data: {json.dumps(payload)}\n\n"
 
     async def body() -> AsyncGenerator[str, None]:
         async with contextlib.aclosing(events):
+            for payload in opening:
+                yield line(payload)
             try:
                 async for event in events:
                     for payload in chunk(event):
