@@ -61,7 +61,7 @@ class GenerationRunner:
                     pieces = () if reply is None else tuple(reply.feed(token.text))
                     if token.logprob is not None:
                         logprobs.append(token.logprob)
-                    yield TokenEvent(token.id, token.text, pieces, prompt_usage, token.logprob)
+                    yield TokenEvent(token.id, token.text, pieces, prompt_usage, logprob=token.logprob)
                     if reply is not None and (ended_by := reply.end_reason):
                         generation.close()
                         break
@@ -72,7 +72,7 @@ class GenerationRunner:
                 stop_string = reply.stop_string if ended_by and reply is not None else generation.stop_string
                 held = () if reply is None else tuple(reply.finish())
                 yield DoneEvent(ended_by or generation.finish_reason or "stop", usage, stop_string, check,
-                                None if reply is None else reply.result(), held, tuple(logprobs))
+                                None if reply is None else reply.result(), held, logprobs=tuple(logprobs))
             finally:
                 if generation is not None:
                     # a request cancelled mid-stream: the turn ends now (the session becomes evictable
