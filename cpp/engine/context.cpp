@@ -137,6 +137,7 @@ void llama_opt_context::close() {
 llama_opt_stats llama_opt_context::stats() const {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     llama_opt_stats s = stats_;
+    s += sessions_sum() - at_reset_;  // (counters only grow: no underflow)
     if (const llama_opt_persist_write_behind * writer = memory_->write_behind()) {
         writer->counts().add_to(s);  // counted by its thread, as it goes
     }
@@ -146,9 +147,35 @@ llama_opt_stats llama_opt_context::stats() const {
 void llama_opt_context::reset_stats() {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     stats_.reset();
+    at_reset_ = sessions_sum();
     if (llama_opt_persist_write_behind * writer = memory_->write_behind()) {
         writer->counts().reset();
     }
+}
+
+void llama_opt_context::count_batch(const llama_opt_work & work) {
+    stats_.tokens_decoded += work.tokens;
+    stats_.forward_passes += work.passes;
+    stats_.forward_us += work.us;
+}
+
+void llama_opt_context::follow(const llama_opt_stats & session_stats) {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    followed_.push_back(&session_stats);
+}
+
+void llama_opt_context::unfollow(const llama_opt_stats & session_stats) {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    followed_.erase(std::find(followed_.begin(), followed_.end(), &session_stats));
+    gone_ += session_stats;
+}
+
+llama_opt_stats llama_opt_context::sessions_sum() const {
+    llama_opt_stats sum = gone_;
+    for (const llama_opt_stats * s : followed_) {
+        sum += *s;
+    }
+    return sum;
 }
 
 void llama_opt_batch::set(int32_t i, int32_t seq, size_t pos, llama_token token, bool logits) {

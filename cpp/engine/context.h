@@ -123,9 +123,15 @@ public:
     llama_opt_memo_outputs &       memo_outputs() { return memo_outputs_; }
     const llama_opt_memo_outputs & memo_outputs() const { return memo_outputs_; }
 
+    // Statistics: each counter has one writer. A session counts its work in its own statistics
+    // (session/counters), which the context follows and adds up, those of sessions that are gone
+    // too; the context counts its own work (evictions, batches of several sessions' rows).
     llama_opt_stats stats() const;
     void            reset_stats();
-    void            count(uint64_t llama_opt_stats::* counter, uint64_t n) { stats_.*counter += n; }
+    void            count_batch(const llama_opt_work & work);  // a batch of several sessions' decode rows
+    // A session's statistics: in stats() from now on, also after unfollow (the session is gone).
+    void            follow(const llama_opt_stats & session_stats);
+    void            unfollow(const llama_opt_stats & session_stats);
 
     // The lock every session operation holds: a llama_context is not thread-safe.
     std::recursive_mutex & mutex() const { return mutex_; }
@@ -168,6 +174,7 @@ private:
     // (cached sequences, then if evict_sessions idle sessions) and retries. Throws
     // decode_failed on other errors. Adds the time it took to work.us.
     int32_t decode_evicting(int32_t seq, const llama_batch & batch, bool evict, bool evict_sessions, llama_opt_work & work);
+    llama_opt_stats sessions_sum() const;  // every session's statistics, those gone included
 
     struct context_deleter {
         void operator()(llama_context * ctx) const { llama_free(ctx); }
@@ -180,7 +187,10 @@ private:
     uint32_t                                 block_  = 0;
     uint32_t                                 align_  = 1;  // cell tile and minimum chunk (measured numerics rule)
     uint32_t                                 chunk_  = 0;  // canonical chunk: largest multiple of block_ <= n_batch
-    llama_opt_stats                          stats_;       // (before memory_, which counts its evictions here)
+    llama_opt_stats                          stats_;       // its own work (before memory_, which counts its evictions here)
+    std::vector<const llama_opt_stats *>     followed_;    // the statistics of its sessions
+    llama_opt_stats                          gone_;        // of the sessions no longer followed
+    llama_opt_stats                          at_reset_;    // the sessions' sum at the last reset_stats()
     std::unique_ptr<llama_opt_attn_capture>  attn_capture_;
     std::unique_ptr<llama_opt_h2o_capture>   h2o_capture_;
     std::unique_ptr<llama_opt_op_profile>    op_profile_;

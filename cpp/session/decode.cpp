@@ -220,9 +220,7 @@ void llama_opt_session_decode::prefetch_steps(llama_opt_context & ctx,
     auto flush = [&] {
         llama_opt_work work;
         if (takers.size() > 1 && ctx.compute_rows(rows, logits, work)) {  // one step alone: its own is the same
-            ctx.count(&llama_opt_stats::tokens_decoded, work.tokens);
-            ctx.count(&llama_opt_stats::forward_passes, work.passes);
-            ctx.count(&llama_opt_stats::forward_us, work.us);
+            ctx.count_batch(work);  // the whole batch, once (each session keeps its share apart: take_rows)
             for (size_t i = 0; i < takers.size(); ++i) {
                 const size_t n_rows = 1 + drafts[i].tokens.size();
                 takers[i]->take_rows(logits.data() + first_row[i] * n_vocab, std::move(drafts[i]),
