@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -22,7 +22,7 @@ import pytest
 from pyllamaopt import (AuthenticationError, Context, ContextOverflowError, GrammarError, InvalidArgumentError,
                         InvalidTokenError, InvariantViolationError, OptConfig, ServerOverloadedError,
                         SessionBusyError, SessionClosedError)
-from pyllamaopt.client import AsyncClient, Client
+from pyllamaopt.client import AsyncClient, Client, SessionInfo, Usage
 from pyllamaopt.serve import grpc_service
 from pyllamaopt.serve.metrics import Metrics
 from pyllamaopt.serve.scheduler import Scheduler
@@ -162,6 +162,53 @@ def test_cancel_mid_stream_async(served, tiny_model):
     first, history, again = asyncio.run(scenario())
     assert history[:len(prompt) + 2] == prompt + first
     assert again == local_greedy(tiny_model, history, 2)
+
+
+def held_generation(info: Callable[[], SessionInfo]) -> SessionInfo:
+    """The session's info once its generation has gone nowhere for a second (its reader does not
+    read), or has ended (within 10 s)."""
+    generated, stable = -1, 0.0
+    while stable < 1.0:
+        held = info()
+        if held.busy is None:
+            break
+        if held.stats["tokens_generated"] != generated:
+            generated, stable = held.stats["tokens_generated"], 0.0
+        time.sleep(0.1)
+        stable += 0.1
+    return held
+
+
+def test_a_reader_that_pauses_holds_its_generation(client):
+    """A client that reads one token of a 250-token generation, then stops reading without
+    cancelling (a slow consumer, or a process the machine does not run for a while): the server's
+    generation waits within the generations' channel's 512-byte HTTP/2 window (about 25 token
+    messages, and the 16 tokens the server runs ahead); grpc core's defaults (a 64 KiB window,
+    grown to megabytes by its bandwidth-delay probe) let it compute the whole answer unread. Read
+    again, it goes on to its end."""
+    with client.create_session(tokens=LONG_PROMPT[:40]) as session:
+        generation = session.generate(SLOW_TOKENS, grammar=SLOW)
+        next(generation)
+        held = held_generation(session.info)
+        assert held.busy == "generating", f"the generation did not wait for its reader: {held.stats}"
+        assert held.stats["tokens_generated"] < SLOW_TOKENS // 2, f"{held.stats['tokens_generated']} tokens"
+        assert len(list(generation)) == SLOW_TOKENS - 1 and generation.finish_reason == "length"
+
+
+def test_a_reader_that_pauses_holds_its_generation_async(served):
+    async def scenario() -> tuple[SessionInfo, int, str | None]:
+        async with AsyncClient(served[1], timeout=60) as c, await c.create_session(tokens=LONG_PROMPT[:40]) as session:
+            generation = session.generate(SLOW_TOKENS, grammar=SLOW)
+            await generation.__anext__()
+            loop = asyncio.get_running_loop()
+            held = await asyncio.to_thread(held_generation, lambda: asyncio.run_coroutine_threadsafe(
+                session.info(), loop).result())
+            rest = [t async for t in generation]
+            return held, len(rest), generation.finish_reason
+
+    held, rest, finish_reason = asyncio.run(scenario())
+    assert held.busy == "generating" and held.stats["tokens_generated"] < SLOW_TOKENS // 2, held.stats
+    assert (rest, finish_reason) == (SLOW_TOKENS - 1, "length")
 
 
 def test_every_status_code_is_its_exception(client):
@@ -456,6 +503,51 @@ def test_one_service_behind_both_transports(served, client):
         assert status == 200 and info["tokens"] == [5, 6]
     remote.close()
     assert server.request("GET", f"/v1/sessions/{remote.id}")[0] == 404
+
+
+def test_a_sessions_generation_counts_its_prompt_in_usage(served, client):
+    """A protocol session's generation reports as its prompt the whole history it follows, and as
+    computed (restored, cached) what was done for it since the session's previous generation: the
+    creation's prefill in the first generation's usage (it said 0 prompt tokens, and the creation's
+    work showed in no usage), an append's in the next, nothing but the unshared tail in a fork's:
+    the usage OpenAI's route gives for a prompt. Through the gRPC client and over HTTP."""
+    server, _ = served
+    prompt = [7 + (31 * i) % 190 for i in range(150)]  # (its own blocks: no other test's prefix)
+
+    def check(usage: dict[str, int], history: int, stats: dict[str, int], stats_before: dict[str, int]) -> None:
+        computed = stats["tokens_prefilled"] - stats_before.get("tokens_prefilled", 0)
+        assert usage["prompt_tokens"] == history and usage["computed_tokens"] == computed, (usage, computed)
+        assert usage["cached_tokens"] == history - computed and usage["restored_tokens"] == 0, usage
+
+    def fields(usage: Usage | None) -> dict[str, int]:
+        assert usage is not None
+        return {name: getattr(usage, name) for name in ("prompt_tokens", "computed_tokens", "cached_tokens",
+                                                        "restored_tokens")}
+
+    with client.create_session(tokens=prompt) as session:
+        first = session.generate(4)
+        assert len(list(first)) == 4
+        after_first = session.info().stats
+        assert after_first["tokens_prefilled"] >= len(prompt) - 64  # (the creation computed the prompt)
+        check(fields(first.usage), len(prompt), after_first, {})
+        session.append([5, 6, 7])
+        second = session.generate(4)
+        list(second)
+        after_second = session.info().stats
+        check(fields(second.usage), len(prompt) + 7, after_second, after_first)
+        assert 0 < fields(second.usage)["computed_tokens"] < len(prompt)  # the blocks of the first turn were kept
+        with session.fork() as forked:
+            at_fork = forked.info().stats
+            third = forked.generate(2)
+            list(third)
+            check(fields(third.usage), len(prompt) + 11, forked.info().stats, at_fork)
+
+    session_id = server.request("POST", "/v1/sessions", {"tokens": [9] + prompt})[1]["session_id"]
+    usage = server.request("POST", f"/v1/sessions/{session_id}/generate", {"max_tokens": 3})[1]["usage"]
+    info = server.request("GET", f"/v1/sessions/{session_id}")[1]
+    check(usage, len(prompt) + 1, info["stats"], {})
+    assert usage["computed_tokens"] > 0
+    assert server.request("DELETE", f"/v1/sessions/{session_id}")[0] == 204
 
 
 TYPESCRIPT = ROOT / "sdks" / "typescript"

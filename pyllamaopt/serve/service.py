@@ -189,7 +189,10 @@ class Service:
             if entry.session.n_tokens == 0:
                 raise BadRequest(f"session {session_id!r} has no history to generate after: append tokens first")
             entry.busy = "generating"
-            return primed(self._generation(entry.session, 0, params, entry.session.stats, entry=entry)), entry.session
+            # its prompt is the whole history, computed by the calls since the previous generation (the
+            # creation's restore included): the usage OpenAI's route gives for the same prompt
+            session = entry.session
+            return primed(self._generation(session, session.n_tokens, params, entry.prompt_from, entry=entry)), session
 
         return done_last(self.scheduler.stream(start))
 
@@ -277,6 +280,7 @@ class Service:
             if entry is not None:
                 entry.busy = None
                 entry.last_used = time.monotonic()
+                entry.prompt_from = session.stats
             if done is not None:
                 done(session)
             self._update_gauges()
