@@ -180,3 +180,33 @@ def test_the_most_choices_answered_or_left_mid_stream_leave_the_server_as_it_was
             next(iter(stream))  # then the client leaves
         again = client.completions.create(model="m", prompt=PROMPT[:70], max_tokens=4, n=8, **SAMPLED)
         assert [c.text for c in again.choices] == [c.text for c in first.choices]
+
+
+def test_each_choice_carries_its_own_log_probabilities(server):
+    """n with logprobs (and echo): each choice's lists are those of a request of its own with its
+    seed, the echoed prompt's the same in every choice; chat's per choice too, streamed and not."""
+    client = server.client()
+    prompt = PROMPT[:90]
+    together = client.completions.create(model="m", prompt=prompt, max_tokens=6, n=2, logprobs=2, echo=True, **SAMPLED)
+    alone = [client.completions.create(model="m", prompt=prompt, max_tokens=6, logprobs=2, echo=True,
+                                       temperature=1.5, seed=7 + i).choices[0] for i in range(2)]
+    for choice, own in zip(together.choices, alone):
+        assert choice.text == own.text
+        assert choice.logprobs.tokens == own.logprobs.tokens
+        assert choice.logprobs.token_logprobs == own.logprobs.token_logprobs
+    assert together.choices[0].logprobs.token_logprobs[:len(prompt)] == \
+        together.choices[1].logprobs.token_logprobs[:len(prompt)]
+    messages = ASK
+    chat = client.chat.completions.create(model="m", messages=messages, max_tokens=6, n=2, logprobs=True,
+                                          top_logprobs=1, **SAMPLED)
+    streamed: dict[int, list[float]] = {}
+    for chunk in client.chat.completions.create(model="m", messages=messages, max_tokens=6, n=2, logprobs=True,
+                                                top_logprobs=1, stream=True, **SAMPLED):
+        for choice in chunk.choices:
+            if choice.logprobs is not None and choice.logprobs.content:
+                streamed.setdefault(choice.index, []).extend(t.logprob for t in choice.logprobs.content)
+    for choice in chat.choices:
+        own = client.chat.completions.create(model="m", messages=messages, max_tokens=6, logprobs=True, top_logprobs=1,
+                                             temperature=1.5, seed=7 + choice.index).choices[0]
+        values = [t.logprob for t in choice.logprobs.content]
+        assert values == [t.logprob for t in own.logprobs.content] == streamed[choice.index]

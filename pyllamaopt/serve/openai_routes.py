@@ -101,9 +101,10 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     for ids, text, done in await collect_choices(events, request.receive):
         done = usage(done)
         tally.add(done)
-        choices.append({"index": done.index, "text": prompt_text + text, "finish_reason": FINISH_REASONS[done.finish_reason],
-                        "logprobs": logprobs([*tokens, *ids], [*echoed, *done.logprobs]) if echoed is not None else
-                        logprobs(ids, done.logprobs)})
+        values = logprobs([*tokens, *ids], [*echoed, *done.logprobs]) if echoed is not None else \
+            logprobs(ids, done.logprobs)
+        choices.append({"index": done.index, "text": prompt_text + text, "logprobs": values,
+                        "finish_reason": FINISH_REASONS[done.finish_reason]})
     return {**head, "choices": choices, "usage": _usage(tally.usage), "pyllamaopt": tally.extension()}
 
 
@@ -165,7 +166,7 @@ class _ChatCompletion:
         self.tally = ChoiceTally(n)
         self.token_bytes = token_bytes
         self.opened: set[int] = set()  # the choices whose first delta said the role
-        self.unsent: dict[int, list[TokenLogprob]] = {}  # streamed, per choice: tokens whose text the parser holds back yet
+        self.unsent: dict[int, list[TokenLogprob]] = {}  # streamed, per choice: tokens whose text is held back yet
 
     def stream(self, events: AsyncGenerator[Event, None]) -> StreamingResponse:
         return sse(events, self.chunks, error_body)
