@@ -18,7 +18,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Context', 'DiffEngine', 'Hasher', 'Model', 'PersistStore', 'Sampling', 'Session', 'Settings', 'SpanKind', 'Stats', 'Step', 'build_info', 'default_persist_dir', 'features', 'fields', 'hash_block', 'hash_block_pos', 'hash_chain', 'prefetch_steps', 'segment', 'set_verbose']
+__all__: list[str] = ['ChatReplyParser', 'ChatTemplates', 'Context', 'DiffEngine', 'Hasher', 'Model', 'PersistStore', 'RenderedChat', 'Sampling', 'Session', 'Settings', 'SpanKind', 'Stats', 'Step', 'build_info', 'default_persist_dir', 'features', 'fields', 'hash_block', 'hash_block_pos', 'hash_chain', 'prefetch_steps', 'segment', 'set_verbose']
 class _PersistLayout(typing.TypedDict):
     """
     A disk tier entry's layout (cpp/bindings/persist.cpp): what model, build and KV shape it is for.
@@ -362,6 +362,86 @@ class DiffEngine:
         """
         Tokens compared or hashed by the last compute().
         """
+class ChatReplyParser:
+    """
+    Parses a reply in the format of the prompt it answers (RenderedChat.parser).
+    """
+    def parse(self, text: str, is_partial: bool) -> str:
+        """
+        The reply as an OpenAI assistant message, JSON text (content, reasoning_content, tool_calls).
+        
+            parser.parse('<tool_call>{"name": "f", "arguments": {}}</tool_call>', is_partial=False)
+        """
+class RenderedChat:
+    """
+    A conversation rendered by llama.cpp's chat layer.
+    """
+    @property
+    def additional_stops(self) -> list[str]:
+        ...
+    @property
+    def format(self) -> str:
+        ...
+    @property
+    def generation_prompt(self) -> str:
+        ...
+    @property
+    def grammar(self) -> str:
+        ...
+    @property
+    def grammar_lazy(self) -> bool:
+        ...
+    @property
+    def grammar_triggers(self) -> list[tuple[str, str, int]]:
+        """
+        (kind, value, token) of each trigger: kind 'token', 'word', 'pattern' or 'pattern_full'.
+        """
+    @property
+    def parser(self) -> ChatReplyParser:
+        ...
+    @property
+    def preserved_tokens(self) -> list[str]:
+        ...
+    @property
+    def prompt(self) -> str:
+        ...
+    @property
+    def supports_thinking(self) -> bool:
+        ...
+    @property
+    def thinking_end_tags(self) -> list[str]:
+        ...
+    @property
+    def thinking_start_tag(self) -> str:
+        ...
+class ChatTemplates:
+    """
+    A model's chat templates, applied by llama.cpp's chat layer (common/chat) as llama-server does.
+    
+        t = ChatTemplates.from_source(source, "<s>", "</s>", "my.jinja")
+        r = t.apply('{"messages": [{"role": "user", "content": "hi"}]}')
+        r.prompt, r.format, r.grammar, r.parser.parse(reply_text, is_partial=False)
+    """
+    @staticmethod
+    def from_source(source: str, bos_token: str, eos_token: str, name: str) -> ChatTemplates:
+        ...
+    def apply(self, request_json: str) -> RenderedChat:
+        """
+        Renders a request (JSON text: messages, tools, tool_choice, parallel_tool_calls,
+        add_generation_prompt, enable_thinking, chat_template_kwargs, reasoning_format).
+        Raises ChatTemplateError naming the template (and the line, where known).
+        """
+    @property
+    def caps(self) -> dict[str, bool]:
+        """
+        What the template supports (supports_tools, supports_system_role, ...).
+        """
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def source(self) -> str:
+        ...
 class Model:
     """
     A loaded GGUF model (see pyllamaopt.Model).

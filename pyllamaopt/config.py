@@ -29,6 +29,7 @@ CLI_VARIABLES: dict[str, str] = {
     "LLAMA_OPT_SERVE_TLS_KEY": "PEM private key of LLAMA_OPT_SERVE_TLS_CERT",
     "LLAMA_OPT_SERVE_MAX_SESSIONS": "protocol sessions `pyllamaopt serve` keeps open (default: 16)",
     "LLAMA_OPT_SERVE_SESSION_TTL": "seconds an idle protocol session is kept (default: 1800)",
+    "LLAMA_OPT_SERVE_CHAT_TEMPLATE_FILE": "jinja chat template `pyllamaopt serve` renders chats with (default: the GGUF's)",
     "LLAMA_OPT_SERVE_JSON_WHITESPACE": "layout of `pyllamaopt serve`'s JSON answers: indented (default), spaced, "
                                        "compact or free",
 }

@@ -136,7 +136,14 @@ def test_sandbox_escapes_are_refused_with_a_typed_error(source, monkeypatch):
     assert messages == [{"role": "user", "content": "hi"}]
 
 
-@pytest.mark.parametrize("source", ["{{ 1/0 }}", "{{ [1, 'a'] | sort }}", "{{ 'a' | wordwrap(0) }}",
+# llama.cpp's jinja engine (issue 44: templates are rendered as llama-server renders them) computes
+# these where jinja2 raised: 1/0 is inf, a list of mixed types sorts. Not crashes; kept, expected to fail.
+_NOT_ERRORS_IN_LLAMA_CPP = pytest.mark.xfail(strict=True, reason="llama.cpp's jinja engine renders it (issue 44)")
+
+
+@pytest.mark.parametrize("source", [pytest.param("{{ 1/0 }}", marks=_NOT_ERRORS_IN_LLAMA_CPP),
+                                    pytest.param("{{ [1, 'a'] | sort }}", marks=_NOT_ERRORS_IN_LLAMA_CPP),
+                                    "{{ 'a' | wordwrap(0) }}",
                                     "{{ strftime_now(5) }}", "{{ range(10**9) | list }}", "{{ x | tojson }}",
                                     "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}", "{{" * 3000,
                                     "{{ 'x' * 10**10 }}", "{{ [0] * 10**10 }}", "{{ 10 ** 1000000000 }}",

@@ -183,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "recently used idle one is closed)")
     p.add_argument("--session-ttl", type=float, default=None,
                    help="seconds an idle protocol session is kept (default: $LLAMA_OPT_SERVE_SESSION_TTL or 1800)")
+    p.add_argument("--chat-template-file", metavar="FILE",
+                   default=os.environ.get("LLAMA_OPT_SERVE_CHAT_TEMPLATE_FILE") or None,
+                   help="render chats with this jinja template instead of the model's (as llama-server's option; "
+                        "default: $LLAMA_OPT_SERVE_CHAT_TEMPLATE_FILE or the GGUF's own)")
     p.add_argument("--approximate-reuse", action="store_true",
                    help="Tier 2, off by default: after a change near a prompt's start, reuse the unchanged text "
                         "after it at its new position (approximate: answers say so; same as "

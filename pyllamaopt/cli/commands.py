@@ -251,5 +251,6 @@ def serve(args: argparse.Namespace) -> int:
                              tls_key=args.tls_key, max_sessions=args.max_sessions, session_ttl=args.session_ttl,
                              approximate_reuse=args.approximate_reuse, sparse_tool_results=args.sparse_tool_results,
                              json_whitespace=args.json_whitespace or DEFAULT_JSON_WHITESPACE,
+                             chat_template_file=args.chat_template_file,
                              verbose=args.verbose))
     return 0

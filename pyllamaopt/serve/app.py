@@ -60,6 +60,7 @@ class ServeSettings:
     approximate_reuse: bool = False  # Tier 2: diff_reuse_shifted (service.py says how requests use it)
     sparse_tool_results: bool = False  # Tier 2: sparse_attn_enabled, the chat routes mark tool results
     json_whitespace: str = DEFAULT_JSON_WHITESPACE  # how response_format answers lay out JSON (grammar.WHITESPACE)
+    chat_template_file: str | None = None  # the chat routes' template instead of the GGUF's (--chat-template-file)
     verbose: bool = False
 
     def check(self) -> None:
@@ -145,9 +146,11 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
     app.state.service = service
     app.state.model_name = Path(model.path).stem
     try:
-        app.state.chat_template = ChatTemplate.for_model(model)
-    except ChatTemplateError as exc:  # chat routes will say so; the rest works
-        app.state.chat_template = NoChatTemplate(str(exc))
+        app.state.chat_template = ChatTemplate.for_model(model, file=settings.chat_template_file)
+    except ChatTemplateError as exc:
+        if settings.chat_template_file:  # asked for: a file that cannot be used stops the server, saying why
+            raise SystemExit(f"pyllamaopt serve: --chat-template-file: {exc}") from None
+        app.state.chat_template = NoChatTemplate(str(exc))  # chat routes will say so; the rest works
 
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)

@@ -33,11 +33,12 @@ class ChatSurface(Protocol):
 
 
 async def answer_chat(request: Request, surface: ChatSurface, turns: Sequence[Turn], tools: Sequence[Tool],
-                      choice: ToolChoice, params: GenerateParams, *, stream: bool, continue_last: bool = False) -> Any:
+                      choice: ToolChoice, params: GenerateParams, *, stream: bool, continue_last: bool = False,
+                      template_kwargs: dict[str, Any] | None = None) -> Any:
     service: Service = request.app.state.service
     prompt, tokens, tool_spans = await render_in_thread(
         request.app.state.chat_template, service.model, turns, tools, choice, params,
-        mark_tool_results=service.sparse_tool_results, continue_last=continue_last)
+        mark_tool_results=service.sparse_tool_results, continue_last=continue_last, template_kwargs=template_kwargs)
     events = await started(service.complete(tokens, prompt.generate_params(params, surface.call_id_prefix),
                                             tool_spans=tool_spans))
     if stream:

@@ -1,6 +1,7 @@
 """OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions."""
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -11,10 +12,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from .chat_answer import answer_chat
+from .chat_prompt import render_prompt
 from .chat_messages import NO_PARAMETERS, Tool, ToolCall, ToolChoice, ToolResult, Turn, arguments_text, text_of
 from .errors import BadRequest, ServiceError
 from .events import DoneEvent, Event, TokenEvent, Usage
-from .reply_parser import ArgumentsPiece, CallStart, Piece, TextPiece
+from .reply_parser import ArgumentsPiece, CallStart, Piece, ReasoningPiece, TextPiece
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
 from .service import Service
 from .streaming import collect, sse, started
@@ -22,7 +24,7 @@ from .streaming import collect, sse, started
 router = APIRouter()
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "grammar": "stop", "length": "length", "context_full": "length",
-                  "interrupted": "stop", "repeated_call": "tool_calls"}
+                  "interrupted": "stop", "repeated_call": "tool_calls", "malformed_call": "stop"}
 
 
 def error_body(exc: ServiceError) -> dict[str, Any]:
@@ -38,7 +40,8 @@ def _usage(usage: Usage) -> dict[str, Any]:
 def _ending(head: dict[str, Any], choice: dict[str, Any], done: DoneEvent, include_usage: bool) -> list[dict[str, Any]]:
     """A stream's last chunks: the finish reason (with a JSON Schema, whether the output is valid),
     then (if the client asked) the usage."""
-    out = [{**head, "choices": [choice], **({"pyllamaopt": done.schema_fields()} if done.schema else {})}]
+    fields = {**done.schema_fields(), **done.reply_fields()}
+    out = [{**head, "choices": [choice], **({"pyllamaopt": fields} if fields else {})}]
     if include_usage:
         out.append({**head, "choices": [], "usage": _usage(done.usage), "pyllamaopt": done.extension()})
     return out
@@ -111,6 +114,8 @@ def _tools(body: ChatCompletionRequest) -> tuple[list[Tool], ToolChoice]:
 def _delta(piece: Piece) -> dict[str, Any] | None:
     if isinstance(piece, TextPiece):
         return {"content": piece.text}
+    if isinstance(piece, ReasoningPiece):  # (as llama-server and vLLM stream it)
+        return {"reasoning_content": piece.text}
     if isinstance(piece, CallStart):
         return {"tool_calls": [{"index": piece.index, "id": piece.id, "type": "function",
                                 "function": {"name": piece.name, "arguments": ""}}]}
@@ -158,6 +163,8 @@ class _ChatCompletion:
             message = {"role": "assistant", "content": None, "tool_calls": [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 for c in reply.calls]}
+        if reply.reasoning:
+            message["reasoning_content"] = reply.reasoning
         return {**self.head, "object": "chat.completion",
                 "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(done), "logprobs": None}],
                 "usage": _usage(done.usage), "pyllamaopt": done.extension()}
@@ -171,4 +178,20 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     tools, choice = _tools(body)
     surface = _ChatCompletion(request.app.state.model_name,
                               bool(body.stream_options and body.stream_options.include_usage))
-    return await answer_chat(request, surface, _turns(body.messages), tools, choice, params, stream=bool(body.stream))
+    return await answer_chat(request, surface, _turns(body.messages), tools, choice, params, stream=bool(body.stream),
+                             template_kwargs=body.chat_template_kwargs)
+
+
+@router.post("/apply-template")
+async def apply_template(body: ChatCompletionRequest, request: Request) -> dict[str, Any]:
+    """llama-server's route: the prompt a chat completion of this body would compute, rendered and
+    nothing generated (to compare a rendering with llama-server's). As llama-server shows it: for a
+    model whose tokenizer adds BOS, without the template's BOS text (the same tokens either way)."""
+    service = _service(request)
+    model = service.model
+    tools, choice = _tools(body)
+    params = body.params(body.max_tokens, service.context.n_ctx, body.response_format)
+    prompt = await asyncio.to_thread(render_prompt, request.app.state.chat_template, _turns(body.messages), tools,
+                                     choice, params, template_kwargs=body.chat_template_kwargs)
+    bos = model.detokenize([model.bos_token], special=True) if model.add_bos and model.bos_token >= 0 else ""
+    return {"prompt": prompt.text[len(bos):] if bos and prompt.text.startswith(bos) else prompt.text}

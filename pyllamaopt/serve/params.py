@@ -10,8 +10,10 @@ from typing import Any
 class ReplyFormat:
     """A chat reply, parsed once as it streams (ReplyParser, on the scheduler thread)."""
 
-    generic: bool  # the tool-calling format's JSON (chat_prompt.py), else plain text
+    generic: bool  # the tool-calling format's JSON (chat_prompt.py), else plain text or native
     call_id_prefix: str  # of the ids given to its calls ("call_", "toolu_")
+    native: Any = None  # the model's own format, read by llama.cpp's parser (_core.ChatReplyParser)
+    tool_format: str = "none"  # what the answer's pyllamaopt field names: "generic", llama.cpp's format, "none"
 
 
 @dataclass

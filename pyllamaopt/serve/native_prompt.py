@@ -1,0 +1,47 @@
+"""A chat request with tools in the model's own format: for a template that renders tools and calls
+itself (``ChatTemplate.takes_tools``: Qwen2.5's, Llama 3.1's, Hermes', Mistral's, ...), the turns
+go to llama.cpp's chat layer as llama-server gives them to it (OpenAI's messages: an assistant's
+``tool_calls``, a ``tool`` message per result), and the reply is read by that layer's parser for
+the template's format (native_reply.py). Other templates keep the generic format (chat_prompt.py).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..chat import Message
+from .chat_messages import NO_PARAMETERS, Tool, ToolChoice, Turn
+
+
+def native_messages(turns: Sequence[Turn]) -> tuple[list[Message], dict[int, list[tuple[int, int]]]]:
+    """The turns as OpenAI's messages, and for each tool message the [start, end) characters of its
+    result in its content (the whole content)."""
+    messages: list[Message] = []
+    results: dict[int, list[tuple[int, int]]] = {}
+    for turn in turns:
+        for r in turn.results:
+            results[len(messages)] = [(0, len(r.content))]
+            messages.append({"role": "tool", "tool_call_id": r.call_id, "content": r.content})
+        if turn.calls:
+            messages.append({"role": "assistant", "content": turn.text or None, "tool_calls": [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in turn.calls]})
+        elif turn.text or not turn.results:
+            messages.append({"role": turn.role, "content": turn.text})
+    return messages, results
+
+
+def native_render_args(tools: Sequence[Tool], choice: ToolChoice, add_generation_prompt: bool) -> dict[str, Any]:
+    """ChatTemplate.render's arguments for the tools offered. llama.cpp's chat layer knows no named
+    tool choice: a named function is offered alone, its call required. Parallel calls unless refused:
+    as the template supports them (llama-server's default)."""
+    offered = [t for t in tools if choice.name in (None, t.name)]
+    return {"add_generation_prompt": add_generation_prompt, "tools": [_definition(t) for t in offered],
+            "tool_choice": choice.mode, "parallel_tool_calls": None if choice.parallel else False}
+
+
+def _definition(tool: Tool) -> dict[str, Any]:
+    # (as the request gave it: a tool without parameters has {} in llama-server's rendering too)
+    parameters = {} if tool.parameters is NO_PARAMETERS else tool.parameters
+    return {"type": "function", "function": {"name": tool.name, "description": tool.description or "",
+                                             "parameters": parameters}}
