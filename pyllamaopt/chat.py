@@ -88,10 +88,6 @@ class ChatTemplate:
         return cls(source, name=f"built in for {model.architecture}", **_special_texts(model))
 
     @property
-    def name(self) -> str:
-        return self._core.name
-
-    @property
     def source(self) -> str:
         return self._core.source
 

@@ -132,17 +132,10 @@ llama_opt_chat_prompt llama_opt_chat_templates::apply(const std::string & reques
         throw template_error("", name_, " failed to render", source(), e.what());
     }
 
-    llama_opt_chat_prompt out;
-    out.prompt            = params.prompt;
-    out.format            = common_chat_format_name(params.format);
-    out.grammar           = params.grammar;
-    out.grammar_lazy      = params.grammar_lazy;
-    out.preserved_tokens  = params.preserved_tokens;
-    out.additional_stops  = params.additional_stops;
-    out.generation_prompt = params.generation_prompt;
-    out.supports_thinking = params.supports_thinking;
-    out.thinking_start_tag = params.thinking_start_tag;
-    out.thinking_end_tags  = params.thinking_end_tags;
+    llama_opt_chat_prompt out{ params.prompt, common_chat_format_name(params.format), params.grammar,
+                               params.grammar_lazy, {}, params.preserved_tokens, params.additional_stops,
+                               params.generation_prompt, params.supports_thinking, params.thinking_start_tag,
+                               params.thinking_end_tags, nullptr };
     for (const auto & t : params.grammar_triggers) {
         out.grammar_triggers.push_back({ trigger_kind(t.type), t.value, t.token });
     }

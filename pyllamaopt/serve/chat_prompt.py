@@ -39,6 +39,7 @@ from ..stop_strings import stop_list
 from .chat_messages import Tool, ToolChoice, Turn, compact
 from .errors import BadRequest
 from .native_prompt import native_messages, native_render_args
+from .native_prompt import reply_grammar as native_reply_grammar
 from .params import GenerateParams, ReplyFormat
 from .reply_grammar import reply_grammar
 
@@ -153,7 +154,7 @@ def _render_native(template: ChatTemplate, turns: Sequence[Turn], tools: Sequenc
                   if mark_tool_results and results else [])
     except ChatTemplateError as exc:
         raise BadRequest(str(exc)) from None
-    grammar = rendered.grammar if rendered.grammar and not rendered.grammar_lazy else None
+    grammar = native_reply_grammar(rendered.grammar, rendered.grammar_lazy, rendered.generation_prompt)
     return ChatPrompt(rendered.prompt, False, marked, template, messages, render_args, grammar,
                       native=rendered.parser, tool_format=rendered.format, stops=tuple(rendered.additional_stops))
 

@@ -6,6 +6,7 @@ the template's format (native_reply.py). Other templates keep the generic format
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +25,7 @@ def native_messages(turns: Sequence[Turn]) -> tuple[list[Message], dict[int, lis
             messages.append({"role": "tool", "tool_call_id": r.call_id, "content": r.content})
         if turn.calls:
             messages.append({"role": "assistant", "content": turn.text or None, "tool_calls": [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.sent or c.arguments}}
                 for c in turn.calls]})
         elif turn.text or not turn.results:
             messages.append({"role": turn.role, "content": turn.text})
@@ -45,3 +46,25 @@ def _definition(tool: Tool) -> dict[str, Any]:
     parameters = {} if tool.parameters is NO_PARAMETERS else tool.parameters
     return {"type": "function", "function": {"name": tool.name, "description": tool.description or "",
                                              "parameters": parameters}}
+
+
+def reply_grammar(grammar: str, lazy: bool, generation_prompt: str) -> str | None:
+    """llama.cpp's grammar of a reply, for the engine's grammar: None if llama.cpp applies it lazily
+    (from a trigger on: the engine's grammar has none). llama.cpp's root rule starts with the
+    generation prompt (the end of the prompt, "<|im_start|>assistant\\n"), which its sampler feeds
+    the grammar before the reply; the engine's grammar starts at the reply, so that leading literal
+    is taken out of the root rule. A root that does not start so is used as it is unless it names
+    the generation prompt elsewhere (then None: the reply is free, and parsed)."""
+    if not grammar or lazy:
+        return None
+    root = re.search(r"^root ::= (.*)$", grammar, re.MULTILINE)
+    literal = '"' + "".join(_GBNF_ESCAPES.get(ch, ch) for ch in generation_prompt) + '"'
+    if root is None or not generation_prompt:
+        return grammar
+    if root.group(1).startswith(literal + " "):
+        start = root.start(1)
+        return grammar[:start] + grammar[start + len(literal) + 1:]
+    return None if literal in root.group(1) else grammar
+
+
+_GBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}

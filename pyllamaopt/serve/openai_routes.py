@@ -93,7 +93,8 @@ def _turns(messages: list[ChatMessage]) -> list[Turn]:
         if m.tool_calls and m.role != "assistant":
             raise BadRequest(f"{where}: only assistant messages carry tool_calls")
         calls = [ToolCall(c.id, c.function.name, arguments_text(c.function.arguments,
-                                                                f"{where}.tool_calls[{j}].function.arguments"))
+                                                                f"{where}.tool_calls[{j}].function.arguments"),
+                          c.function.arguments if isinstance(c.function.arguments, str) else None)
                  for j, c in enumerate(m.tool_calls or [])]
         # OpenAI's 'developer' messages are its newer name for system messages
         turns.append(Turn("system" if m.role == "developer" else m.role, text_of(m.content, where), calls))

@@ -126,6 +126,10 @@ def test_every_template_renders_as_llama_cpp_does(smollm2, name):
     for kind, body in CONVERSATIONS.items():
         request = ChatCompletionRequest.model_validate({"model": "m", **body})
         tools, choice = _tools(request)
+        if tools and not template.native_tools:  # the generic format: a conversation of its own, by design
+            assert render_prompt(template, _turns(request.messages), tools, choice, request.params(None, N_CTX),
+                                 template_kwargs=request.chat_template_kwargs).tool_format == "generic", kind
+            continue
         try:
             expected = template.apply({"add_generation_prompt": True, **body}).prompt
         except ChatTemplateError as exc:
@@ -136,8 +140,5 @@ def test_every_template_renders_as_llama_cpp_does(smollm2, name):
             continue
         ours = render_prompt(template, _turns(request.messages), tools, choice, request.params(None, N_CTX),
                              template_kwargs=request.chat_template_kwargs)
-        if tools and not template.native_tools:
-            assert ours.tool_format == "generic", kind
-            continue
         assert ours.text == expected, kind
         assert ours.tool_format != "generic"
