@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _core
+from .chat_formats import tool_format_name
 from .errors import ChatTemplateError
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class ChatTemplate:
     def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "",
                  name: str = "(given as a string)") -> None:
         self._core = _core.ChatTemplates.from_source(source, bos_token, eos_token, name)
+        self._tool_format: str | None = None
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], *, model: Model | None = None) -> ChatTemplate:
@@ -103,6 +105,15 @@ class ChatTemplate:
         syntax, so that llama.cpp's chat layer knows the format of its calls."""
         caps = self._core.caps
         return caps.get("supports_tools", False) and caps.get("supports_tool_calls", False)
+
+    @property
+    def tool_format(self) -> str:
+        """The name of the format of the template's tool calls, as users know it ("hermes", "llama3_json",
+        "mistral", ...: chat_formats.py, from the markup the template writes for a call), or "generic"
+        for a template without native tools (the server's own format)."""
+        if self._tool_format is None:
+            self._tool_format = tool_format_name(self) if self.native_tools else "generic"
+        return self._tool_format
 
     def apply(self, request: Mapping[str, Any]) -> _core.RenderedChat:
         """A chat request (``messages``, and as llama-server takes them ``tools``, ``tool_choice``,

@@ -63,7 +63,7 @@ class ChatPrompt:
     # constrains the reply from its start)
     reply_grammar: str | None = None
     native: Any = None  # the native format's reply parser (_core.ChatReplyParser)
-    tool_format: str = "none"  # "generic", llama.cpp's name of the native format, or "none" (no tools)
+    tool_format: str = "none"  # "generic", the native format's name (ChatTemplate.tool_format), "none" (no tools)
     stops: tuple[str, ...] = ()  # native: the format's own ends of a reply (llama.cpp's additional_stops)
 
     def generate_params(self, params: GenerateParams, call_id_prefix: str) -> GenerateParams:
@@ -156,7 +156,7 @@ def _render_native(template: ChatTemplate, turns: Sequence[Turn], tools: Sequenc
         raise BadRequest(str(exc)) from None
     grammar = native_reply_grammar(rendered.grammar, rendered.grammar_lazy, rendered.generation_prompt)
     return ChatPrompt(rendered.prompt, False, marked, template, messages, render_args, grammar,
-                      native=rendered.parser, tool_format=rendered.format, stops=tuple(rendered.additional_stops))
+                      native=rendered.parser, tool_format=template.tool_format, stops=tuple(rendered.additional_stops))
 
 
 _PREFILL_END = "\u2063pyllamaopt-prefill-end\u2063"  # (U+2063: text no message has, kept by any template)

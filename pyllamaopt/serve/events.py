@@ -68,7 +68,7 @@ class DoneEvent:
         return {} if self.schema is None else {"schema_valid": self.schema.valid, "schema_error": self.schema.error}
 
     def reply_fields(self) -> dict[str, Any]:
-        """A chat reply's format (``tool_format``: "generic", llama.cpp's name of a native format, or
+        """A chat reply's format (``tool_format``: "generic", the native format's name: "hermes", "mistral", ..., or
         "none"), and why a call it began could not be read (``malformed_call``), if so."""
         if self.reply is None:
             return {}

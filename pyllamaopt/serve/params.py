@@ -13,7 +13,7 @@ class ReplyFormat:
     generic: bool  # the tool-calling format's JSON (chat_prompt.py), else plain text or native
     call_id_prefix: str  # of the ids given to its calls ("call_", "toolu_")
     native: Any = None  # the model's own format, read by llama.cpp's parser (_core.ChatReplyParser)
-    tool_format: str = "none"  # what the answer's pyllamaopt field names: "generic", llama.cpp's format, "none"
+    tool_format: str = "none"  # what the answer's pyllamaopt field names: "generic", a native format's name, "none"
 
 
 @dataclass

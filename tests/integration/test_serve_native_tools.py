@@ -41,7 +41,7 @@ def test_a_reply_is_read_in_the_native_format_streamed_or_not(served):
     reply = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="required",
                                            max_tokens=40)
     choice = reply.choices[0]
-    assert reply.model_extra["pyllamaopt"]["tool_format"] == "peg-native"
+    assert reply.model_extra["pyllamaopt"]["tool_format"] == "hermes"
     if choice.finish_reason == "tool_calls":
         for call in choice.message.tool_calls:
             valid_arguments(call.function.name, call.function.arguments)
@@ -52,7 +52,7 @@ def test_a_reply_is_read_in_the_native_format_streamed_or_not(served):
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert "".join(d.content or "" for d in deltas) == (choice.message.content or "")
     assert chunks[-1].choices[0].finish_reason == choice.finish_reason
-    assert chunks[-1].model_extra["pyllamaopt"]["tool_format"] == "peg-native"
+    assert chunks[-1].model_extra["pyllamaopt"]["tool_format"] == "hermes"
 
 
 def test_a_call_and_its_result_render_natively_and_the_next_request_reuses_the_prompt(served):
@@ -70,4 +70,4 @@ def test_a_call_and_its_result_render_natively_and_the_next_request_reuses_the_p
     claude = anthropic.Anthropic(base_url=served.url, api_key="unused", max_retries=0)
     message = claude.messages.create(model="m", max_tokens=8, system=ASK[0]["content"], tools=ANTHROPIC_TOOLS,
                                      messages=[{"role": "user", "content": ASK[1]["content"]}])
-    assert message.model_extra["pyllamaopt"]["tool_format"] == "peg-native"
+    assert message.model_extra["pyllamaopt"]["tool_format"] == "hermes"
