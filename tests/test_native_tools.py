@@ -11,8 +11,12 @@ from typing import Any
 import pytest
 
 from pyllamaopt import ChatTemplate
+from pyllamaopt.serve.chat_messages import ToolChoice, Turn
+from pyllamaopt.serve.chat_prompt import render_prompt
 from pyllamaopt.serve.native_reply import NativeReplyParser
+from pyllamaopt.serve.params import GenerateParams
 from pyllamaopt.serve.reply_parser import CallStart, ReasoningPiece, TextPiece
+from tinymodel import CHATML
 from upstream_programs import templates_dir
 
 # test-chat.cpp's special_function_tool and special_function_tool_with_optional_param
@@ -117,3 +121,22 @@ def test_a_call_broken_off_is_text_never_a_call(template):
     assert reply.calls == () and not reply.complete and reply.text == cut and reply.malformed
     assert not any(isinstance(p, CallStart) for p in pieces)
     assert "".join(p.text for p in pieces if isinstance(p, TextPiece)) == cut
+
+
+@pytest.mark.parametrize("template, output", [
+    ("Qwen-Qwen3-0.6B.jinja", "<think>\nI'm\nthinking\n</think>\n\n" + HELLO),
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "I'm\nthinking\n</think>\n\n" + HELLO)])
+def test_a_reply_without_tools_has_its_reasoning_apart(template, output):
+    """A thinking template's reply, with no tools in the request, is read by llama.cpp's parser as
+    llama-server reads it: the reasoning apart from the content (the server's reasoning_content /
+    thinking blocks); a template that does not think keeps the plain-text reader."""
+    turns, params = [Turn("user", "Hey there!")], GenerateParams()
+    prompt = render_prompt(ChatTemplate.from_file(templates_dir() / template), turns, [], ToolChoice(), params)
+    assert prompt.native is not None and prompt.tool_format == "none"
+    reader = NativeReplyParser(prompt.native, "call_", prompt.tool_format)
+    for i in range(0, len(output), 3):
+        reader.feed(output[i:i + 3])
+    reader.finish()
+    reply = reader.result()
+    assert (reply.text.strip(), reply.reasoning.strip(), reply.calls) == (HELLO, "I'm\nthinking", ())
+    assert render_prompt(ChatTemplate(CHATML), turns, [], ToolChoice(), params).native is None

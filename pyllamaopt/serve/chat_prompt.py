@@ -122,12 +122,15 @@ def render_prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence
     marked: list[tuple[int, int]] = []
     render_args = {"add_generation_prompt": not prefill, **extra, **kwargs}
     try:
+        rendered = template.apply(chat_request(messages, **render_args))
         if mark_tool_results:
-            text, marked = template.render_marked(messages, dict(enumerate(results)), **render_args)
-        else:
-            text = template.render(messages, **render_args)
+            marked = template.render_marked(messages, dict(enumerate(results)), **render_args)[1]
     except ChatTemplateError as exc:
         raise BadRequest(str(exc)) from None
+    text = rendered.prompt
+    # a reply that may think (<think>...</think> and the formats' equivalents) is read by llama.cpp's parser,
+    # its reasoning apart, as llama-server reads it; a generic reply's JSON, a continued one and text by ours
+    native = rendered.parser if rendered.supports_thinking and not generic and not prefill else None
     if prefill:
         end = text.find(_PREFILL_END)
         if end < 0 or not text[:end].endswith(prefill):
@@ -135,7 +138,7 @@ def render_prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence
                              "continue it; send the request without it")
         text = text[:end]  # what the template puts after the turn (its end) is left out
         marked = [(a, b) for a, b in marked if b <= len(text)]
-    return ChatPrompt(text, generic, marked, template, messages, render_args, grammar,
+    return ChatPrompt(text, generic, marked, template, messages, render_args, grammar, native=native,
                       tool_format="generic" if generic else "none")
 
 
