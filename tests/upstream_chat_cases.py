@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,41 +102,33 @@ def strings(expr: str, variables: dict[str, str] | None = None) -> str:
     return "".join(parts)
 
 
+def _brackets(src: str, at: int = 0) -> Iterator[tuple[int, str, int]]:
+    """(index, character, bracket depth after it) of `src` from `at`, string literals skipped."""
+    depth, i = 0, at
+    while i < len(src):
+        ch = src[i]
+        if ch == '"' or (ch == "R" and src.startswith('R"', i)):
+            i = _literal_end(src, i)[1]
+            continue
+        depth += (ch in "({[") - (ch in ")}]")
+        yield i, ch, depth
+        i += 1
+
+
 def _split_args(expr: str) -> list[str]:
     """Top-level comma-separated pieces of `expr` (brackets and string literals respected)."""
-    pieces, depth, start, i = [], 0, 0, 0
-    while i < len(expr):
-        ch = expr[i]
-        if ch == '"' or (ch == "R" and expr.startswith('R"', i)):
-            i = _literal_end(expr, i)[1]
-            continue
-        if ch in "({[":
-            depth += 1
-        elif ch in ")}]":
-            depth -= 1
-        elif ch == "," and depth == 0:
+    pieces, start = [], 0
+    for i, ch, depth in _brackets(expr):
+        if ch == "," and depth == 0:
             pieces.append(expr[start:i])
             start = i + 1
-        i += 1
     last = expr[start:]
     return [p.strip() for p in pieces + ([last] if last.strip() else [])]
 
 
 def _balanced(src: str, at: int) -> int:
     """The index past the bracket closing the one at `at`."""
-    depth, i = 0, at
-    while True:
-        ch = src[i]
-        if ch == '"' or (ch == "R" and src.startswith('R"', i)):
-            i = _literal_end(src, i)[1]
-            continue
-        if ch in "({[":
-            depth += 1
-        elif ch in ")}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
+    return next(i + 1 for i, ch, depth in _brackets(src, at) if ch in ")}]" and depth == 0)
 
 
 def _strip_comments(src: str) -> str:
