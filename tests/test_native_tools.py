@@ -140,3 +140,20 @@ def test_a_reply_without_tools_has_its_reasoning_apart(template, output):
     reply = reader.result()
     assert (reply.text.strip(), reply.reasoning.strip(), reply.calls) == (HELLO, "I'm\nthinking", ())
     assert render_prompt(ChatTemplate(CHATML), turns, [], ToolChoice(), params).native is None
+
+
+@pytest.mark.parametrize("template, name", [
+    ("Qwen-Qwen2.5-7B-Instruct.jinja", "hermes"), ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "hermes"),
+    ("Qwen-Qwen3-0.6B.jinja", "hermes"), ("meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3_json"),
+    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral"), ("Mistral-Small-3.2-24B-Instruct-2506.jinja", "mistral"),
+    ("Qwen3-Coder.jinja", "qwen3_coder"), ("GLM-4.6.jinja", "glm45"), ("openai-gpt-oss-120b.jinja", "gpt-oss"),
+    ("llama-cpp-deepseek-r1.jinja", "deepseek_v3"), ("meetkai-functionary-medium-v3.1.jinja", "functionary_v3.1"),
+    ("google-gemma-2-2b-it.jinja", "generic")])
+def test_a_format_is_named_as_users_know_it(template, name):
+    assert ChatTemplate.from_file(templates_dir() / template).tool_format == name
+
+
+def test_every_native_template_of_the_tree_has_a_name_beyond_llama_cpps():
+    """llama.cpp's own names (peg-native, ...) are the fallback for a syntax chat_formats.py does not know."""
+    names = {p.name: ChatTemplate.from_file(p).tool_format for p in templates_dir().glob("*.jinja")}
+    assert not {t: n for t, n in names.items() if n.startswith("peg-")}, names
