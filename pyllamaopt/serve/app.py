@@ -241,10 +241,13 @@ def _authorized(request: Request, key: str) -> bool:
 class NoChatTemplate:
     """Stands in for a model without a chat template: chat routes answer 400 with the reason."""
 
-    takes_tools = False
+    takes_tools = native_tools = False
 
     def __init__(self, why: str) -> None:
         self.why = why
+
+    def apply(self, *args: Any, **kwargs: Any) -> Any:
+        raise ChatTemplateError(self.why)
 
     def render(self, *args: Any, **kwargs: Any) -> str:
         raise ChatTemplateError(self.why)
