@@ -18,7 +18,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['ChatReplyParser', 'ChatTemplates', 'Context', 'DiffEngine', 'Hasher', 'Model', 'PersistStore', 'RenderedChat', 'Sampling', 'Session', 'Settings', 'SpanKind', 'Stats', 'Step', 'build_info', 'default_persist_dir', 'features', 'fields', 'hash_block', 'hash_block_pos', 'hash_chain', 'prefetch_steps', 'segment', 'set_verbose']
+__all__: list[str] = ['ChatReplyParser', 'ChatTemplates', 'Context', 'DiffEngine', 'GrammarTrigger', 'Hasher', 'Model', 'PersistStore', 'RenderedChat', 'Sampling', 'Session', 'Settings', 'SpanKind', 'Stats', 'Step', 'build_info', 'default_persist_dir', 'features', 'fields', 'hash_block', 'hash_block_pos', 'hash_chain', 'prefetch_steps', 'segment', 'set_verbose']
 class _PersistLayout(typing.TypedDict):
     """
     A disk tier entry's layout (cpp/bindings/persist.cpp): what model, build and KV shape it is for.
@@ -595,6 +595,25 @@ class Context:
     @property
     def settings(self) -> Settings:
         ...
+class GrammarTrigger:
+    """
+    When a lazy grammar starts (Session.set_grammar's triggers), as llama.cpp's chat layer gives them:
+    kind 'word' or 'pattern' (found anywhere in the output), 'pattern_full' (the whole output matches)
+    or 'token' (that token id generated).
+    
+        GrammarTrigger("word", "<tool_call>")
+    """
+    def __init__(self, kind: str, value: str = '', token: typing.SupportsInt | typing.SupportsIndex = -1) -> None:
+        ...
+    @property
+    def kind(self) -> str:
+        ...
+    @property
+    def token(self) -> int:
+        ...
+    @property
+    def value(self) -> str:
+        ...
 class Sampling:
     """
     How a generation picks tokens (greedy when temperature <= 0).
@@ -727,7 +746,7 @@ class Session:
         ...
     def score(self, tokens: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], top_n: typing.SupportsInt | typing.SupportsIndex = 0) -> list[TokenLogprob]:
         ...
-    def set_grammar(self, gbnf: str, max_tokens: int = 0) -> None:
+    def set_grammar(self, gbnf: str, max_tokens: int = 0, triggers: collections.abc.Sequence[GrammarTrigger] = []) -> None:
         ...
     def set_sampling(self, sampling: Sampling) -> None:
         ...

@@ -62,6 +62,7 @@ class ChatPrompt:
     # with tools: the grammar of the reply (generic: reply_grammar.py; native: llama.cpp's, where it
     # constrains the reply from its start)
     reply_grammar: str | None = None
+    reply_triggers: tuple[tuple[str, str | int], ...] = ()  # native: a lazy grammar's triggers (tool_choice "auto")
     native: Any = None  # the native format's reply parser (_core.ChatReplyParser)
     tool_format: str = "none"  # "generic", the native format's name (ChatTemplate.tool_format), "none" (no tools)
     stops: tuple[str, ...] = ()  # native: the format's own ends of a reply (llama.cpp's additional_stops)
@@ -71,7 +72,7 @@ class ChatPrompt:
         reply's grammar; the reply parsed as it streams (the service's events carry the parse), its
         calls' ids starting with `call_id_prefix`."""
         grammar = self.reply_grammar if self.tool_format != "none" else params.grammar
-        return replace(params, grammar=grammar, stop=[*params.stop, *self.stops],
+        return replace(params, grammar=grammar, grammar_triggers=self.reply_triggers, stop=[*params.stop, *self.stops],
                        reply=ReplyFormat(self.generic, call_id_prefix, self.native, self.tool_format))
 
 
@@ -145,9 +146,9 @@ def render_prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence
 def _render_native(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool], choice: ToolChoice,
                    mark_tool_results: bool, kwargs: dict[str, Any]) -> ChatPrompt:
     """The prompt in the model's own tool-calling format (native_prompt.py). Its grammar is
-    llama.cpp's where it holds from the reply's first token (a call required); a grammar llama.cpp
-    applies lazily, from a format's opening tag on, is not applied (the engine's grammar has no
-    trigger): the reply is free, and parsed."""
+    llama.cpp's, applied as llama.cpp applies it: from the reply's first token (a call required), or
+    lazily, from the format's opening tag on (tool_choice "auto": the reply is free until it begins
+    a call)."""
     _call_names(turns)
     messages, results = native_messages(turns)
     render_args = {**native_render_args(tools, choice, add_generation_prompt=True), **kwargs}
@@ -157,8 +158,9 @@ def _render_native(template: ChatTemplate, turns: Sequence[Turn], tools: Sequenc
                   if mark_tool_results and results else [])
     except ChatTemplateError as exc:
         raise BadRequest(str(exc)) from None
-    grammar = native_reply_grammar(rendered.grammar, rendered.grammar_lazy, rendered.generation_prompt)
-    return ChatPrompt(rendered.prompt, False, marked, template, messages, render_args, grammar,
+    grammar, triggers = native_reply_grammar(rendered.grammar, rendered.grammar_lazy, rendered.grammar_triggers,
+                                             rendered.generation_prompt)
+    return ChatPrompt(rendered.prompt, False, marked, template, messages, render_args, grammar, triggers,
                       native=rendered.parser, tool_format=template.tool_format, stops=tuple(rendered.additional_stops))
 
 

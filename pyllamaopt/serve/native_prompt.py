@@ -48,23 +48,31 @@ def _definition(tool: Tool) -> dict[str, Any]:
                                              "parameters": parameters}}
 
 
-def reply_grammar(grammar: str, lazy: bool, generation_prompt: str) -> str | None:
-    """llama.cpp's grammar of a reply, for the engine's grammar: None if llama.cpp applies it lazily
-    (from a trigger on: the engine's grammar has none). llama.cpp's root rule starts with the
-    generation prompt (the end of the prompt, "<|im_start|>assistant\\n"), which its sampler feeds
-    the grammar before the reply; the engine's grammar starts at the reply, so that leading literal
-    is taken out of the root rule. A root that does not start so is used as it is unless it names
-    the generation prompt elsewhere (then None: the reply is free, and parsed)."""
-    if not grammar or lazy:
-        return None
+Trigger = tuple[str, str | int]  # Session.generate's grammar_triggers: (kind, value)
+
+
+def reply_grammar(grammar: str, lazy: bool, triggers: Sequence[tuple[str, str, int]],
+                  generation_prompt: str) -> tuple[str | None, tuple[Trigger, ...]]:
+    """llama.cpp's grammar of a reply for the engine's grammar, and its triggers if it is lazy (as
+    llama.cpp applies a format's call grammar with tool_choice "auto": from the format's opening
+    tag on; RenderedChat.grammar_triggers as Session.generate takes them). A lazy grammar's root is
+    the calls alone. Otherwise llama.cpp's root rule starts with the generation prompt (the end of
+    the prompt, "<|im_start|>assistant\\n"), which its sampler feeds the grammar before the reply;
+    the engine's grammar starts at the reply, so that leading literal is taken out of the root rule.
+    A root that does not start so is used as it is unless it names the generation prompt elsewhere
+    (then None: the reply is free, and parsed)."""
+    if not grammar:
+        return None, ()
+    if lazy:
+        return grammar, tuple((kind, token if kind == "token" else value) for kind, value, token in triggers)
     root = re.search(r"^root ::= (.*)$", grammar, re.MULTILINE)
     literal = '"' + "".join(_GBNF_ESCAPES.get(ch, ch) for ch in generation_prompt) + '"'
     if root is None or not generation_prompt:
-        return grammar
+        return grammar, ()
     if root.group(1).startswith(literal + " "):
         start = root.start(1)
-        return grammar[:start] + grammar[start + len(literal) + 1:]
-    return None if literal in root.group(1) else grammar
+        return grammar[:start] + grammar[start + len(literal) + 1:], ()
+    return (None if literal in root.group(1) else grammar), ()
 
 
 _GBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}

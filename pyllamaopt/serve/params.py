@@ -34,6 +34,8 @@ class GenerateParams:
     # call's text, or escapes)
     stop: list[str] = field(default_factory=list)
     grammar: str | None = None
+    # make `grammar` lazy (Session.generate's grammar_triggers): a native format's calls, tool_choice "auto"
+    grammar_triggers: tuple[tuple[str, str | int], ...] = ()
     json_schema: dict[str, Any] | bool | None = None
     # OpenAI's meaning: True, every constraint enforced by the grammar or a 400 naming the keyword;
     # False, what a grammar can enforce is, and the answer says whether the output is valid
@@ -52,4 +54,4 @@ class GenerateParams:
                 "seed": self.seed, "logit_bias": self.logit_bias, "frequency_penalty": self.frequency_penalty,
                 "presence_penalty": self.presence_penalty, "repeat_penalty": self.repeat_penalty,
                 "repeat_last_n": self.repeat_last_n, "stop": [] if self.generic_reply else self.stop,
-                "grammar": self.grammar, "logprobs": self.logprobs}
+                "grammar": self.grammar, "grammar_triggers": self.grammar_triggers, "logprobs": self.logprobs}
