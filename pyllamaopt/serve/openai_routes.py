@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 
 from fastapi.responses import StreamingResponse
 
-from .chat_answer import answer_chat
+from .chat_answer import ChatRequest, answer_chat
 from .chat_messages import NO_PARAMETERS, Tool, ToolCall, ToolChoice, ToolResult, Turn, arguments_text, text_of
 from .errors import BadRequest, ServiceError
 from .events import DoneEvent, Event, TokenEvent, Usage
@@ -163,12 +163,17 @@ class _ChatCompletion:
                 "usage": _usage(done.usage), "pyllamaopt": done.extension()}
 
 
+def chat_request(body: ChatCompletionRequest, n_ctx: int) -> ChatRequest:
+    """What the body asks, as rendering takes it (also the Ray gateway's, for routing by prefix)."""
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    params = body.params(max_tokens, n_ctx, body.response_format)  # (its 400s come first, as they always did)
+    tools, choice = _tools(body)
+    return ChatRequest(_turns(body.messages), tools, choice, params)
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-    service = _service(request)
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    params = body.params(max_tokens, service.context.n_ctx, body.response_format)
-    tools, choice = _tools(body)
     surface = _ChatCompletion(request.app.state.model_name,
                               bool(body.stream_options and body.stream_options.include_usage))
-    return await answer_chat(request, surface, _turns(body.messages), tools, choice, params, stream=bool(body.stream))
+    return await answer_chat(request, surface, chat_request(body, _service(request).context.n_ctx),
+                             stream=bool(body.stream))

@@ -1,0 +1,46 @@
+"""One engine replica on Ray Serve: the single server's FastAPI app (one Model, one Context, its
+scheduler thread), called in-process with each request the gateway forwards. Protocol session ids
+carry the replica's id, so that the router brings every later call on a session back here; an id
+another replica (or none) issued is unknown here: 404, as after a restart."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ray import serve
+
+from ..serve import ServeSettings, create_app
+from .affinity import session_id_prefix
+from .forwarding import ForwardedRequest, ResponseStart, call_app
+
+
+class Engine:
+    def __init__(self, settings: ServeSettings) -> None:
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        self.app = create_app(dataclasses.replace(settings, session_id_prefix=session_id_prefix(self.replica)))
+        self._lifespan = contextlib.AsyncExitStack()
+        self._started: asyncio.Task[None] | None = None
+
+    async def handle(self, request: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
+        """The app's answer to `request`: a ResponseStart, then the body's chunks as they stream."""
+        if self._started is None:  # on the replica's event loop: the app's start (its idle-session sweeper)
+            self._started = asyncio.ensure_future(self._lifespan.enter_async_context(
+                self.app.router.lifespan_context(self.app)))
+        await asyncio.shield(self._started)
+        async for item in call_app(self.app, request):
+            yield item
+
+    async def record_routing_stats(self) -> dict[str, Any]:
+        """The replica's digest for the router (Ray calls this every request_routing_stats_period_s):
+        the chained hash of every block its pool holds."""
+        context = self.app.state.service.context
+        chains = await asyncio.to_thread(lambda: context.pool_chains)  # (waits for the context's lock)
+        return {"replica": self.replica, "block_size": context.block_size, "chains": chains}
+
+    async def __del__(self) -> None:
+        """Ray Serve calls this as the replica stops: the app's stop (sessions closed, and saved to the
+        disk tier when it is on)."""
+        await self._lifespan.aclose()
