@@ -58,7 +58,7 @@ def running(model: str, *args: str, log: Path) -> Iterator[str]:
             time.sleep(0.5)
         yield url
     finally:
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGTERM)
         try:
             process.wait(timeout=120)
         except subprocess.TimeoutExpired:

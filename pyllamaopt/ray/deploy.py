@@ -4,6 +4,7 @@ wait; a cluster that goes away ends the server with a message, not a hang."""
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -89,7 +90,7 @@ def refuse_single_server_options(settings: ServeSettings) -> None:
 
 def serve_on_ray(settings: ServeSettings, options: RayOptions) -> None:
     """`pyllamaopt serve --ray`: joins the cluster RAY_ADDRESS names (else starts one on this machine),
-    deploys, and serves until Ctrl-C or until the cluster goes away."""
+    deploys, and serves until Ctrl-C (or SIGTERM) or until the cluster goes away."""
     require_ray()
     options.check()
     settings.check()
@@ -98,6 +99,7 @@ def serve_on_ray(settings: ServeSettings, options: RayOptions) -> None:
     from ray import serve
 
     ray.init(namespace=APP_NAME, log_to_driver=settings.verbose)
+    signal.signal(signal.SIGTERM, _interrupt)  # stops as Ctrl-C does: Serve's replicas close their sessions
     try:
         check_placement(settings, options, ray.cluster_resources().get("CPU", 0.0))
         serve.start(http_options={"host": settings.host, "port": settings.port})
@@ -107,8 +109,13 @@ def serve_on_ray(settings: ServeSettings, options: RayOptions) -> None:
         _watch(serve)
     except KeyboardInterrupt:
         serve.shutdown()
+        print("pyllamaopt serve --ray: stopped", file=sys.stderr, flush=True)
     finally:
         ray.shutdown()
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _watch(serve: Any) -> None:

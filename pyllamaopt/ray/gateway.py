@@ -27,7 +27,7 @@ from ..serve.errors import Overloaded, ServiceError
 from ..serve.schemas import ChatCompletionRequest, CompletionRequest, MessagesRequest
 from .affinity import Affinity, prompt_chains, session_replica
 from .forwarding import ForwardedRequest, ResponseStart
-from .router import REGISTRY
+from .router_metrics import REGISTRY
 
 # seconds a client is told to wait when no engine replica can take its request (one is restarting)
 RETRY_AFTER = 2

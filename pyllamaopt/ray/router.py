@@ -15,20 +15,11 @@ import collections
 from collections.abc import Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from . import router_metrics as metrics
 from .affinity import Affinity
 from .forwarding import ForwardedRequest
-
-REGISTRY = CollectorRegistry()  # the gateway's /metrics
-ROUTED = Counter("pyllamaopt_router_requests", "Requests the router placed, by why it chose the replica",
-                 ["reason"], registry=REGISTRY)
-MATCHED_BLOCKS = Counter("pyllamaopt_router_matched_blocks", "Prompt blocks the chosen replica held, by the "
-                         "router's knowledge", registry=REGISTRY)
-REASONS = ("session", "session_unknown", "prefix", "prefix_imbalanced", "no_prefix", "other")
-for _reason in REASONS:
-    ROUTED.labels(reason=_reason)
 
 # the chains of the latest requests routed to each replica, remembered beside its digest: a
 # conversation's next turn usually comes before the replica's next digest
@@ -44,25 +35,25 @@ class AffinityRouter(RequestRouter):
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         affinity = _affinity(pending_request)
         if affinity is None:
-            ROUTED.labels(reason="other").inc()
+            metrics.ROUTED.labels(reason="other").inc()
             return [candidate_replicas]  # Ray's choice among them: the shortest queue
         if affinity.session_replica is not None:
             owner = [r for r in candidate_replicas if r.replica_id.unique_id == affinity.session_replica]
-            ROUTED.labels(reason="session" if owner else "session_unknown").inc()
+            metrics.ROUTED.labels(reason="session" if owner else "session_unknown").inc()
             return [owner] if owner else [candidate_replicas]
-        queues = {r.replica_id: self._replica_queue_len_cache.get(r.replica_id) for r in candidate_replicas}
+        queues = {r.replica_id: self.replica_queue_len_cache.get(r.replica_id) for r in candidate_replicas}
         matched = {r.replica_id: affinity.matched_blocks(self._held(r, affinity.block_size)) for r in candidate_replicas}
         # the longest prefix; of equal ones (a system prompt every replica holds), the shortest queue
         best = max(candidate_replicas, key=lambda r: (matched[r.replica_id], -(queues[r.replica_id] or 0)))
         blocks = matched[best.replica_id]
         if blocks == 0:
-            ROUTED.labels(reason="no_prefix").inc()
+            metrics.ROUTED.labels(reason="no_prefix").inc()
             return [candidate_replicas]
         if self._imbalanced(queues[best.replica_id], queues.values()):
-            ROUTED.labels(reason="prefix_imbalanced").inc()
+            metrics.ROUTED.labels(reason="prefix_imbalanced").inc()
             return [candidate_replicas]
-        ROUTED.labels(reason="prefix").inc()
-        MATCHED_BLOCKS.inc(blocks)
+        metrics.ROUTED.labels(reason="prefix").inc()
+        metrics.MATCHED_BLOCKS.inc(blocks)
         return [[best], [r for r in candidate_replicas if r is not best]]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:

@@ -123,15 +123,13 @@ def _health(server: Server) -> bool:
 
 
 def stop_ray_server(server: Server) -> None:
-    server.process.send_signal(signal.SIGINT)  # the CLI's Ctrl-C: Serve and the cluster shut down
+    server.process.send_signal(signal.SIGTERM)  # as Ctrl-C: Serve and the cluster it started shut down
     try:
         server.process.wait(timeout=120)
     except subprocess.TimeoutExpired:
-        pass
-    with_group = os.getpgid(server.process.pid) if server.process.poll() is None else None
-    if with_group is not None:
-        os.killpg(with_group, signal.SIGKILL)
-        pytest.fail(f"the Ray server did not stop within 120 s of SIGINT:\n{server.log.read_text()[-4000:]}")
+        os.killpg(server.process.pid, signal.SIGKILL)
+        pytest.fail(f"the Ray server did not stop within 120 s of SIGTERM:\n{server.log.read_text()[-4000:]}")
+    assert "pyllamaopt serve --ray: stopped" in server.log.read_text()
 
 
 @pytest.fixture(scope="module")
