@@ -22,13 +22,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import openai  # noqa: E402
+from served import wait_ready  # noqa: E402
 from server import Reply, agent_prompts, ask, free_port, percentile  # noqa: E402
 
 from pyllamaopt import Model  # noqa: E402
@@ -46,16 +46,7 @@ def running(model: str, *args: str, log: Path) -> Iterator[str]:
                                start_new_session=True, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600
-        while True:
-            if process.poll() is not None:
-                raise SystemExit(f"the server exited with {process.returncode}:\n{log.read_text()}")
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(url + "/health", timeout=5).close()
-                break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the server did not answer within 600 s:\n{log.read_text()}")
-            time.sleep(0.5)
+        wait_ready(process, url, log, 600)
         yield url
     finally:
         process.send_signal(signal.SIGTERM)
@@ -86,10 +77,8 @@ def run(url: str, agents: list[list[list[int]]], gen: int) -> tuple[list[list[Re
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma3-270m")
-    parser.add_argument("--agents", type=int, default=8)
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--gen", type=int, default=16)
-    parser.add_argument("--replicas", type=int, default=2)
+    for option, default in (("--agents", 8), ("--turns", 4), ("--gen", 16), ("--replicas", 2)):
+        parser.add_argument(option, type=int, default=default)
     parser.add_argument("--log-dir", type=Path, default=Path("/tmp"))
     args = parser.parse_args()
 

@@ -5,6 +5,8 @@
 #include "engine/context.h"
 #include "session/session.h"
 
+#include <pybind11/stl.h>
+
 // A read of the context's KV memory, under the context's lock.
 template <typename R> static auto memory_read(R (llama_opt_kv_memory::*read)() const) {
     return [read](const llama_opt_context & self) {

@@ -35,6 +35,7 @@ def prompt_chains(tokens: Sequence[int], block_size: int) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class Affinity:
     session_replica: str | None = None  # a protocol session's replica ("" : an id no replica issued)
+    new_session: bool = False           # a protocol session to create: it stays where it is made
     chains: tuple[int, ...] = ()        # a prompt's block chain (prompt_chains)
     block_size: int = 0                 # of `chains`: a replica pooling other blocks matches none
 

@@ -35,10 +35,11 @@ class Engine:
 
     async def record_routing_stats(self) -> dict[str, Any]:
         """The replica's digest for the router (Ray calls this every request_routing_stats_period_s):
-        the chained hash of every block its pool holds."""
-        context = self.app.state.service.context
-        chains = await asyncio.to_thread(lambda: context.pool_chains)  # (waits for the context's lock)
-        return {"replica": self.replica, "block_size": context.block_size, "chains": chains}
+        the chained hash of every block its pool holds, and how many protocol sessions it has open."""
+        service = self.app.state.service
+        chains = await asyncio.to_thread(lambda: service.context.pool_chains)  # (waits for the context's lock)
+        return {"replica": self.replica, "block_size": service.context.block_size, "chains": chains,
+                "sessions": service.health().get("sessions", 0)}
 
     async def __del__(self) -> None:
         """Ray Serve calls this as the replica stops: the app's stop (sessions closed, and saved to the

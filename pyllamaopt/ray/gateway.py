@@ -77,6 +77,8 @@ class Gateway:
         replica = session_replica(path)
         if replica is not None:
             return Affinity(session_replica=replica)
+        if path == "/v1/sessions":
+            return Affinity(new_session=True)
         try:
             tokens = await self._prompt_tokens(path, body)
         except (ValueError, ValidationError, ServiceError, PyllamaoptError):  # the replica answers it with a 400

@@ -7,6 +7,7 @@ handle that sends: the gateway's):
   (each replica's digest comes with its routing stats; the chains of what this router sent it
   lately are added to it), unless that replica's queue is longer than the shortest by more than
   `imbalanced_threshold`: then to the least loaded one (a fallback, counted);
+- a new protocol session: a replica with the fewest open sessions (by their digests);
 - anything else, and a prompt no replica holds a block of: the least loaded replica.
 """
 from __future__ import annotations
@@ -41,6 +42,9 @@ class AffinityRouter(RequestRouter):
             owner = [r for r in candidate_replicas if r.replica_id.unique_id == affinity.session_replica]
             metrics.ROUTED.labels(reason="session" if owner else "session_unknown").inc()
             return [owner] if owner else [candidate_replicas]
+        if affinity.new_session:
+            metrics.ROUTED.labels(reason="session_new").inc()
+            return _fewest_sessions_first(candidate_replicas)
         queues = {r.replica_id: self.replica_queue_len_cache.get(r.replica_id) for r in candidate_replicas}
         matched = {r.replica_id: affinity.matched_blocks(self._held(r, affinity.block_size)) for r in candidate_replicas}
         # the longest prefix; of equal ones (a system prompt every replica holds), the shortest queue
@@ -78,6 +82,15 @@ class AffinityRouter(RequestRouter):
         than the threshold (queue lengths as Ray's cache of them has them; unknown ones are not compared)."""
         known = [q for q in queues if q is not None]
         return queue is not None and queue - min(known) > self.imbalanced_threshold
+
+
+def _fewest_sessions_first(candidates: list[RunningReplica]) -> list[list[RunningReplica]]:
+    """The replicas with the fewest open protocol sessions (by their last digests), then the others: a
+    session stays on the replica that creates it, so new ones spread."""
+    open_sessions = {r.replica_id: (r.routing_stats or {}).get("sessions", 0) for r in candidates}
+    fewest = min(open_sessions.values())
+    return [[r for r in candidates if open_sessions[r.replica_id] == fewest],
+            [r for r in candidates if open_sessions[r.replica_id] != fewest]]
 
 
 def _affinity(pending_request: PendingRequest | None) -> Affinity | None:
