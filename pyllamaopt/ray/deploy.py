@@ -58,15 +58,14 @@ def build_app(settings: ServeSettings, options: RayOptions) -> Any:
 
     cpus = replica_cpus(settings)
     settings = dataclasses.replace(settings, threads=cpus)
-    routing = (RequestRouterConfig(request_router_class="pyllamaopt.ray.router:AffinityRouter",
-                                   request_router_kwargs={"imbalanced_threshold": options.imbalanced_threshold},
-                                   request_routing_stats_period_s=options.stats_period)
-               if options.router == "affinity" else RequestRouterConfig())
-    engine = serve.deployment(Engine, name="engine", num_replicas=options.replicas,
-                              ray_actor_options={"num_cpus": cpus}, max_ongoing_requests=ENGINE_MAX_ONGOING,
-                              request_router_config=routing)
-    gateway = serve.deployment(Gateway, name="gateway", ray_actor_options={"num_cpus": 0},
-                               max_ongoing_requests=GATEWAY_MAX_ONGOING)
+    ours: dict[str, Any] = {"request_router_class": "pyllamaopt.ray.router:AffinityRouter",
+                            "request_router_kwargs": {"imbalanced_threshold": options.imbalanced_threshold},
+                            "request_routing_stats_period_s": options.stats_period}
+    routing = RequestRouterConfig(**(ours if options.router == "affinity" else {}))
+    engine = serve.deployment(name="engine", num_replicas=options.replicas, ray_actor_options={"num_cpus": cpus},
+                              max_ongoing_requests=ENGINE_MAX_ONGOING, request_router_config=routing)(Engine)
+    gateway = serve.deployment(name="gateway", ray_actor_options={"num_cpus": 0},
+                               max_ongoing_requests=GATEWAY_MAX_ONGOING)(Gateway)
     return gateway.bind(engine.bind(settings), settings)
 
 

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from ray import serve
 
@@ -27,8 +27,8 @@ class Engine:
     async def handle(self, request: ForwardedRequest) -> AsyncIterator[ResponseStart | bytes]:
         """The app's answer to `request`: a ResponseStart, then the body's chunks as they stream."""
         if self._started is None:  # on the replica's event loop: the app's start (its idle-session sweeper)
-            self._started = asyncio.ensure_future(self._lifespan.enter_async_context(
-                self.app.router.lifespan_context(self.app)))
+            lifespan = cast(contextlib.AbstractAsyncContextManager[None], self.app.router.lifespan_context(self.app))
+            self._started = asyncio.ensure_future(self._lifespan.enter_async_context(lifespan))
         await asyncio.shield(self._started)
         async for item in call_app(self.app, request):
             yield item

@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import generate_latest
 from pydantic import ValidationError
-from ray.serve.handle import DeploymentHandle
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -51,7 +51,7 @@ class Gateway:
         body = await request.body()
         forwarded = ForwardedRequest(request.method, path, request.scope.get("query_string", b""),
                                      tuple(request.scope["headers"]), body, await self._affinity(path, body))
-        answer = self.engine.handle.remote(forwarded)
+        answer = cast(DeploymentResponseGenerator, self.engine.handle.remote(forwarded))  # (stream=True)
         try:
             start = await answer.__anext__()
         except (StopAsyncIteration, asyncio.CancelledError):

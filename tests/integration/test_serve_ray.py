@@ -219,3 +219,23 @@ def test_sessions_keep_to_their_replica_and_foreign_ids_are_not_found(on_ray):
         assert on_ray.request("GET", f"/v1/sessions/{sid}")[0] == 404
     counts = router_counts(on_ray)
     assert counts["session"] >= 12 and counts["session_unknown"] >= 2 and counts["session_new"] >= 4
+
+
+def test_what_ray_cannot_do_is_one_line_before_the_model_loads(tmp_path):
+    """--ray without the extra, --replicas 0 or beyond the cluster's CPUs, single-server options: one
+    line saying what to do (the model, absent here, is never loaded)."""
+    no_ray = tmp_path / "no-ray" / "ray"
+    no_ray.mkdir(parents=True)
+    (no_ray / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\")\n")
+    cases = [(["--ray"], {"PYTHONPATH": str(no_ray.parent)}, 'pip install "pyllamaopt[ray]"'),
+             (["--ray", "--replicas", "0"], {}, "--replicas must be at least 1"),
+             (["--replicas", "2"], {}, "--replicas needs --ray"),
+             (["--ray", "--grpc-port", "50051"], {}, "--grpc-port is single-server only"),
+             (["--ray", "--replicas", str(2 * (os.cpu_count() or 2) + 1), "--threads", "1"], {},
+              "CPUs, and the Ray cluster has")]
+    for args, env, message in cases:
+        done = subprocess.run([sys.executable, "-m", "pyllamaopt.cli", "serve", "--model", str(tmp_path / "absent.gguf"),
+                               *args], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                              env={**os.environ, "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0", **env})
+        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
+        assert done.returncode != 0 and message in last, (args, done.stderr[-2000:])
