@@ -44,6 +44,8 @@ class PersistEntry:
     problem: str
     # what model, build and KV shape it is for (Context.persist_layout is a context's)
     layout: Mapping[str, object] = field(default_factory=dict, compare=False)
+    # an extension's first tokens, whose KV its parent entry holds (its file holds the rest): 0 if none
+    base_tokens: int = 0
 
     @property
     def age(self) -> float:
@@ -104,7 +106,7 @@ class PersistStore:
 
     def entries(self) -> list[PersistEntry]:
         return [PersistEntry(Path(e["path"]), e["n_tokens"], e["size"], float(e["mtime"]), e["model_hash"], e["problem"],
-                             e["layout"]) for e in self._core.list()]
+                             e["layout"], e["base_tokens"]) for e in self._core.list()]
 
     def foreign(self, layout: Mapping[str, object]) -> list[PersistEntry]:
         """The sound entries a context whose ``persist_layout`` is `layout` never restores: another
@@ -170,6 +172,15 @@ class PersistStore:
         memo = self.directory / _MEMO
         if memo.is_file() and not memo.is_symlink():
             paths.append(memo)
+        return self._remove(paths)
+
+    def remove_foreign(self, layout: Mapping[str, object]) -> int:
+        """Removes the entries a context whose ``persist_layout`` is `layout` never restores
+        (``foreign``: another model's or another build's). Returns how many; raises PersistError
+        naming those it could not remove."""
+        return self._remove([e.path for e in self.foreign(layout)])
+
+    def _remove(self, paths: list[Path]) -> int:
         failed = {p: why for p in paths if (why := _unlink(p))}
         if failed:
             raise PersistError(f"could not remove {len(failed)} of {len(paths)} files in {self.directory}: " +

@@ -69,5 +69,33 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen_path() -> Path:
+    """Qwen2.5-Coder 0.5B Instruct Q4_K_M: the third family (Qwen2 architecture, every layer full
+    attention, Q4_K/Q6_K weights beside Q5_0/Q8_0)."""
+    from pyllamaopt import models
+
+    try:
+        return models.resolve("qwen2.5-coder-0.5b")
+    except pyllamaopt.ModelNotFoundError as exc:
+        pytest.fail(f"these tests need Qwen2.5-Coder 0.5B: {exc}")
+
+
+@pytest.fixture(scope="session")
 def gemma(gemma_path) -> pyllamaopt.Model:
     return pyllamaopt.Model(gemma_path)
+
+
+# One model of each family the exactness tests run on (tests/integration/test_*_gemma.py), by the
+# name of its path fixture: sliding-window layers and Q5_0/Q8_0 weights (Gemma 3), the llama
+# architecture and Q4_1 (SmolLM2), the Qwen2 architecture and K-quants (Qwen2.5-Coder).
+FAMILIES = {"gemma3-270m": "gemma_path", "smollm2-135m": "smollm2_path", "qwen2.5-coder-0.5b": "qwen_path"}
+
+
+@pytest.fixture(scope="session", params=list(FAMILIES))
+def family_path(request) -> Path:
+    return request.getfixturevalue(FAMILIES[request.param])
+
+
+@pytest.fixture(scope="session")
+def family_model(family_path, gemma_path, gemma) -> pyllamaopt.Model:
+    return gemma if family_path == gemma_path else pyllamaopt.Model(family_path)

@@ -340,9 +340,10 @@ def test_sessions_are_saved_when_they_close_and_when_the_context_closes(tiny_mod
 
 def test_a_longer_save_replaces_the_entry_of_its_prefix(tiny_model, tmp_path):
     """An entry whose tokens are a prefix of a newly saved context is removed (the new one
-    restores that prefix too); the context after a turn restores exactly."""
+    restores that prefix too); the context after a turn restores exactly. (Written on save: the
+    writer behind keeps the prefix's entry, which its entry extends: test_persist_extensions.)"""
     prompt = text_tokens(tiny_model, 400)
-    with persistent(tiny_model, tmp_path) as ctx:
+    with persistent(tiny_model, tmp_path, **WRITTEN_ON_SAVE) as ctx:
         s = ctx.session()
         s.append(prompt)
         assert s.save() == 384

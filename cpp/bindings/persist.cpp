@@ -18,6 +18,7 @@ static py::dict entry_dict(const llama_opt_persist_entry & e) {
     py::dict d;
     d["path"]         = e.path;
     d["n_tokens"]     = e.n_tokens;
+    d["base_tokens"]  = e.base_blocks * e.layout.block_size;
     d["size"]         = e.file_size;
     d["mtime"]        = e.mtime;
     d["context_hash"] = e.context_hash;

@@ -13,7 +13,8 @@
 #endif
 
 static constexpr char     MAGIC[8]   = { 'L', 'L', 'A', 'M', 'A', 'K', 'V', '\0' };
-static constexpr uint32_t VERSION    = 1;
+static constexpr uint32_t VERSION    = 1;  // an entry holding all its blocks' rows
+static constexpr uint32_t VERSION_EXTENSION = 2;  // one extending a parent entry: the header grows by base_blocks
 static constexpr uint64_t DATA_ALIGN = 4096;
 static constexpr char     SUFFIX[]   = ".llkv";
 
@@ -43,6 +44,15 @@ struct file_header {
 };
 static_assert(sizeof(file_header) == 128, "the header layout is part of the format");
 
+// The header of either version: version 1 ends at `base_blocks` (which is 0 for it).
+struct any_header {
+    file_header fixed;
+    uint32_t    base_blocks;  // version 2: blocks [0, base_blocks) are the parent entry's
+    uint32_t    reserved;
+    uint64_t size() const { return fixed.version == VERSION ? sizeof(file_header) : sizeof(any_header); }
+};
+static_assert(sizeof(any_header) == 136, "the header layout is part of the format");
+
 bool llama_opt_persist_layout::operator==(const llama_opt_persist_layout & o) const {
     return model_hash == o.model_hash && compat_hash == o.compat_hash && block_size == o.block_size &&
            n_layers == o.n_layers && n_kv_heads == o.n_kv_heads && k_dim == o.k_dim && v_dim == o.v_dim &&
@@ -58,23 +68,27 @@ bool llama_opt_persist_has_entry_suffix(const std::string & name) {
     return name.size() >= n && name.compare(name.size() - n, n, SUFFIX) == 0;
 }
 
-static uint64_t meta_checksum(file_header h, const std::vector<llama_token> & tokens, const std::vector<uint64_t> & chain,
+static uint64_t meta_checksum(any_header h, const std::vector<llama_token> & tokens, const std::vector<uint64_t> & chain,
                               const std::vector<uint64_t> & sums) {
-    h.meta_checksum = 0;
-    uint64_t c = llama_opt_checksum(&h, sizeof(h));
+    h.fixed.meta_checksum = 0;
+    uint64_t c = llama_opt_checksum(&h, h.size());
     c = llama_opt_checksum(tokens.data(), tokens.size() * sizeof(llama_token), c);
     c = llama_opt_checksum(chain.data(), chain.size() * sizeof(uint64_t), c);
     return llama_opt_checksum(sums.data(), sums.size() * sizeof(uint64_t), c);
 }
 
-// The header of an entry of n_blocks blocks, but for its context hash and meta checksum.
-static file_header layout_header(const llama_opt_persist_layout & layout, uint64_t n_blocks) {
+// The header of an entry of n_blocks blocks whose first base_blocks are its parent's, but for its
+// context hash and meta checksum.
+static any_header layout_header(const llama_opt_persist_layout & layout, uint64_t n_blocks, uint64_t base_blocks) {
     const uint64_t n_tokens = n_blocks * layout.block_size;
-    file_header h;
-    memset(&h, 0, sizeof(h));
+    const uint64_t n_own    = n_blocks - base_blocks;
+    any_header whole;
+    memset(&whole, 0, sizeof(whole));
+    file_header & h = whole.fixed;
     memcpy(h.magic, MAGIC, sizeof(MAGIC));
-    h.version          = VERSION;
-    h.header_size      = sizeof(h);
+    h.version          = base_blocks > 0 ? VERSION_EXTENSION : VERSION;
+    whole.base_blocks  = (uint32_t) base_blocks;
+    h.header_size      = (uint32_t) whole.size();
     h.model_hash       = layout.model_hash;
     h.compat_hash      = layout.compat_hash;
     h.n_tokens         = (uint32_t) n_tokens;
@@ -86,16 +100,16 @@ static file_header layout_header(const llama_opt_persist_layout & layout, uint64
     h.k_type           = layout.k_type;
     h.v_type           = layout.v_type;
     h.bytes_per_token  = layout.bytes_per_token;
-    h.tokens_offset    = sizeof(h);
+    h.tokens_offset    = h.header_size;
     h.chain_offset     = h.tokens_offset + 4 * n_tokens;
     h.checksums_offset = h.chain_offset + 8 * n_blocks;
-    h.data_offset      = (h.checksums_offset + 8 * n_blocks + DATA_ALIGN - 1) / DATA_ALIGN * DATA_ALIGN;
-    h.file_size        = h.data_offset + n_blocks * layout.block_bytes();
-    return h;
+    h.data_offset      = (h.checksums_offset + 8 * n_own + DATA_ALIGN - 1) / DATA_ALIGN * DATA_ALIGN;
+    h.file_size        = h.data_offset + n_own * layout.block_bytes();
+    return whole;
 }
 
-uint64_t llama_opt_persist_file_size(const llama_opt_persist_layout & layout, uint64_t n_blocks) {
-    return layout_header(layout, n_blocks).file_size;
+uint64_t llama_opt_persist_file_size(const llama_opt_persist_layout & layout, uint64_t n_blocks, uint64_t base_blocks) {
+    return layout_header(layout, n_blocks, base_blocks).fixed.file_size;
 }
 
 std::vector<uint64_t> llama_opt_persist_block_checksums(const llama_opt_persist_layout & layout, const uint8_t * rows,
@@ -112,11 +126,12 @@ uint64_t llama_opt_persist_write_meta(const llama_opt_persist_layout & layout, c
                                       const std::vector<uint64_t> & chain, const std::vector<uint64_t> & sums,
                                       const llama_opt_persist_writer & write) {
     const uint64_t n_blocks = chain.size();
-    file_header h   = layout_header(layout, n_blocks);
+    any_header     whole    = layout_header(layout, n_blocks, n_blocks - sums.size());
+    file_header &  h        = whole.fixed;
     h.context_hash  = chain.back();
-    h.meta_checksum = meta_checksum(h, tokens, chain, sums);
-    const bool ok = write(&h, sizeof(h), 0) && write(tokens.data(), 4 * tokens.size(), h.tokens_offset) &&
-                    write(chain.data(), 8 * n_blocks, h.chain_offset) && write(sums.data(), 8 * n_blocks, h.checksums_offset);
+    h.meta_checksum = meta_checksum(whole, tokens, chain, sums);
+    const bool ok = write(&whole, whole.size(), 0) && write(tokens.data(), 4 * tokens.size(), h.tokens_offset) &&
+                    write(chain.data(), 8 * n_blocks, h.chain_offset) && write(sums.data(), 8 * sums.size(), h.checksums_offset);
     return ok ? h.data_offset : 0;
 }
 
@@ -148,25 +163,36 @@ bool llama_opt_persist_read_header(const std::string & path, llama_opt_persist_e
     e.file_size = (uint64_t) st.st_size;
     e.mtime     = (int64_t) st.st_mtime;
     e.mtime_ns  = (int64_t) st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
-    file_header h;
+    any_header   whole;
+    file_header & h = whole.fixed;
+    memset(&whole, 0, sizeof(whole));
     if (!llama_opt_pread_all(f.fd, &h, sizeof(h), 0) || memcmp(h.magic, MAGIC, sizeof(MAGIC)) != 0) {
         e.problem = "not a pyllamaopt KV file";
         return false;
     }
-    if (h.version != VERSION || h.header_size != sizeof(h)) {
-        e.problem = "format version " + std::to_string(h.version) + ", this build reads " + std::to_string(VERSION);
+    if ((h.version != VERSION && h.version != VERSION_EXTENSION) || h.header_size != whole.size()) {
+        e.problem = "format version " + std::to_string(h.version) + ", this build reads " + std::to_string(VERSION) +
+                    " and " + std::to_string(VERSION_EXTENSION);
+        return false;
+    }
+    if (h.version == VERSION_EXTENSION &&
+        !llama_opt_pread_all(f.fd, &whole.base_blocks, sizeof(whole) - sizeof(h), sizeof(h))) {
+        e.problem = "unreadable header";
         return false;
     }
     const uint64_t n_blocks = h.block_size ? h.n_tokens / h.block_size : 0;
+    const uint64_t n_base   = whole.base_blocks;
+    const uint64_t n_own    = n_blocks - n_base;  // (checked below: n_base < n_blocks)
     // the size of the rows without wrapping around 2^64: a header whose sizes wrap to the real
     // file size would otherwise pass, and the tables be allocated for its n_tokens (fuzz-persist)
     uint64_t block_bytes = 0, data_bytes = 0, data_end = 0;
     const bool sizes_fit = !__builtin_mul_overflow((uint64_t) h.block_size, h.bytes_per_token, &block_bytes) &&
-                           !__builtin_mul_overflow(n_blocks, block_bytes, &data_bytes) &&
+                           !__builtin_mul_overflow(n_own, block_bytes, &data_bytes) &&
                            !__builtin_add_overflow(h.data_offset, data_bytes, &data_end);
-    const bool sane = h.block_size > 0 && h.n_tokens % h.block_size == 0 && n_blocks > 0 && sizes_fit &&
-                      h.tokens_offset == sizeof(h) && h.chain_offset == h.tokens_offset + 4 * (uint64_t) h.n_tokens &&
-                      h.checksums_offset == h.chain_offset + 8 * n_blocks && h.data_offset >= h.checksums_offset + 8 * n_blocks &&
+    const bool sane = h.block_size > 0 && h.n_tokens % h.block_size == 0 && n_blocks > 0 && n_base < n_blocks &&
+                      (h.version == VERSION_EXTENSION) == (n_base > 0) && whole.reserved == 0 && sizes_fit &&
+                      h.tokens_offset == whole.size() && h.chain_offset == h.tokens_offset + 4 * (uint64_t) h.n_tokens &&
+                      h.checksums_offset == h.chain_offset + 8 * n_blocks && h.data_offset >= h.checksums_offset + 8 * n_own &&
                       h.bytes_per_token > 0 && h.file_size == data_end;
     if (!sane) {
         e.problem = "inconsistent header";
@@ -178,15 +204,15 @@ bool llama_opt_persist_read_header(const std::string & path, llama_opt_persist_e
         return false;
     }
     std::vector<llama_token> toks(h.n_tokens);
-    std::vector<uint64_t>    sums(n_blocks);
+    std::vector<uint64_t>    sums(n_own);
     e.chain.resize(n_blocks);
     if (!llama_opt_pread_all(f.fd, toks.data(), toks.size() * sizeof(llama_token), h.tokens_offset) ||
         !llama_opt_pread_all(f.fd, e.chain.data(), n_blocks * 8, h.chain_offset) ||
-        !llama_opt_pread_all(f.fd, sums.data(), n_blocks * 8, h.checksums_offset)) {
+        !llama_opt_pread_all(f.fd, sums.data(), n_own * 8, h.checksums_offset)) {
         e.problem = "unreadable header";
         return false;
     }
-    if (meta_checksum(h, toks, e.chain, sums) != h.meta_checksum) {
+    if (meta_checksum(whole, toks, e.chain, sums) != h.meta_checksum) {
         e.problem = "header checksum mismatch";
         return false;
     }
@@ -194,6 +220,7 @@ bool llama_opt_persist_read_header(const std::string & path, llama_opt_persist_e
                        h.k_type, h.v_type, h.bytes_per_token };
     e.context_hash = h.context_hash;
     e.n_tokens     = h.n_tokens;
+    e.base_blocks  = (uint32_t) n_base;
     e.checksums    = std::move(sums);
     e.data_offset  = h.data_offset;
     if (tokens) {
@@ -204,10 +231,11 @@ bool llama_opt_persist_read_header(const std::string & path, llama_opt_persist_e
 
 std::string llama_opt_persist_read_block(int fd, const llama_opt_persist_entry & e, uint64_t k, uint8_t * dst) {
     const uint64_t block_bytes = e.layout.block_bytes();
-    if (!llama_opt_pread_all(fd, dst, block_bytes, e.data_offset + k * block_bytes)) {
+    const uint64_t own         = k - e.base_blocks;  // (the caller reads only the entry's own blocks)
+    if (!llama_opt_pread_all(fd, dst, block_bytes, e.data_offset + own * block_bytes)) {
         return "short read in block " + std::to_string(k);
     }
-    if (llama_opt_checksum(dst, block_bytes) != e.checksums[k]) {
+    if (llama_opt_checksum(dst, block_bytes) != e.checksums[own]) {
         return "checksum mismatch in block " + std::to_string(k);
     }
     return "";

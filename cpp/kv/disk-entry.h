@@ -2,9 +2,11 @@
 
 // kv/disk-entry: one entry of the disk tier, a file holding the KV rows of a
 // context's complete blocks, position-major, so that any block-aligned prefix of it can be
-// restored. The format (version 1) is in docs/persist-format.md: a fixed header naming the
-// model, the build and the row layout, the token ids, the chained block hashes, a checksum per
-// block, then the rows. Headers and every block carry checksums: a bad entry is a miss, never
+// restored. The format is in docs/persist-format.md: a fixed header naming the model, the build
+// and the row layout, the token ids, the chained block hashes, a checksum per block, then the
+// rows. An entry of version 2 extends a parent entry: it holds the rows (and checksums) of its
+// blocks [base_blocks, n) only; the parent, named by the chained hash of block base_blocks - 1,
+// holds the others (kv/disk-store follows it). Headers and every block carry checksums: a bad entry is a miss, never
 // wrong KV.
 
 #include "base/types.h"
@@ -39,11 +41,12 @@ struct llama_opt_persist_entry {
     llama_opt_persist_layout layout;
     uint64_t                 context_hash = 0;  // chained hash of the last block
     uint32_t                 n_tokens     = 0;  // a multiple of block_size
+    uint32_t                 base_blocks  = 0;  // blocks held by the parent entry (0: none, version 1)
     uint64_t                 file_size    = 0;
     int64_t                  mtime        = 0;  // seconds; refreshed on every load (LRU)
     int64_t                  mtime_ns     = 0;  // the same in nanoseconds: the LRU order
     std::vector<uint64_t>    chain;             // chained hash of each block
-    std::vector<uint64_t>    checksums;         // of each block's rows
+    std::vector<uint64_t>    checksums;         // of each own block's rows: blocks [base_blocks, n)
     uint64_t                 data_offset  = 0;
     std::string              problem;           // empty if the header is sound
 };
@@ -53,8 +56,8 @@ std::string llama_opt_persist_entry_name(const llama_opt_persist_layout & layout
 // Whether a file name ends as entries' names do.
 bool llama_opt_persist_has_entry_suffix(const std::string & name);
 
-// The size of the file of an entry of n_blocks blocks.
-uint64_t llama_opt_persist_file_size(const llama_opt_persist_layout & layout, uint64_t n_blocks);
+// The size of the file of an entry of n_blocks blocks, whose first base_blocks its parent holds.
+uint64_t llama_opt_persist_file_size(const llama_opt_persist_layout & layout, uint64_t n_blocks, uint64_t base_blocks = 0);
 
 // Writes n_bytes from src at offset of a file; false on an error.
 using llama_opt_persist_writer = std::function<bool(const void * src, uint64_t n_bytes, uint64_t offset)>;
@@ -68,8 +71,9 @@ bool llama_opt_persist_write_entry(const llama_opt_persist_layout & layout, cons
 // The checksum of each of the n_blocks blocks of `rows` (position-major), as an entry stores them.
 std::vector<uint64_t> llama_opt_persist_block_checksums(const llama_opt_persist_layout & layout, const uint8_t * rows,
                                                         uint64_t n_blocks);
-// Writes an entry's header and tables (`sums`: the checksum of each block's rows, which the caller
-// writes at the returned offset, block k at data_offset + k * block_bytes); 0 if a write failed.
+// Writes an entry's header and tables (`sums`: the checksum of each own block's rows, the last
+// sums.size() blocks: fewer than chain.size() make an extension of its parent; the caller writes
+// them at the returned offset, own block j at data_offset + j * block_bytes); 0 if a write failed.
 uint64_t llama_opt_persist_write_meta(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
                                       const std::vector<uint64_t> & chain, const std::vector<uint64_t> & sums,
                                       const llama_opt_persist_writer & write);
@@ -79,6 +83,6 @@ uint64_t llama_opt_persist_write_meta(const llama_opt_persist_layout & layout, c
 bool llama_opt_persist_read_header(const std::string & path, llama_opt_persist_entry & entry,
                                    std::vector<llama_token> * tokens);
 
-// Reads block k of an entry open as fd into dst (layout.block_bytes()) and checks its checksum;
+// Reads block k (one of its own: k >= base_blocks) of an entry open as fd into dst (layout.block_bytes()) and checks its checksum;
 // empty if it is sound, else what is wrong with it.
 std::string llama_opt_persist_read_block(int fd, const llama_opt_persist_entry & entry, uint64_t k, uint8_t * dst);

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,46 +42,54 @@ public:
         llama_opt_persist_miss  miss     = llama_opt_persist_miss::not_stored;
     };
     // The entry holding the longest prefix of `tokens` (at most max_blocks blocks), verified
-    // token by token. `chain` holds the chained hashes of the blocks of `tokens`. miss says
+    // token by token; never an extension whose parents are not all there. `chain` holds the chained hashes of the blocks of `tokens`. miss says
     // why nothing matched: not_stored, or incompatible when only entries for another model or
     // build hold these tokens.
     match find(const llama_opt_persist_layout & layout, const std::vector<uint64_t> & chain,
                const llama_token * tokens, size_t max_blocks) const;
 
     // Reads the rows of blocks [first, last) of an entry into dst (block_size * bytes_per_token
-    // per block), checking each block's checksum. Returns the number of blocks read; fewer
-    // means the rest was gone (miss = not_stored: another process removed the entry) or
-    // unreadable or corrupt (miss = corrupt: the entry is removed); `why` says what happened.
+    // per block), checking each block's checksum; an extension's blocks below base_blocks from
+    // its parents. Returns the number of blocks read; fewer means the rest was gone (miss =
+    // not_stored: another process removed the entry, or a parent is missing or does not agree)
+    // or unreadable or corrupt (miss = corrupt: the entry holding the bad block is removed);
+    // `why` says what happened. Marks the entry and its parents used.
     uint32_t load(const llama_opt_persist_entry & entry, uint32_t first, uint32_t last, uint8_t * dst,
                   std::string & why, llama_opt_persist_miss & miss) const;
 
     // Stores a context: n_tokens = chain.size() * block_size tokens and their rows, position-
-    // major. Atomic; entries whose tokens are a prefix of this one are removed (this one
-    // restores them too); with max_bytes > 0, least recently used other entries are removed
-    // until the directory fits, and an entry larger than max_bytes is not stored. Returns false
-    // (and why) on an I/O error or that: nothing is left behind.
+    // major, as a whole entry. Atomic; entries whose tokens are a prefix of this one are
+    // removed (this one restores them too) unless another entry extends them; with max_bytes >
+    // 0, least recently used other entries are removed until the directory fits (see cleanup),
+    // and an entry larger than max_bytes is not stored. Returns false (and why) on an I/O error
+    // or that: nothing is left behind.
     bool save(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
               const std::vector<uint64_t> & chain, const uint8_t * rows, std::string & why,
               uint64_t max_bytes = 0) const;
-    // save(), for a context whose first n_base blocks `base` holds (a match of find()): their rows
-    // are copied from its file by the kernel (copy_file_range, else read and written) with their
-    // checksums as they are (a block that went bad there stays detectable); `rows` holds the rest,
-    // blocks [n_base, chain.size()). Fails, nothing written, if `base` is gone or changed.
-    bool save_extending(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
-                        const std::vector<uint64_t> & chain, const llama_opt_persist_entry * base, uint32_t n_base,
-                        const uint8_t * rows, std::string & why, uint64_t max_bytes = 0) const;
+    // save(), for a context whose first n_base blocks `base` holds (a match of find()): if `base`
+    // ends there, an extension of it (its rows are not written again, and it is kept); if it
+    // holds more (a branch), its rows are read and a whole entry written. `rows` holds blocks
+    // [n_base, chain.size()). Returns the bytes written, 0 (and why) if nothing was: `base` gone
+    // or changed, an I/O error.
+    uint64_t save_extending(const llama_opt_persist_layout & layout, const std::vector<llama_token> & tokens,
+                            const std::vector<uint64_t> & chain, const llama_opt_persist_entry * base, uint32_t n_base,
+                            const uint8_t * rows, std::string & why, uint64_t max_bytes = 0) const;
 
     // Every entry (headers only; `problem` set for unreadable ones) and the total size.
     std::vector<llama_opt_persist_entry> list() const;
-    // Reads a whole entry and checks every checksum; empty if it is sound.
+    // Reads a whole entry and checks every checksum (an extension's own blocks), and that an
+    // extension's parent is there; empty if it is sound.
     std::string verify(const std::string & path) const;
     // Removes entries older than max_age_s seconds (0: no age limit), then the least recently
     // used ones until the total is at most max_bytes (0: no limit), and temporary files of
-    // interrupted saves older than an hour; never `keep`. Returns the number of files removed.
+    // interrupted saves older than an hour; never `keep` nor its parents. Extensions whose parent
+    // is gone (orphans: nothing of them restorable) go too, as soon as the parent goes. Returns
+    // the number of files removed.
     size_t cleanup(int64_t max_age_s, uint64_t max_bytes, const std::string & keep = "") const;
     // Removes one entry; false if it was not there.
     bool remove(const std::string & path) const;
-    // Marks an entry used now (its mtime: the order in which cleanup removes entries).
+    // Marks an entry used now (its mtime: the order in which cleanup removes entries), and its
+    // parents after it (never older than their children).
     void touch(const std::string & path) const;
 
     // A run of failed saves (a full disk, a read-only directory) is one warning, not one per save:
@@ -92,13 +101,6 @@ public:
     // disk (0: off).
     void fail_after_bytes(uint64_t n) { fail_after_ = n; }
 
-    // Where a save's content goes: write() bytes, or copy() n bytes of another file at src_offset
-    // (false on an error, errno set).
-    struct sink {
-        std::function<bool(const void * src, uint64_t n, uint64_t offset)>                   write;
-        std::function<bool(int src_fd, uint64_t src_offset, uint64_t n, uint64_t offset)> copy;
-    };
-
 private:
     std::string           dir_;
     std::atomic<uint64_t> fail_after_{ 0 };  // (set by a test while the background writer saves)
@@ -108,5 +110,17 @@ private:
     std::vector<std::string> entry_names() const;
     // Creates the file `name` with what `fill` writes, atomically: a temporary file, fsynced,
     // renamed. False (and why) on an error: nothing is left behind.
-    bool write_atomically(const std::string & name, const std::function<bool(const sink &)> & fill, std::string & why) const;
+    bool write_atomically(const std::string & name, const std::function<bool(const llama_opt_persist_writer &)> & fill,
+                          std::string & why) const;
+    // The entry and its parents, child first, as far as each parent is there and agrees with its
+    // child (layout, chained hashes, tokens).
+    std::vector<llama_opt_persist_entry> lineage(const llama_opt_persist_entry & e) const;
+    // The path of the entry an extension extends ("" for a whole entry).
+    std::string parent_path(const llama_opt_persist_entry & e) const;
+    std::set<std::string> parent_paths(const std::vector<llama_opt_persist_entry> & entries) const;
+    void touch_lineage(const std::vector<llama_opt_persist_entry> & line) const;
+    void touch_file(const std::string & path) const;
+    // Removes the entries holding a prefix of `chain` (but `path`) that no entry extends.
+    void remove_subsumed(const llama_opt_persist_layout & layout, const std::vector<uint64_t> & chain,
+                         const std::string & path) const;
 };

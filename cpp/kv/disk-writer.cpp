@@ -203,15 +203,20 @@ void llama_opt_persist_write_behind::write(const llama_opt_persist_job & job) {
         store_.touch(stored.entry.path);  // stored already (maybe within a longer context): used again
         return;
     }
-    if (stored.n_blocks < job.first_new) {
-        drop(job, stored.n_blocks);  // the entry holding its first blocks is gone (cleaned up, or never written)
+    if (stored.n_blocks < job.first_new) {  // the entry holding its first blocks is gone or never written
+        if (job.account->failed) {
+            fail(job, stored.n_blocks, "the write it extends failed");
+        } else {
+            drop(job, stored.n_blocks);  // (cleaned up)
+        }
         return;
     }
     std::string why;
-    if (store_.save_extending(layout_, job.tokens, job.chain, job.first_new > 0 ? &stored.entry : nullptr, job.first_new,
-                              job.rows.data(), why, max_store_bytes_)) {
+    if (const uint64_t written = store_.save_extending(layout_, job.tokens, job.chain, job.first_new > 0 ? &stored.entry : nullptr,
+                                                       job.first_new, job.rows.data(), why, max_store_bytes_)) {
         count(counts_, job, &llama_opt_persist_counts::saves);
-        count(counts_, job, &llama_opt_persist_counts::bytes_written, llama_opt_persist_file_size(layout_, n));
+        count(counts_, job, &llama_opt_persist_counts::bytes_written, written);
+        job.account->failed = false;
         store_.saved();
         return;
     }
@@ -220,9 +225,14 @@ void llama_opt_persist_write_behind::write(const llama_opt_persist_job & job) {
         drop(job, on_disk);  // its base went while it was being written
         return;
     }
+    fail(job, on_disk, why);
+}
+
+void llama_opt_persist_write_behind::fail(const llama_opt_persist_job & job, uint32_t blocks_on_disk, const std::string & why) {
     count(counts_, job, &llama_opt_persist_counts::errors);
-    job.account->blocks_on_disk = on_disk;
+    job.account->blocks_on_disk = blocks_on_disk;
     job.account->lost           = true;
+    job.account->failed         = true;
     if (store_.first_failure() && warn_) {
         warn_("pyllamaopt: could not save the KV of a session (written behind): " + why + " (writes that fail are counted in "
               "persist_errors, not logged again until one succeeds; requests go on without)");

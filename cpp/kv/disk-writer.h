@@ -3,9 +3,9 @@
 // kv/disk-writer: the disk tier's write-behind (docs/persist-format.md). When a session's prompt
 // (or, once computed again on the canonical schedule, its answer) adds complete blocks, the
 // scheduler thread copies only the new blocks' rows out of the KV cache and queues a job; a
-// background thread writes the entry: the blocks an entry on disk holds already are copied from
-// it file to file, with their checksums, the new ones from the job's rows, then the store's
-// atomic temporary file + fsync + rename. The scheduler thread never writes a file and never
+// background thread writes the entry: an extension of the entry on disk that holds the blocks
+// before the new ones (only the new rows are written; docs/persist-format.md), through the
+// store's atomic temporary file + fsync + rename. The scheduler thread never writes a file and never
 // waits: a job over the queue's bound is dropped and counted. The writer touches only files and
 // its own jobs, never llama.cpp or the KV cache, so it needs no lock of the context's.
 
@@ -43,6 +43,9 @@ struct llama_opt_persist_account {
     // holds, which the session's next job starts from.
     std::atomic<uint32_t>    blocks_on_disk{ 0 };
     std::atomic<bool>        lost{ false };
+    // Its last write failed: the jobs queued behind it, which extend that write, fail with it
+    // (counted as errors, not drops: they were lost to the failure, not to the queue).
+    std::atomic<bool>        failed{ false };
 };
 
 // Blocks of one context to store: the first `first_new` are held by an entry on disk (or will be,
@@ -102,6 +105,7 @@ private:
     std::deque<llama_opt_persist_job>::iterator next_due(std::chrono::steady_clock::time_point & wake);
     void write(const llama_opt_persist_job & job);
     void drop(const llama_opt_persist_job & job, uint32_t blocks_on_disk);
+    void fail(const llama_opt_persist_job & job, uint32_t blocks_on_disk, const std::string & why);
     // waits (the delay waived) until no job `which` picks is queued or being written
     bool wait_written(double timeout_s, const std::function<bool(const llama_opt_persist_job &)> & which);
 

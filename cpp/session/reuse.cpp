@@ -290,6 +290,8 @@ void llama_opt_session_reuse::restore_from_disk(size_t end) {
             if (miss == llama_opt_persist_miss::corrupt) {
                 counters_.count(&llama_opt_stats::persist_misses_corrupt, 1);
                 llama_opt_log_warn("pyllamaopt: removed a corrupt KV cache entry: " + why);
+                // blocks read from that entry before the bad one are no longer on disk: written again
+                on_disk_.resize(std::min(on_disk_.size(), (size_t) store->find(layout, chain, history_.tokens().data(), want).n_blocks));
             }
             break;
         }

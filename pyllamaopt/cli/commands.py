@@ -197,11 +197,12 @@ def cache(args: argparse.Namespace) -> int:
             state = f"  PROBLEM: {e.problem}" if e.problem else ""
             if layout is not None and not e.problem:
                 state = f"  {e.unusable_by(layout) or 'usable'}"
+            extends = f"  extends the entry of its first {e.base_tokens} tokens" if e.base_tokens else ""
             print(f"  {e.path.name}  {e.n_tokens:>7} tokens  {e.size / 2**20:>8.1f} MiB  "
-                  f"used {e.age / 3600:>7.1f} h ago  model {e.model_hash:016x}{state}")
+                  f"used {e.age / 3600:>7.1f} h ago  model {e.model_hash:016x}{state}{extends}")
         if layout is not None:
             usable = [e for e in entries if not e.unusable_by(layout)]
-            print(f"{args.model}: {len(usable)} entries ({sum(e.n_tokens for e in usable)} tokens) usable after a "
+            print(f"{args.model}: {len(usable)} entries ({sum(e.n_tokens - e.base_tokens for e in usable)} tokens) usable after a "
                   f"restart, {len(store.foreign(layout))} for another model or build (never used by it)")
         return 0
     if args.action == "verify":
@@ -217,12 +218,20 @@ def cache(args: argparse.Namespace) -> int:
         raise SystemExit("pyllamaopt: error: --max-age must be a positive number of days")
     if args.max_mb is not None and not (math.isfinite(args.max_mb) and args.max_mb >= 0):
         raise SystemExit("pyllamaopt: error: --max-mb must be a number >= 0")
+    if args.foreign and args.all:
+        raise SystemExit("pyllamaopt: error: give --foreign or --all, not both (--all removes every entry)")
+    if args.foreign and not args.model:
+        raise SystemExit("pyllamaopt: error: --foreign needs --model MODEL (or $LLAMA_OPT_MODEL): the model whose "
+                         "server's entries to keep")
+    layout = _layout(args.model, store) if args.foreign else None  # (the model is loaded before anything goes)
     try:
         removed = store.clear() if args.all else store.clean(
             max_age=None if args.max_age is None else args.max_age * 86400, max_mb=args.max_mb)
+        foreign = 0 if layout is None else store.remove_foreign(layout)
     except (InvalidArgumentError, PersistError) as exc:  # days beyond what seconds can count; files kept
         raise SystemExit(f"pyllamaopt: error: {exc}") from None
-    print(f"removed {removed} file(s); {len(store.entries())} entries left in {store.directory}")
+    of_others = "" if layout is None else f" ({foreign} for another model or build)"
+    print(f"removed {removed + foreign} file(s){of_others}; {len(store.entries())} entries left in {store.directory}")
     return 0
 
 

@@ -18,7 +18,7 @@ from .chat_prompt import ChatPrompt, render_in_thread
 from .events import DoneEvent, Event
 from .params import GenerateParams
 from .service import Service
-from .streaming import collect, started
+from .streaming import collect_choices, started
 
 
 class ChatSurface(Protocol):
@@ -30,8 +30,8 @@ class ChatSurface(Protocol):
         """The events as the surface's server-sent events."""
         ...
 
-    def whole(self, done: DoneEvent) -> dict[str, Any]:
-        """The answer not streamed, from the generation's end (``done.reply``: the reply parsed)."""
+    def whole(self, dones: Sequence[DoneEvent]) -> dict[str, Any]:
+        """The answer not streamed, from each choice's end (``done.reply``: the reply parsed)."""
         ...
 
 
@@ -43,6 +43,7 @@ class ChatRequest:
     choice: ToolChoice
     params: GenerateParams
     continue_last: bool = False  # the last (assistant) turn is continued, not closed (Anthropic's prefill)
+    n: int = 1                   # choices (OpenAI's n)
 
 
 async def render_chat(template: ChatTemplate, model: Model, chat: ChatRequest, *,
@@ -57,8 +58,7 @@ async def answer_chat(request: Request, surface: ChatSurface, chat: ChatRequest,
     prompt, tokens, tool_spans = await render_chat(request.app.state.chat_template, service.model, chat,
                                                    mark_tool_results=service.sparse_tool_results)
     events = await started(service.complete(tokens, prompt.generate_params(chat.params, surface.call_id_prefix),
-                                            tool_spans=tool_spans))
+                                            tool_spans=tool_spans, n=chat.n))
     if stream:
         return surface.stream(events)
-    _, _, done = await collect(events, request.receive)
-    return surface.whole(done)
+    return surface.whole([done for _, _, done in await collect_choices(events, request.receive)])

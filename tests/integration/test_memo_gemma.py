@@ -1,6 +1,7 @@
-"""memo on Gemma 3 270M: a model that copies from its context (a file quoted back) generates
-the same tokens, with bitwise the same logits, whether drafts of earlier output are checked in
-one batch or every token takes its own decode step."""
+"""memo on Gemma 3 270M (and its exactness on each model family, conftest.FAMILIES): a model that
+copies from its context (a file quoted back) generates the same tokens, with bitwise the same
+logits, whether drafts of earlier output are checked in one batch or every token takes its own
+decode step."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,14 +14,20 @@ pytestmark = pytest.mark.integration
 SOURCE = "\n".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(12))
 
 
-def copy_prompt(gemma):
-    return gemma.tokenize("<start_of_turn>user\nRepeat this file exactly:\n" + SOURCE +
-                          "<end_of_turn>\n<start_of_turn>model\n", special=True)
+TURN_MARKUP = {  # (before a user's message, after it up to the model's answer)
+    "gemma": ("<start_of_turn>user\n", "<end_of_turn>\n<start_of_turn>model\n"),
+    "chatml": ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"),  # SmolLM2, Qwen2.5
+}
 
 
-def generate(gemma, memo, **sampling):
-    prompt = copy_prompt(gemma)
-    with Context(gemma, n_ctx=2048, n_threads=2, config=OptConfig(env={}, memo_enabled=memo)) as ctx:
+def copy_prompt(model):
+    before, after = TURN_MARKUP["chatml" if "<|im_start|>" in (model.chat_template or "") else "gemma"]
+    return model.tokenize(before + "Repeat this file exactly:\n" + SOURCE + after, special=True)
+
+
+def generate(model, memo, **sampling):
+    prompt = copy_prompt(model)
+    with Context(model, n_ctx=2048, n_threads=2, config=OptConfig(env={}, memo_enabled=memo)) as ctx:
         s = ctx.session()
         s.append(prompt)
         tokens = [t.id for t in s.generate(96, **sampling)]
@@ -28,9 +35,9 @@ def generate(gemma, memo, **sampling):
 
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.7, "seed": 5}])
-def test_memo_is_exact_on_gemma(gemma, sampling):
-    tokens_off, logits_off, stats_off = generate(gemma, False, **sampling)
-    tokens_on, logits_on, stats_on = generate(gemma, True, **sampling)
+def test_memo_is_exact(family_model, sampling):
+    tokens_off, logits_off, stats_off = generate(family_model, False, **sampling)
+    tokens_on, logits_on, stats_on = generate(family_model, True, **sampling)
     assert tokens_on == tokens_off
     np.testing.assert_array_equal(logits_on, logits_off)
     assert stats_on.memo_tokens_skipped > len(tokens_on) // 4  # it copies: most drafts hold

@@ -1,6 +1,7 @@
-"""Exact KV reuse on Gemma 3 270M (sliding-window layers included): a multi-turn agent
-conversation and interleaved sessions sharing a system prompt give the same tokens and
-bitwise the same logits as computing everything from scratch (reuse off)."""
+"""Exact KV reuse on Gemma 3 270M (sliding-window layers included) and, for the tests taking
+`family_model`, on each model family (conftest.FAMILIES): a multi-turn agent conversation,
+interleaved sessions sharing a system prompt and forks give the same tokens and bitwise the same
+logits as computing everything from scratch (reuse off)."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,16 +28,16 @@ def off() -> OptConfig:
     return OptConfig(env={}, dedup_enabled=False, diff_enabled=False)
 
 
-def converse(gemma, config, sampling):
+def converse(model, config, sampling):
     """Replays the agent: every turn re-sends the whole transcript. Returns per turn the logits
     before generating and the generated tokens."""
     out = []
-    with Context(gemma, n_ctx=4096, n_threads=2, config=config) as ctx:
+    with Context(model, n_ctx=4096, n_threads=2, config=config) as ctx:
         session = ctx.session()
         transcript = SYSTEM
         for turn in TURNS:
             transcript += turn
-            session.sync(gemma.tokenize(transcript))
+            session.sync(model.tokenize(transcript))
             logits = session.logits()
             generation = session.generate(24, stop=["\nUser:", "\nTool"], **sampling)
             out.append((logits, [t.id for t in generation]))
@@ -46,10 +47,10 @@ def converse(gemma, config, sampling):
 
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "seed": 7}], ids=["greedy", "seeded"])
-def test_agent_conversation_with_reuse_equals_recomputing_everything(gemma, sampling):
-    assert len(gemma.tokenize(SYSTEM)) > 1024  # twice the sliding window
-    reused, stats = converse(gemma, OptConfig(env={}), sampling)
-    baseline, baseline_stats = converse(gemma, off(), sampling)
+def test_agent_conversation_with_reuse_equals_recomputing_everything(family_model, sampling):
+    assert len(family_model.tokenize(SYSTEM)) > 1024  # twice Gemma's sliding window
+    reused, stats = converse(family_model, OptConfig(env={}), sampling)
+    baseline, baseline_stats = converse(family_model, off(), sampling)
     for turn, ((logits, tokens), (ref_logits, ref_tokens)) in enumerate(zip(reused, baseline)):
         assert tokens == ref_tokens, f"turn {turn}"
         np.testing.assert_array_equal(logits, ref_logits, err_msg=f"turn {turn}")
@@ -57,16 +58,16 @@ def test_agent_conversation_with_reuse_equals_recomputing_everything(gemma, samp
     assert stats.diff_tokens_unchanged > 0
 
 
-def test_sessions_sharing_a_system_prompt_equal_isolated_sessions(gemma):
-    system = gemma.tokenize(SYSTEM)
-    questions = [gemma.tokenize(t, add_bos=False) for t in TURNS[:4]]
+def test_sessions_sharing_a_system_prompt_equal_isolated_sessions(family_model):
+    system = family_model.tokenize(SYSTEM)
+    questions = [family_model.tokenize(t, add_bos=False) for t in TURNS[:4]]
     isolated = []
     for q in questions:
-        with Context(gemma, n_ctx=2048, n_threads=2, config=off()) as ctx:
+        with Context(family_model, n_ctx=2048, n_threads=2, config=off()) as ctx:
             s = ctx.session()
             s.append(system + q)
             isolated.append((s.logits(), [t.id for t in s.generate(16)]))
-    with Context(gemma, n_ctx=8192, n_threads=2) as ctx:
+    with Context(family_model, n_ctx=8192, n_threads=2) as ctx:
         sessions = [ctx.session() for _ in questions]
         for s, q in zip(sessions, questions):
             s.append(system + q)
@@ -83,6 +84,40 @@ def test_sessions_sharing_a_system_prompt_equal_isolated_sessions(gemma):
     for i, (ref_logits, ref_tokens) in enumerate(isolated):
         np.testing.assert_array_equal(logits[i], ref_logits, err_msg=f"session {i}")
         assert generated[i] == ref_tokens, f"session {i}"
+
+
+def scratch(model, tokens, n_gen=16):
+    """The logits after `tokens` and the greedy tokens that follow, computed in a context of their own
+    with every reuse off."""
+    with Context(model, n_ctx=4096, n_threads=2, config=off()) as ctx:
+        s = ctx.session()
+        s.append(tokens)
+        return s.logits(), [t.id for t in s.generate(n_gen)]
+
+
+def test_a_fork_equals_computing_its_history(family_model):
+    """A fork shares its parent's KV, generated tokens included, and goes on as if its whole
+    history (prompt, the parent's answer, a new message) had been computed in a context of its own;
+    the parent, after the fork, too."""
+    prompt = family_model.tokenize(SYSTEM + TURNS[0])
+    follow_up = family_model.tokenize("\n" + TURNS[1], add_bos=False)
+    with Context(family_model, n_ctx=4096, n_threads=2, config=OptConfig(env={})) as ctx:
+        parent = ctx.session()
+        parent.append(prompt)
+        parent.generate_text(24)
+        answered = parent.tokens
+        assert len(answered) > len(prompt)
+        twin = parent.fork()
+        assert twin.tokens == answered
+        twin.append(follow_up)
+        got = [(twin.logits(), [t.id for t in twin.generate(16)])]
+        assert twin.stats.tokens_prefilled < len(answered) - len(prompt) + len(follow_up) + 2 * ctx.block_size
+        parent.append(follow_up[:5])
+        got.append((parent.logits(), [t.id for t in parent.generate(16)]))
+    for (logits, tokens), history in zip(got, (answered + follow_up, answered + follow_up[:5])):
+        expected_logits, expected_tokens = scratch(family_model, history)
+        np.testing.assert_array_equal(logits, expected_logits)
+        assert tokens == expected_tokens
 
 
 def test_tier2_edit_keeps_other_sessions_exact_and_stays_close(gemma):
