@@ -4,12 +4,14 @@ wait; a cluster that goes away ends the server with a message, not a hang."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..config import opt_variables
 from ..serve import ServeSettings
 
 APP_NAME = "pyllamaopt"
@@ -62,9 +64,13 @@ def build_app(settings: ServeSettings, options: RayOptions) -> Any:
                             "request_router_kwargs": {"imbalanced_threshold": options.imbalanced_threshold},
                             "request_routing_stats_period_s": options.stats_period}
     routing = RequestRouterConfig(**(ours if options.router == "affinity" else {}))
-    engine = serve.deployment(name="engine", num_replicas=options.replicas, ray_actor_options={"num_cpus": cpus},
+    # the engine's settings (LLAMA_OPT_*: the disk tier, the block size...) as this process has them: a
+    # replica on a cluster started elsewhere does not inherit this environment
+    environment = {"env_vars": opt_variables(os.environ)}
+    engine = serve.deployment(name="engine", num_replicas=options.replicas,
+                              ray_actor_options={"num_cpus": cpus, "runtime_env": environment},
                               max_ongoing_requests=ENGINE_MAX_ONGOING, request_router_config=routing)(Engine)
-    gateway = serve.deployment(name="gateway", ray_actor_options={"num_cpus": 0},
+    gateway = serve.deployment(name="gateway", ray_actor_options={"num_cpus": 0, "runtime_env": environment},
                                max_ongoing_requests=GATEWAY_MAX_ONGOING)(Gateway)
     return gateway.bind(engine.bind(settings), settings)
 
@@ -103,8 +109,10 @@ def serve_on_ray(settings: ServeSettings, options: RayOptions) -> None:
         check_placement(settings, options, ray.cluster_resources().get("CPU", 0.0))
         serve.start(http_options={"host": settings.host, "port": settings.port})
         serve.run(build_app(settings, options), name=APP_NAME, route_prefix="/")
+        export_ports = sorted({str(node["MetricsExportPort"]) for node in ray.nodes() if node.get("Alive")})
         print(f"pyllamaopt serve: {options.replicas} replicas ({options.router} routing) on Ray Serve, "
-              f"http://{settings.host}:{settings.port}; Ctrl-C stops it", file=sys.stderr, flush=True)
+              f"http://{settings.host}:{settings.port}; the replicas' metrics in Ray's export (/metrics on port "
+              f"{', '.join(export_ports)} of the nodes); Ctrl-C stops it", file=sys.stderr, flush=True)
         _watch(serve)
     except KeyboardInterrupt:
         serve.shutdown()

@@ -27,6 +27,7 @@ from ..serve.errors import Overloaded, ServiceError
 from ..serve.schemas import ChatCompletionRequest, CompletionRequest, MessagesRequest
 from .affinity import Affinity, prompt_chains, session_replica
 from .forwarding import ForwardedRequest, ResponseStart
+from .metrics_export import RayExport
 from .router_metrics import REGISTRY
 
 # seconds a client is told to wait when no engine replica can take its request (one is restarting)
@@ -43,6 +44,7 @@ class Gateway:
             self.template = None
         self.n_ctx = settings.n_ctx
         self.block_size = OptConfig().block_size
+        self.export = RayExport(REGISTRY)  # the router's counters (it routes in this process)
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
@@ -60,6 +62,8 @@ class Gateway:
             error = Overloaded(f"no engine replica could answer ({type(exc).__name__}); retry in {RETRY_AFTER} s")
             return JSONResponse(error_body(path, error), status_code=error.status,
                                 headers={"Retry-After": str(RETRY_AFTER)})
+        finally:
+            self.export.update()  # the router's counters: it placed the request by now
         assert isinstance(start, ResponseStart)
 
         async def rest() -> AsyncIterator[bytes]:
