@@ -103,7 +103,10 @@ def serve_on_ray(settings: ServeSettings, options: RayOptions) -> None:
     import ray
     from ray import serve
 
-    ray.init(namespace=APP_NAME, log_to_driver=settings.verbose)
+    # no RAY_ADDRESS: a cluster of our own ("local"; ray.init() alone would join the one started last on
+    # this machine, which may be someone else's, or gone: it then retries for minutes)
+    ray.init(address=None if os.environ.get("RAY_ADDRESS") else "local", namespace=APP_NAME,
+             log_to_driver=settings.verbose)
     signal.signal(signal.SIGTERM, _interrupt)  # stops as Ctrl-C does: Serve's replicas close their sessions
     try:
         check_placement(settings, options, ray.cluster_resources().get("CPU", 0.0))

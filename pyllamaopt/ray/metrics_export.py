@@ -10,25 +10,23 @@ from ray.serve import metrics as serve_metrics
 
 
 class RayExport:
-    """Call `update` after what may have changed the registry: every sample whose value moved is set on
-    a Ray gauge of its name (a counter's value as it is: Prometheus' rate() reads it the same)."""
+    """Call `update` after what may have changed the registry, and now and then (the engine does with
+    each digest, every second): every sample is set on a Ray gauge of its name (a counter's value as it
+    is: Prometheus' rate() reads it the same). All of them each time: Ray's agent evicts a gauge's value
+    it has not been sent again within two of its report intervals (with a 2 s interval, values set
+    only when they changed were gone from the export)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self._gauges: dict[str, serve_metrics.Gauge] = {}
-        self._values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
 
     def update(self) -> None:
         for family in self.registry.collect():
             for sample in family.samples:
                 if sample.name.endswith("_created"):  # (a counter's creation time: nothing to follow)
                     continue
-                key = (sample.name, tuple(sorted(sample.labels.items())))
-                if self._values.get(key) == sample.value:
-                    continue
                 gauge = self._gauges.get(sample.name)
                 if gauge is None:
                     gauge = self._gauges[sample.name] = serve_metrics.Gauge(
                         sample.name, description=family.documentation, tag_keys=tuple(sorted(sample.labels)))
                 gauge.set(sample.value, tags=dict(sample.labels))
-                self._values[key] = sample.value

@@ -50,7 +50,7 @@ QUESTIONS = ["What does this module do?", "Which function would you test first?"
              "How do I test code that uses {topic}?", "What is a common mistake with {topic}?",
              "Summarize the module in five words."]
 REPLICA_HEADER = "x-pyllamaopt-replica"
-RAY_EXPORT_WAIT = 90  # seconds for a value to reach Ray's metrics export (its agent reports every few seconds)
+RAY_EXPORT_WAIT = 90  # seconds for a value to reach Ray's metrics export (its processes report every 10 s)
 FIGURES: dict[str, Run] = {}  # the default router's run, reported beside ours
 
 
@@ -111,6 +111,12 @@ class Run:
 
     def done(self) -> int:
         return sum(map(len, self.turns))
+
+    def placement(self) -> str:
+        """Turns per replica, and how many turns a conversation's previous turn was elsewhere."""
+        per_replica = Counter(t.replica for c in self.turns for t in c)
+        moves = sum(a.replica != b.replica for c in self.turns for a, b in zip(c, c[1:]))
+        return f"turns per replica {sorted(per_replica.values())}, {moves} moves"
 
 
 def ask(client: openai.OpenAI, messages: list[dict[str, str]], run: Run) -> Turn:
@@ -280,7 +286,7 @@ def test_rays_default_router_answers_the_same(reference, gemma_path, tmp_path_fa
     assert theirs.answers == reference.answers and theirs.prompts == reference.prompts
     assert not theirs.retries
     print(f"\n2 replicas with Ray's default router: cached prompt tokens {theirs.total('cached')} "
-          f"({theirs.total('cached') / reference.total('cached'):.2f}x one server's)")
+          f"({theirs.total('cached') / reference.total('cached'):.2f}x one server's); {theirs.placement()}")
 
 
 def test_conversations_through_ray_equal_one_server_and_reuse_as_much(reference, on_ray, cluster):
@@ -294,7 +300,7 @@ def test_conversations_through_ray_equal_one_server_and_reuse_as_much(reference,
           f"2 replicas with our router {from_ram} from RAM ({from_ram / reference.total('cached'):.2f}x) "
           f"+ {ours.total('restored')} restored, with Ray's default router "
           + (f"{default.total('cached')} ({default.total('cached') / reference.total('cached'):.2f}x)"
-             if default else "(not measured in this session)") + f"; router: {counts}")
+             if default else "(not measured in this session)") + f"; ours: {ours.placement()}; router: {counts}")
     assert from_ram >= 0.9 * reference.total("cached")
     assert counts["prefix"] > 0
     assert len({t.replica for c in ours.turns for t in c}) == 2  # both replicas worked
