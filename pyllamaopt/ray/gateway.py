@@ -93,7 +93,7 @@ class Gateway:
     async def _prompt_tokens(self, path: str, body: bytes) -> list[int] | None:
         """The prompt's tokens as the replica's route computes them; None for a route without a prompt."""
         if path == "/v1/completions":
-            prompt = CompletionRequest.model_validate(json.loads(body)).prompt
+            prompt = CompletionRequest.model_validate(json.loads(body)).one_prompt()  # (a batch: the replica's 400)
             return prompt if isinstance(prompt, list) else await asyncio.to_thread(self.model.tokenize, prompt)
         surface = _CHAT_SURFACES.get(path)
         if surface is None or self.template is None:

@@ -5,6 +5,8 @@ before each name (`ray start --metrics-export-port`; docs/scale-out.md), where R
 Grafana setup (or KubeRay's) scrapes them."""
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry
 from ray.serve import metrics as serve_metrics
 
@@ -27,6 +29,7 @@ class RayExport:
                     continue
                 gauge = self._gauges.get(sample.name)
                 if gauge is None:
+                    tag_keys: Any = tuple(sorted(sample.labels))  # (Ray types it Tuple[str]: it takes any length)
                     gauge = self._gauges[sample.name] = serve_metrics.Gauge(
-                        sample.name, description=family.documentation, tag_keys=tuple(sorted(sample.labels)))
+                        sample.name, description=family.documentation, tag_keys=tag_keys)
                 gauge.set(sample.value, tags=dict(sample.labels))
