@@ -573,6 +573,11 @@ class Context:
         Blocks in the dedup pool (0 without dedup).
         """
     @property
+    def pool_chains(self) -> list[int]:
+        """
+        The chained hash of every block in the dedup pool (the prefixes whose KV this context holds; empty without dedup).
+        """
+    @property
     def min_chunk(self) -> int:
         ...
     @property

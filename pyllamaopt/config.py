@@ -95,7 +95,7 @@ def _is_text(value: str) -> bool:
     return True
 
 
-def _opt_variables(environment: Mapping[str, str]) -> dict[str, str]:
+def opt_variables(environment: Mapping[str, str]) -> dict[str, str]:
     """The LLAMA_OPT_* variables the engine reads (no others: the rest of the environment, secrets
     and the CLI's own variables included, never reaches it or its messages)."""
     chosen = {}
@@ -142,7 +142,7 @@ class OptConfig:
         environment = os.environ if env is None else env
         # the engine's object, named _core as Model's, Context's and Session's are: the package's other
         # wrappers hand it to the engine (with the _core module, the only private names used across modules)
-        self._core = _core.Settings.from_env(_opt_variables(environment), list(CLI_VARIABLES))
+        self._core = _core.Settings.from_env(opt_variables(environment), list(CLI_VARIABLES))
         for name, value in values.items():
             self.set(name, value)
 

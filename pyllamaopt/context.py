@@ -103,6 +103,12 @@ class Context:
         return self._core.pool_blocks
 
     @property
+    def pool_chains(self) -> list[int]:
+        """The chained hash (``segment(tokens, block_size)``'s) of every block in the dedup pool: the
+        prefixes whose KV this context holds now (what a router sends a prompt's next turn after)."""
+        return self._core.pool_chains
+
+    @property
     def stats(self) -> Stats:
         """Counters summed over every session of this context."""
         return self._core.stats()

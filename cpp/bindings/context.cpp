@@ -5,6 +5,8 @@
 #include "engine/context.h"
 #include "session/session.h"
 
+#include <pybind11/stl.h>
+
 // A read of the context's KV memory, under the context's lock.
 template <typename R> static auto memory_read(R (llama_opt_kv_memory::*read)() const) {
     return [read](const llama_opt_context & self) {
@@ -106,6 +108,11 @@ void register_context(py::module_ & m) {
                  std::lock_guard<std::recursive_mutex> lock(self.mutex());
                  return self.memory().pool() ? self.memory().pool()->size() : 0u;
              }, "Blocks in the dedup pool (0 without dedup).")
+        .def_property_readonly("pool_chains", [](llama_opt_context & self) {
+                 std::lock_guard<std::recursive_mutex> lock(self.mutex());
+                 return self.memory().pool() ? self.memory().pool()->hashes() : std::vector<uint64_t>();
+             }, "The chained hash of every block in the dedup pool (the prefixes whose KV this context holds; "
+                "empty without dedup).")
         .def_property_readonly("closed", &llama_opt_context::closed)
         .def_property_readonly("n_ctx", &llama_opt_context::n_ctx)
         .def_property_readonly("n_sessions", memory_read(&llama_opt_kv_memory::n_sessions))

@@ -204,6 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how response_format answers may lay out JSON: indented (default: one line or a line break "
                         "and indentation, as models write it), spaced (one line, json.dumps's spacing), compact "
                         "(no whitespace) or free (any); default $LLAMA_OPT_SERVE_JSON_WHITESPACE or indented")
+    p.add_argument("--ray", action="store_true",
+                   help="serve with engine replicas on Ray Serve (pip install \"pyllamaopt[ray]\"): joins the cluster "
+                        "$RAY_ADDRESS names, else starts one here; docs/scale-out.md")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="--ray: engine replicas, each --threads CPUs (default 2)")
+    p.add_argument("--ray-router", choices=["affinity", "default"], default="affinity",
+                   help="--ray: place requests by prefix and session affinity (default), or with Ray Serve's "
+                        "default router (for comparison: sessions then work with one replica only)")
     p.set_defaults(func=commands.serve)
 
     p = sub.add_parser("info", help="build and model information")

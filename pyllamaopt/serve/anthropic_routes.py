@@ -12,9 +12,8 @@ from fastapi import APIRouter, Request
 
 from fastapi.responses import StreamingResponse
 
-from .chat_answer import answer_chat
+from .chat_answer import ChatRequest, answer_chat, render_chat
 from .chat_messages import ChoiceMode, Tool, ToolCall, ToolChoice, ToolResult, Turn, arguments_text, text_of
-from .chat_prompt import render_in_thread
 from .errors import BadRequest, ServiceError
 from .events import DoneEvent, Event, TokenEvent, Usage
 from .params import GenerateParams
@@ -196,20 +195,24 @@ class _Message:
                 "usage": _usage(done.usage), "pyllamaopt": done.extension()}
 
 
+def chat_request(body: CountTokensRequest, n_ctx: int) -> ChatRequest:
+    """What the body asks, as rendering takes it (also the Ray gateway's, for routing by prefix)."""
+    params = body.params(n_ctx) if isinstance(body, MessagesRequest) else GenerateParams()
+    tools, choice = _tools(body)
+    return ChatRequest(_turns(body), tools, choice, params, continue_last=True)
+
+
 @router.post("/v1/messages")
 async def messages(body: MessagesRequest, request: Request) -> Any:
     service: Service = request.app.state.service
-    params = body.params(service.context.n_ctx)
-    tools, choice = _tools(body)
-    return await answer_chat(request, _Message(request.app.state.model_name), _turns(body), tools, choice, params,
-                             stream=bool(body.stream), continue_last=True)
+    return await answer_chat(request, _Message(request.app.state.model_name),
+                             chat_request(body, service.context.n_ctx), stream=bool(body.stream))
 
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, Any]:
     """The prompt's tokens as /v1/messages renders them (tools and the generic format included)."""
     service: Service = request.app.state.service
-    tools, choice = _tools(body)
-    _, tokens, _ = await render_in_thread(request.app.state.chat_template, service.model, _turns(body), tools, choice,
-                                          GenerateParams(), continue_last=True)
+    _, tokens, _ = await render_chat(request.app.state.chat_template, service.model,
+                                     chat_request(body, service.context.n_ctx))
     return {"input_tokens": len(tokens)}

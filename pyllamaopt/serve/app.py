@@ -62,6 +62,7 @@ class ServeSettings:
     json_whitespace: str = DEFAULT_JSON_WHITESPACE  # how response_format answers lay out JSON (grammar.WHITESPACE)
     chat_template_file: str | None = None  # the chat routes' template instead of the GGUF's (--chat-template-file)
     verbose: bool = False
+    session_id_prefix: str = ""      # leads every protocol session id (a Ray replica's own: pyllamaopt/ray)
 
     def check(self) -> None:
         """Refuses settings a server must not run with; the messages say what to change."""
@@ -120,7 +121,8 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
     scheduler = Scheduler(prefetch=Session.prefetch_steps)  # decode steps of concurrent generations batched
     metrics = Metrics()
     service = Service(context, scheduler, metrics, max_sessions=settings.max_sessions,
-                      session_ttl=settings.session_ttl, json_whitespace=settings.json_whitespace)
+                      session_ttl=settings.session_ttl, json_whitespace=settings.json_whitespace,
+                      session_id_prefix=settings.session_id_prefix)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -167,10 +169,7 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     def error_response(request: Request, exc: ServiceError) -> JSONResponse:
-        path = request.url.path
-        shape = (anthropic_routes.error_body if path.startswith("/v1/messages") else
-                 session_routes.error_body if path.startswith(("/v1/sessions", "/v1/tokenize")) else openai_routes.error_body)
-        return JSONResponse(shape(exc), status_code=exc.status)
+        return JSONResponse(error_body(request.url.path, exc), status_code=exc.status)
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
@@ -220,6 +219,13 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
         return await call_next(request)
 
     return app
+
+
+def error_body(path: str, exc: ServiceError) -> dict[str, Any]:
+    """The error in the shape of the protocol of the route at `path`."""
+    shape = (anthropic_routes.error_body if path.startswith("/v1/messages") else
+             session_routes.error_body if path.startswith(("/v1/sessions", "/v1/tokenize")) else openai_routes.error_body)
+    return shape(exc)
 
 
 class _Refused(ServiceError):

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from ..tokens import TokenLogprob
-from .chat_answer import answer_chat
+from .chat_answer import ChatRequest, answer_chat
 from .chat_prompt import render_prompt
 from .chat_messages import NO_PARAMETERS, Tool, ToolCall, ToolChoice, ToolResult, Turn, arguments_text, text_of
 from .choices import ChoiceTally
@@ -227,18 +227,24 @@ class _ChatCompletion:
                 "logprobs": self._logprobs(done.logprobs), **fields}
 
 
+def chat_request(body: ChatCompletionRequest, n_ctx: int) -> ChatRequest:
+    """What the body asks, as rendering takes it (also the Ray gateway's, for routing by prefix)."""
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    # (its 400s come first, as they always did)
+    params = replace(body.params(max_tokens, n_ctx, body.response_format), logprobs=body.alternatives())
+    tools, choice = _tools(body)
+    return ChatRequest(_turns(body.messages), tools, choice, params, n=body.n,
+                       template_kwargs=body.chat_template_kwargs)
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     service = _service(request)
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    params = replace(body.params(max_tokens, service.context.n_ctx, body.response_format),
-                     logprobs=body.alternatives())
-    tools, choice = _tools(body)
+    chat = chat_request(body, service.context.n_ctx)
     surface = _ChatCompletion(request.app.state.model_name,
                               bool(body.stream_options and body.stream_options.include_usage), body.n,
-                              None if params.logprobs is None else service.model.token_bytes)
-    return await answer_chat(request, surface, _turns(body.messages), tools, choice, params, stream=bool(body.stream),
-                             template_kwargs=body.chat_template_kwargs, n=body.n)
+                              None if chat.params.logprobs is None else service.model.token_bytes)
+    return await answer_chat(request, surface, chat, stream=bool(body.stream))
 
 
 @router.post("/apply-template")

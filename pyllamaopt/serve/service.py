@@ -52,13 +52,14 @@ from .session_registry import ProtocolSession, SessionRegistry
 
 class Service:
     def __init__(self, context: Context, scheduler: Scheduler, metrics: Metrics, *,
-                 max_sessions: int, session_ttl: float, json_whitespace: str = DEFAULT_JSON_WHITESPACE) -> None:
+                 max_sessions: int, session_ttl: float, json_whitespace: str = DEFAULT_JSON_WHITESPACE,
+                 session_id_prefix: str = "") -> None:
         self.context = context
         self.model = context.model
         self.scheduler = scheduler
         self.metrics = metrics
         self._sessions = SessionRegistry(metrics, max_sessions=max_sessions, session_ttl=session_ttl,
-                                         changed=self._update_gauges)
+                                         changed=self._update_gauges, id_prefix=session_id_prefix)
         self._idle = IdleRequestPool(context)
         self._prefills = PrefillCoordinator(context, scheduler, metrics)
         self._generations = GenerationRunner(metrics, json_whitespace)
