@@ -208,9 +208,7 @@ def prompt_tokens(model: Model, template: ChatTemplate, messages: Sequence[Messa
     trimming it), which leaves no way to tell it from the markup."""
     tokens = model.tokenize(text, add_bos=False, special=True)
     forged = {i: [(0, len(m["content"]))] for i, m in enumerate(messages)
-              if isinstance(m.get("content"), str) and m["content"] and
-              model.tokenize(m["content"], add_bos=False, special=True) !=
-              model.tokenize(m["content"], add_bos=False, special=False)}
+              if isinstance(m.get("content"), str) and m["content"] and model.has_special_text(m["content"])}
     if not forged:
         return tokens
     rendered, spans = template.render_marked(messages, forged, **render)
