@@ -84,6 +84,13 @@ class Server:
     engine: str
     port: int
     kv_bytes_per_token: int
+    pid: int = 0  # the server's process (0: not known)
+
+    def cpu_seconds(self) -> float:
+        """The CPU time the server's process has used so far (all its threads): a turn's work that
+        a loaded machine stretches less than its wall time."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="x", max_retries=0, timeout=600)
@@ -138,7 +145,7 @@ def running(engine: str, model: Model, server_bin: Path | None, n_ctx: int, slot
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-{engine}.log"
     # outside the checkout: its pyllamaopt/ (without the built extension) must not shadow the installed one
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=log.parent, env=env)
-    server = Server(engine, port, model.kv_bytes_per_token)
+    server = Server(engine, port, model.kv_bytes_per_token, process.pid)
     try:
         wait_ready(process, server, log)
         yield server

@@ -234,13 +234,13 @@ def prompt_tokens(model: Model, template: ChatTemplate, messages: Sequence[Messa
         for call in m.get("tool_calls") or ():
             function = call.get("function") or {}
             for part in (function.get("name"), function.get("arguments")):
-                if isinstance(part, str) and _has_special_text(model, part):
+                if isinstance(part, str) and model.has_special_text(part):
                     raise ChatTemplateError("a tool call's name or arguments contain the model's special-token text "
                                             "(such as a turn's end), which the template would write as markup: "
                                             "remove that text from the call")
     tokens = model.tokenize(text, add_bos=False, special=True)
     forged = {i: [(0, len(m["content"]))] for i, m in enumerate(messages)
-              if isinstance(m.get("content"), str) and m["content"] and _has_special_text(model, m["content"])}
+              if isinstance(m.get("content"), str) and m["content"] and model.has_special_text(m["content"])}
     if not forged:
         return tokens
     rendered, spans = template.render_marked(messages, forged, **render)
@@ -255,10 +255,6 @@ def prompt_tokens(model: Model, template: ChatTemplate, messages: Sequence[Messa
         out += model.tokenize(text[at:a], add_bos=False, special=True) + model.tokenize(text[a:b], add_bos=False)
         at = b
     return out + model.tokenize(text[at:], add_bos=False, special=True)
-
-
-def _has_special_text(model: Model, text: str) -> bool:
-    return model.tokenize(text, add_bos=False, special=True) != model.tokenize(text, add_bos=False, special=False)
 
 
 def token_spans(model: Model, text: str, tokens: Sequence[int],
