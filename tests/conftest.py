@@ -68,6 +68,12 @@ def smollm2_path() -> Path:
     return models.resolve("smollm2-135m")
 
 
+@pytest.fixture(params=["f16", "q8_0", "q4_0"])
+def kv_type(request) -> str:
+    """The KV cache types a Gemma exactness test runs with: reuse is exact relative to the same type."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def gemma(gemma_path) -> pyllamaopt.Model:
     return pyllamaopt.Model(gemma_path)

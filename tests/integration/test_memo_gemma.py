@@ -18,9 +18,9 @@ def copy_prompt(gemma):
                           "<end_of_turn>\n<start_of_turn>model\n", special=True)
 
 
-def generate(gemma, memo, **sampling):
+def generate(gemma, memo, kv_type="f16", **sampling):
     prompt = copy_prompt(gemma)
-    with Context(gemma, n_ctx=2048, n_threads=2, config=OptConfig(env={}, memo_enabled=memo)) as ctx:
+    with Context(gemma, n_ctx=2048, n_threads=2, config=OptConfig(env={}, memo_enabled=memo, kv_type=kv_type)) as ctx:
         s = ctx.session()
         s.append(prompt)
         tokens = [t.id for t in s.generate(96, **sampling)]
@@ -28,9 +28,9 @@ def generate(gemma, memo, **sampling):
 
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.7, "seed": 5}])
-def test_memo_is_exact_on_gemma(gemma, sampling):
-    tokens_off, logits_off, stats_off = generate(gemma, False, **sampling)
-    tokens_on, logits_on, stats_on = generate(gemma, True, **sampling)
+def test_memo_is_exact_on_gemma(gemma, sampling, kv_type):
+    tokens_off, logits_off, stats_off = generate(gemma, False, kv_type, **sampling)
+    tokens_on, logits_on, stats_on = generate(gemma, True, kv_type, **sampling)
     assert tokens_on == tokens_off
     np.testing.assert_array_equal(logits_on, logits_off)
     assert stats_on.memo_tokens_skipped > len(tokens_on) // 4  # it copies: most drafts hold

@@ -13,15 +13,16 @@ from test_reuse_gemma import SYSTEM, TURNS
 pytestmark = pytest.mark.integration
 
 
-def scratch(model, tokens):
-    with Context(model, n_ctx=4096, n_threads=2, config=OptConfig(env={}, dedup_enabled=False, diff_enabled=False)) as ctx:
+def scratch(model, tokens, kv_type):
+    config = OptConfig(env={}, dedup_enabled=False, diff_enabled=False, kv_type=kv_type)
+    with Context(model, n_ctx=4096, n_threads=2, config=config) as ctx:
         s = ctx.session()
         s.append(tokens)
         return s.logits(), [t.id for t in s.generate(16)]
 
 
-def test_restored_context_equals_computing_it(gemma_path, tmp_path):
-    config = OptConfig(env={}, persist_enabled=True, persist_dir=str(tmp_path))
+def test_restored_context_equals_computing_it(gemma_path, tmp_path, kv_type):
+    config = OptConfig(env={}, persist_enabled=True, persist_dir=str(tmp_path), kv_type=kv_type)
     saver = Model(gemma_path, progress=False)
     stored = saver.tokenize(SYSTEM + "".join(TURNS))
     assert len(stored) > 1024  # beyond the sliding window
@@ -33,7 +34,7 @@ def test_restored_context_equals_computing_it(gemma_path, tmp_path):
     restarted = Model(gemma_path, progress=False)  # as after a restart: the model is hashed again
     longer = stored[:len(stored) - 200] + restarted.tokenize("User: And now the tests for mul, please.\nAgent:")
     for prompt in (stored, longer):
-        expected_logits, expected_tokens = scratch(restarted, prompt)
+        expected_logits, expected_tokens = scratch(restarted, prompt, kv_type)
         with Context(restarted, n_ctx=4096, n_threads=2, config=config) as ctx:
             s = ctx.session()
             s.append(prompt)

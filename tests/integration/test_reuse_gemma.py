@@ -23,8 +23,8 @@ TURNS = [
 ]
 
 
-def off() -> OptConfig:
-    return OptConfig(env={}, dedup_enabled=False, diff_enabled=False)
+def off(kv_type: str = "f16") -> OptConfig:
+    return OptConfig(env={}, dedup_enabled=False, diff_enabled=False, kv_type=kv_type)
 
 
 def converse(gemma, config, sampling):
@@ -46,10 +46,10 @@ def converse(gemma, config, sampling):
 
 
 @pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "seed": 7}], ids=["greedy", "seeded"])
-def test_agent_conversation_with_reuse_equals_recomputing_everything(gemma, sampling):
+def test_agent_conversation_with_reuse_equals_recomputing_everything(gemma, sampling, kv_type):
     assert len(gemma.tokenize(SYSTEM)) > 1024  # twice the sliding window
-    reused, stats = converse(gemma, OptConfig(env={}), sampling)
-    baseline, baseline_stats = converse(gemma, off(), sampling)
+    reused, stats = converse(gemma, OptConfig(env={}, kv_type=kv_type), sampling)
+    baseline, baseline_stats = converse(gemma, off(kv_type), sampling)
     for turn, ((logits, tokens), (ref_logits, ref_tokens)) in enumerate(zip(reused, baseline)):
         assert tokens == ref_tokens, f"turn {turn}"
         np.testing.assert_array_equal(logits, ref_logits, err_msg=f"turn {turn}")
@@ -57,16 +57,16 @@ def test_agent_conversation_with_reuse_equals_recomputing_everything(gemma, samp
     assert stats.diff_tokens_unchanged > 0
 
 
-def test_sessions_sharing_a_system_prompt_equal_isolated_sessions(gemma):
+def test_sessions_sharing_a_system_prompt_equal_isolated_sessions(gemma, kv_type):
     system = gemma.tokenize(SYSTEM)
     questions = [gemma.tokenize(t, add_bos=False) for t in TURNS[:4]]
     isolated = []
     for q in questions:
-        with Context(gemma, n_ctx=2048, n_threads=2, config=off()) as ctx:
+        with Context(gemma, n_ctx=2048, n_threads=2, config=off(kv_type)) as ctx:
             s = ctx.session()
             s.append(system + q)
             isolated.append((s.logits(), [t.id for t in s.generate(16)]))
-    with Context(gemma, n_ctx=8192, n_threads=2) as ctx:
+    with Context(gemma, n_ctx=8192, n_threads=2, config=OptConfig(kv_type=kv_type)) as ctx:
         sessions = [ctx.session() for _ in questions]
         for s, q in zip(sessions, questions):
             s.append(system + q)
@@ -117,7 +117,7 @@ def test_tier2_edit_keeps_other_sessions_exact_and_stays_close(gemma):
     assert kl < 0.05  # measured 2e-3 on the agent trace (docs/benchmarks.md)
 
 
-def test_an_answer_that_meets_the_top_of_the_cache_moves_down_bit_for_bit(gemma):
+def test_an_answer_that_meets_the_top_of_the_cache_moves_down_bit_for_bit(gemma, kv_type):
     """tests/test_room.py's case on the real model, sliding-window layers included: a history with
     one free tile above it, cached blocks below, an answer of 300 tokens. It meets the top after
     64 tokens and moves down (history and answer computed again): the same tokens, and the same
@@ -126,7 +126,8 @@ def test_an_answer_that_meets_the_top_of_the_cache_moves_down_bit_for_bit(gemma)
     filler = gemma.tokenize(SYSTEM * 3)[:896]
     results = []
     for moved in (True, False):
-        with Context(gemma, n_ctx=1024, n_batch=256, n_seq_max=8, n_threads=2, config=OptConfig(env={})) as ctx:
+        with Context(gemma, n_ctx=1024, n_batch=256, n_seq_max=8, n_threads=2,
+                     config=OptConfig(env={}, kv_type=kv_type)) as ctx:
             below = ctx.session()
             if moved:
                 below.append(filler)  # tiles 0-13 of 16
@@ -142,3 +143,26 @@ def test_an_answer_that_meets_the_top_of_the_cache_moves_down_bit_for_bit(gemma)
     assert moved_tokens == tokens
     np.testing.assert_array_equal(moved_logits, logits)
     assert recomputed == len(prompt)  # it moved
+
+
+def test_a_fork_and_its_parent_each_equal_a_session_of_their_own(gemma, kv_type):
+    """A fork shares its parent's cells; after the fork each goes its own way, and each gives the
+    logits and tokens of a session computing its history alone, in a context of its own."""
+    history = gemma.tokenize(SYSTEM + TURNS[0])
+    turns = [gemma.tokenize(t, add_bos=False) for t in TURNS[1:3]]
+    results = []
+    with Context(gemma, n_ctx=4096, n_threads=2, config=OptConfig(env={}, kv_type=kv_type)) as ctx:
+        parent = ctx.session()
+        parent.append(history)
+        used = ctx.kv_cells_used
+        fork = parent.fork()
+        assert ctx.kv_cells_used - used < 2 * ctx.block_size  # only the last chunk is its own
+        for session, turn in zip((parent, fork), turns):
+            session.append(turn)
+            results.append((session.logits(), [t.id for t in session.generate(12)]))
+    for turn, (logits, tokens) in zip(turns, results):
+        with Context(gemma, n_ctx=2048, n_threads=2, config=off(kv_type)) as ctx:
+            s = ctx.session()
+            s.append(history + turn)
+            np.testing.assert_array_equal(logits, s.logits())
+            assert tokens == [t.id for t in s.generate(12)]

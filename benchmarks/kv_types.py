@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Quantized KV caches (kv_type, issue 46) against F16: what a type saves and what it costs.
+
+    python benchmarks/kv_types.py [--types f16,q8_0,q4_0] [--lengths 1024,4096,8192]
+        [--depths 10,50,90] [--variants passkey,code,multi] [--trace-turns 12] [--threads 2]
+        [--budget-gib 1] [--session-tokens 8192] [--json out.json]
+
+For each type, in a context of its own (the same inputs as benchmarks/quality.py):
+  capacity     KV bytes per token (Context.kv_bytes_per_token) and how many sessions of
+               --session-tokens tokens a KV budget of --budget-gib GiB keeps warm
+  needle grid  quality.py's needles by length × depth × variant: recall of the greedy answer,
+               the prefill's tokens per second, decode tokens per second, and KL(f16 || type) /
+               top-1 agreement of the answer's first token
+  agent trace  quality.py's conversation appended message by message: at every third turn from
+               the fourth, KL(f16 || type) and top-1 agreement of the next-token distribution,
+               greedy agreement of the generated tokens, and the perplexity of the scripted answer
+Each type's figures are compared with f16's from the same run (ratios side by side).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import quality  # noqa: E402
+
+from pyllamaopt import Context, Model, OptConfig, models  # noqa: E402
+
+
+def needle_runs(ctx: Context, model: Model, lengths: list[int], depths: list[int], variants: list[str],
+                answer_tokens: int) -> dict[tuple, dict]:
+    out = {}
+    for n in lengths:
+        for d in depths:
+            for variant in variants:
+                case = quality.needle_case(model, n, d, variant, 0)
+                session = ctx.session()
+                start = time.perf_counter()
+                session.append(case.context + case.question)
+                prefill = time.perf_counter() - start
+                logits = session.logits()
+                tokens, decode = quality.generate(session, answer_tokens)
+                session.discard()
+                out[(n, d, variant)] = dict(logits=logits, recall=case.expected in model.detokenize(tokens),
+                                            prefill_tok_s=(len(case.context) + len(case.question)) / prefill,
+                                            decode_tok_s=decode)
+    return out
+
+
+def agreement(a: list[int], b: list[int]) -> float:
+    """Share of the generated tokens equal up to the first difference."""
+    same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return same / max(1, len(a))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gemma3-270m")
+    parser.add_argument("--types", default="f16,q8_0,q4_0")
+    parser.add_argument("--lengths", default="1024,4096,8192", help="'': no needle grid")
+    parser.add_argument("--depths", default="10,50,90")
+    parser.add_argument("--variants", default=",".join(quality.VARIANTS))
+    parser.add_argument("--answer-tokens", type=int, default=quality.ANSWER_TOKENS)
+    parser.add_argument("--trace-turns", type=int, default=12, help="agent-trace turns (0: none)")
+    parser.add_argument("--gen", type=int, default=16, help="generated tokens per measured trace turn")
+    parser.add_argument("--ppl-tokens", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--budget-gib", type=float, default=1.0)
+    parser.add_argument("--session-tokens", type=int, default=8192)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    types = args.types.split(",")
+    if types[0] != "f16":
+        types.insert(0, "f16")  # everything is compared with it
+    lengths = [int(x) for x in args.lengths.split(",") if x]
+    depths = [int(x) for x in args.depths.split(",")]
+    variants = args.variants.split(",")
+    model = Model(models.resolve(args.model), progress=False)
+    n_ctx = max(lengths + [8192 if args.trace_turns else 0]) + 256
+    print(f"model {model.description}; {args.threads} threads; n_ctx {n_ctx}", flush=True)
+
+    results = {}
+    for kv_type in types:
+        t0 = time.perf_counter()
+        with Context(model, n_ctx=n_ctx, n_seq_max=2, n_threads=args.threads,
+                     config=OptConfig(env={}, kv_type=kv_type)) as ctx:
+            needles = needle_runs(ctx, model, lengths, depths, variants, args.answer_tokens)
+            trace = quality.trace_turns(quality.EXACT, ctx, model, args.trace_turns, args.gen, args.ppl_tokens)
+            bytes_per_token = ctx.kv_bytes_per_token
+        results[kv_type] = dict(bytes_per_token=bytes_per_token, needles=needles, trace=trace)
+        print(f"{kv_type}: {time.perf_counter() - t0:.0f} s", flush=True)
+
+    base = results["f16"]
+    budget = int(args.budget_gib * 2**30)
+    rows = []
+    for kv_type in types:
+        r = results[kv_type]
+        sessions = budget // (args.session_tokens * r["bytes_per_token"])
+        needle = r["needles"].values()
+        pairs = [(base["needles"][k], v) for k, v in r["needles"].items()]
+        turns = list(zip(base["trace"], r["trace"]))
+        row = dict(
+            kv_type=kv_type, bytes_per_token=r["bytes_per_token"], sessions=sessions,
+            sessions_vs_f16=sessions / max(1, budget // (args.session_tokens * base["bytes_per_token"])),
+            recall=quality.mean(float(v["recall"]) for v in needle),
+            needle_kl=quality.mean(quality.kl(b["logits"], v["logits"]) for b, v in pairs),
+            needle_top1=quality.mean(float(b["logits"].argmax() == v["logits"].argmax()) for b, v in pairs),
+            prefill_vs_f16={n: quality.mean(v["prefill_tok_s"] / b["prefill_tok_s"] for (k, b), v in
+                                            zip(base["needles"].items(), needle) if k[0] == n) for n in lengths},
+            decode_vs_f16=quality.mean(v["decode_tok_s"] / b["decode_tok_s"] for b, v in pairs),
+            trace_kl=quality.mean(quality.kl(b.logits, t.logits) for b, t in turns),
+            trace_top1=quality.mean(float(b.logits.argmax() == t.logits.argmax()) for b, t in turns),
+            trace_greedy=quality.mean(agreement(t.generated, b.generated) for b, t in turns),
+            trace_ppl=math.exp(quality.mean(x for t in r["trace"] for x in t.nll)))
+        rows.append(row)
+
+    print(f"\nKV budget {args.budget_gib:g} GiB, sessions of {args.session_tokens} tokens; needles: lengths "
+          f"{lengths} × depths {depths} × {variants}; agent trace: {len(base['trace'])} measured turns\n")
+    print("| kv_type | bytes/token | sessions | × f16 | needle recall | needle KL | needle top-1 | "
+          + " | ".join(f"prefill {n} × f16" for n in lengths)
+          + " | decode × f16 | trace KL | trace top-1 | greedy agreement | trace ppl |")
+    print("|---" * (12 + len(lengths)) + "|")
+    for row in rows:
+        print(f"| {row['kv_type']} | {row['bytes_per_token']} | {row['sessions']} | {row['sessions_vs_f16']:.2f} | "
+              f"{row['recall']:.2f} | {row['needle_kl']:.4f} | {row['needle_top1']:.2f} | "
+              + " | ".join(f"{row['prefill_vs_f16'][n]:.2f}" for n in lengths)
+              + f" | {row['decode_vs_f16']:.2f} | {row['trace_kl']:.4f} | {row['trace_top1']:.2f} | "
+              f"{row['trace_greedy']:.2f} | {row['trace_ppl']:.3f} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
