@@ -67,6 +67,12 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
             "attention scores (attn_prune_enabled, spec_prefill_enabled without a draft model) read the KV cache's K "
             "rows as F16: use kv_type='f16' with them", "kv_type");
     }
+    if (cfg.diff_reuse_shifted && codec_.type == GGML_TYPE_Q4_0) {  // (llama.cpp's K-shift quantizes K again)
+        throw llama_opt_error(llama_opt_errc::config,
+            "diff_reuse_shifted with kv_type='q4_0' is refused: its moved K rows, rotated and quantized again, "
+            "measured a KL of 0.11 against computing the edited history with q4_0 (q8_0: 0.004; f16: 0.002; "
+            "docs/exactness.md): use kv_type='q8_0' with it", "kv_type");
+    }
 
     const int32_t hw = (int32_t) std::max(1u, std::thread::hardware_concurrency());
     llama_context_params cp = llama_context_default_params();

@@ -77,3 +77,12 @@ def test_the_disk_tier_never_restores_another_types_entry(gemma, tmp_path, saved
 def test_attention_scores_refuse_a_quantized_cache(gemma, option):
     with pytest.raises(ConfigError, match="read the KV cache's K rows as F16: use kv_type='f16'"):
         Context(gemma, n_ctx=1024, n_threads=2, config=OptConfig(env={}, kv_type="q8_0", **option))
+
+
+def test_shifted_reuse_refuses_q4_0_and_takes_q8_0(gemma):
+    """Tier-2 shifted reuse moves K rows and rotates them as llama.cpp's K-shift does (dequantize,
+    rotate, quantize): with q8_0 it stays close (test_reuse_gemma.py), with q4_0 it measured a
+    KL of 0.11 on that test's edit, so the context refuses it."""
+    with pytest.raises(ConfigError, match="diff_reuse_shifted with kv_type='q4_0' is refused.*use kv_type='q8_0'"):
+        Context(gemma, n_ctx=1024, n_threads=2, config=OptConfig(env={}, kv_type="q4_0", diff_reuse_shifted=True))
+    Context(gemma, n_ctx=1024, n_threads=2, config=OptConfig(env={}, kv_type="q8_0", diff_reuse_shifted=True)).close()

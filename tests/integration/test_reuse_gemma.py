@@ -85,7 +85,8 @@ def test_sessions_sharing_a_system_prompt_equal_isolated_sessions(gemma, kv_type
         assert generated[i] == ref_tokens, f"session {i}"
 
 
-def test_tier2_edit_keeps_other_sessions_exact_and_stays_close(gemma):
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])  # q4_0 is refused (test_kv_type_gemma.py)
+def test_tier2_edit_keeps_other_sessions_exact_and_stays_close(gemma, kv_type):
     """Tier 2 on Gemma 3 (both KV caches of the sliding-window model are moved and re-rotated):
     a session syncs a history edited in the middle; an exact session in the same context keeps
     bitwise-exact logits, and the edited session's next-token distribution stays close to
@@ -94,7 +95,7 @@ def test_tier2_edit_keeps_other_sessions_exact_and_stays_close(gemma):
     transcript = SYSTEM + "".join(TURNS)
     edited = transcript.replace("return a - b", "return a + b  # fixed")
     other = SYSTEM + TURNS[0] + " I will read math_utils.py first."
-    tier2 = OptConfig(env={}, diff_reuse_shifted=True)
+    tier2 = OptConfig(env={}, diff_reuse_shifted=True, kv_type=kv_type)
     with Context(gemma, n_ctx=4096, n_threads=2, config=tier2) as ctx:
         exact, approximate = ctx.session(), ctx.session()
         exact.sync(gemma.tokenize(SYSTEM + TURNS[0]))
@@ -104,7 +105,7 @@ def test_tier2_edit_keeps_other_sessions_exact_and_stays_close(gemma):
         got = approximate.logits()
         exact.sync(gemma.tokenize(other))
         exact_logits = exact.logits()
-    with Context(gemma, n_ctx=4096, n_threads=2, config=off()) as ctx:
+    with Context(gemma, n_ctx=4096, n_threads=2, config=off(kv_type)) as ctx:
         s = ctx.session()
         s.sync(gemma.tokenize(edited))
         expected = s.logits()
