@@ -45,7 +45,9 @@ def converse(gemma, config, sampling):
     return out, stats
 
 
-@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "seed": 7}], ids=["greedy", "seeded"])
+# seeded sampling once: the quantized types add nothing to what it tests (the CI's time)
+@pytest.mark.parametrize("sampling,kv_type", [({}, "f16"), ({"temperature": 0.8, "seed": 7}, "f16"), ({}, "q8_0"),
+                                              ({}, "q4_0")], ids=["greedy", "seeded", "greedy-q8_0", "greedy-q4_0"])
 def test_agent_conversation_with_reuse_equals_recomputing_everything(gemma, sampling, kv_type):
     assert len(gemma.tokenize(SYSTEM)) > 1024  # twice the sliding window
     reused, stats = converse(gemma, OptConfig(env={}, kv_type=kv_type), sampling)
