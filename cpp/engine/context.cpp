@@ -62,10 +62,12 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
     codec_ = llama_opt_kv_codec::from_name(cfg.kv_type);
     codec_.check(*model_, params.flash_attn);
     const bool scores_attention = cfg.attn_prune_enabled || (cfg.spec_prefill_enabled && cfg.spec_prefill_draft_model.empty());
-    if (scores_attention && !codec_.identity()) {  // (K rows stored rotated and quantized: methods/attn-capture reads F16)
+    if ((scores_attention || cfg.h2o_enabled) && !codec_.identity()) {
+        // attention scores read K rows as F16 (methods/attn-capture; llama.cpp stores a quantized K
+        // rotated); H2O's gathered attention (patches/0010) was built and measured on F16 rows only
         throw llama_opt_error(llama_opt_errc::config,
-            "attention scores (attn_prune_enabled, spec_prefill_enabled without a draft model) read the KV cache's K "
-            "rows as F16: use kv_type='f16' with them", "kv_type");
+            "attention scores (attn_prune_enabled, spec_prefill_enabled without a draft model) and H2O "
+            "(h2o_enabled) read the KV cache's K rows as F16: use kv_type='f16' with them", "kv_type");
     }
     if (cfg.diff_reuse_shifted && codec_.type == GGML_TYPE_Q4_0) {  // (llama.cpp's K-shift quantizes K again)
         throw llama_opt_error(llama_opt_errc::config,

@@ -73,7 +73,7 @@ def test_the_disk_tier_never_restores_another_types_entry(gemma, tmp_path, saved
         assert run(kv_type, persist=True)[1].persist_tokens_restored >= len(prompt) - 64
 
 
-@pytest.mark.parametrize("option", [{"attn_prune_enabled": True}, {"spec_prefill_enabled": True}])
+@pytest.mark.parametrize("option", [{"attn_prune_enabled": True}, {"spec_prefill_enabled": True}, {"h2o_enabled": True}])
 def test_attention_scores_refuse_a_quantized_cache(gemma, option):
     with pytest.raises(ConfigError, match="read the KV cache's K rows as F16: use kv_type='f16'"):
         Context(gemma, n_ctx=1024, n_threads=2, config=OptConfig(env={}, kv_type="q8_0", **option))
