@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -47,16 +48,29 @@ NORM_NAMES = {"attn_norm", "Qcur_normed", "Kcur_normed", "attn_post_norm", "ffn_
               "result_norm", "norm"}
 
 
-def category(group: dict[str, Any]) -> str:
-    """The table row of a group of nodes."""
+def weight_types(path: str) -> dict[str, str]:
+    """The GGUF's weight types by the profile's weight names (`blk.*.X.weight`: every layer's type,
+    with the count of layers of each where they differ, e.g. "Q4_Kx12+Q6_Kx12")."""
+    import gguf
+
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for tensor in gguf.GGUFReader(path).tensors:
+        counts[re.sub(r"^blk\.\d+\.", "blk.*.", tensor.name)][tensor.tensor_type.name] += 1
+    return {name: next(iter(c)) if len(c) == 1 else "+".join(f"{t}x{n}" for t, n in c.most_common())
+            for name, c in counts.items()}
+
+
+def category(group: dict[str, Any], types: dict[str, str] | None = None) -> str:
+    """The table row of a group of nodes (`types`: matmuls named with their weights' types)."""
     op, name, weight = group["op"], group["name"], group["weight"]
+    typed = f" ({types[weight]})" if types and weight in types else ""
     if op in NO_COMPUTE:
         return "views (no compute)"
     if op == "MUL_MAT":
         if weight.startswith("blk.*."):
-            return "matmul " + weight[len("blk.*."):-len(".weight")]
+            return "matmul " + weight[len("blk.*."):-len(".weight")] + typed
         if weight in ("output.weight", "token_embd.weight"):
-            return "output layer (matmul)"
+            return "output layer (matmul)" + typed
         return "attention (KQ, KQV matmuls)"
     if op == "FLASH_ATTN_EXT":
         return "attention (flash)"
@@ -137,14 +151,16 @@ def run_workload(ctx: Context, tokens: list[int], workload: str, n_decode: int,
     return wall, profile
 
 
-def time_table(groups: list[dict[str, Any]], wall: float, title: str, clock: str) -> None:
+def time_table(groups: list[dict[str, Any]], wall: float, title: str, clock: str, types: dict[str, str],
+               tokens: int) -> None:
     """`clock`: "cpu_ns" (the calling thread's CPU time: with one compute thread, every node's own
-    work, whatever else the machine runs) or "ns" (wall clock)."""
+    work, whatever else the machine runs) or "ns" (wall clock); `tokens`: those computed (a
+    prefill's prompt tokens, a decode's steps), for the time per token."""
     overhead = [g[clock] / g["calls"] for g in groups if g["op"] in NO_COMPUTE and g["calls"]]
     per_node = statistics.median(overhead) if overhead else 0.0
     rows: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "raw": 0.0, "net": 0.0})
     for g in groups:
-        row = rows[category(g)]
+        row = rows[category(g, types)]
         row["calls"] += g["calls"]
         row["raw"] += g[clock]
         row["net"] += 0.0 if g["op"] in NO_COMPUTE else max(0.0, g[clock] - per_node * g["calls"])
@@ -153,11 +169,13 @@ def time_table(groups: list[dict[str, Any]], wall: float, title: str, clock: str
     print(f"\n{title}: wall {wall * 1e3:.1f} ms, of which in graph nodes {total_wall / 1e6:.1f} ms; "
           f"{'CPU time' if clock == 'cpu_ns' else 'wall time'} of the nodes {total_net / 1e6:.1f} ms net of "
           f"~{per_node / 1e3:.1f} us per node computed alone (median of the views)")
-    print(f"  {'operation':<34} {'nodes':>7} {'net ms':>9} {'share':>7}")
+    print(f"  {'operation':<46} {'nodes':>7} {'net ms':>9} {'share':>7} {'us/token':>9}")
     for name, row in sorted(rows.items(), key=lambda kv: -kv[1]["net"]):
         if name == "views (no compute)":
             continue
-        print(f"  {name:<34} {int(row['calls']):>7} {row['net'] / 1e6:>9.2f} {100 * row['net'] / total_net:>6.1f}%")
+        print(f"  {name:<46} {int(row['calls']):>7} {row['net'] / 1e6:>9.2f} {100 * row['net'] / total_net:>6.1f}% "
+              f"{row['net'] / 1e3 / tokens:>9.1f}")
+    print(f"  {'all nodes':<46} {'':>7} {total_net / 1e6:>9.2f} {'':>7} {total_net / 1e3 / tokens:>9.1f}")
 
 
 def facts_table(groups: list[dict[str, Any]], title: str) -> None:
@@ -329,6 +347,7 @@ def main() -> None:
 
     print(f"model {args.model}, threads {args.threads}, n_batch {args.n_batch}, canonical schedule, "
           f"flash attention on, memo off")
+    types = weight_types(str(model.path))
     for workload, n in workloads if not args.no_time else []:
         tokens = prompt_tokens(model, n)
         ctx = make_context(model, args, "time")
@@ -338,7 +357,8 @@ def main() -> None:
             seconds, counted = run_workload(ctx, tokens, workload.split()[0], args.decode)
             wall, profile = wall + seconds, combine(profile, counted, +1)
         label = f"{workload} ({args.decode} steps after {n} tokens)" if workload == "decode" else workload
-        time_table(profile, wall, label, "cpu_ns" if args.threads == 1 else "ns")
+        computed = (args.decode if workload == "decode" else n) * args.repeat
+        time_table(profile, wall, label, "cpu_ns" if args.threads == 1 else "ns", types, computed)
         ctx.close()
     if args.facts:
         for workload, n in workloads:

@@ -3,6 +3,8 @@
     python benchmarks/server.py [--shapes append,reasoning,workspace,header,concurrent] [--turns N]
                                 [--gen 32] [--clients 4,8] [--no-reference] [--interleave]
                                 [--engines pyllamaopt,pyllamaopt-tier2[@SHARE],llama-server]
+    python benchmarks/server.py --route chat [--shapes append,workspace] [--turns 16] [--per-turn]
+(--route chat: chat messages, each server's own answers re-sent: benchmarks/server_chat.py.)
 
 Every prompt goes as token ids to /v1/completions, greedy, streamed. Both servers run the same
 model on the same 2 threads; llama-server is built from the same pinned llama.cpp tree with the
@@ -106,8 +108,9 @@ def free_port() -> int:
 
 
 def server_command(engine: str, path: Path, server_bin: Path | None, port: int, n_ctx: int,
-                   slots: int) -> tuple[list[str], dict[str, str]]:
-    """The command line and environment of `engine`."""
+                   slots: int, jinja: bool = False) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of `engine` (`jinja`: llama-server renders chat messages
+    with the GGUF's template through its jinja engine)."""
     env = dict(os.environ)  # PYTHONPATH included: the server runs the same pyllamaopt as this script
     if engine.startswith("pyllamaopt"):
         kind, _, share = engine.partition("@")
@@ -123,13 +126,15 @@ def server_command(engine: str, path: Path, server_bin: Path | None, port: int, 
     if engine not in speculation or server_bin is None:
         raise SystemExit(f"unknown engine {engine}")
     return [str(server_bin), "-m", str(path), "--port", str(port), "-c", str(n_ctx), "-t", "2", "-tb", "2",
-            "-np", str(slots), "-fa", "on", "--swa-full", "--no-webui", "--metrics", *speculation[engine]], env
+            "-np", str(slots), "-fa", "on", "--swa-full", "--no-webui", "--metrics", *speculation[engine],
+            *(["--jinja"] if jinja else [])], env
 
 
 @contextlib.contextmanager
-def running(engine: str, model: Model, server_bin: Path | None, n_ctx: int, slots: int = 1) -> Iterator[Server]:
+def running(engine: str, model: Model, server_bin: Path | None, n_ctx: int, slots: int = 1,
+            jinja: bool = False) -> Iterator[Server]:
     port = free_port()
-    command, env = server_command(engine, Path(model.path), server_bin, port, n_ctx, slots)
+    command, env = server_command(engine, Path(model.path), server_bin, port, n_ctx, slots, jinja)
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-{engine}.log"
     # outside the checkout: its pyllamaopt/ (without the built extension) must not shadow the installed one
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=log.parent, env=env)
@@ -475,6 +480,10 @@ def main() -> int:
     parser.add_argument("--no-reference", action="store_true", help="skip the answers-without-reuse runs")
     parser.add_argument("--interleave", action="store_true",
                         help="sequential shapes: all engines' servers at once, each turn to every engine in rotating order")
+    parser.add_argument("--route", choices=("completions", "chat"), default="completions",
+                        help="chat: messages to /v1/chat/completions, interleaved (benchmarks/server_chat.py)")
+    parser.add_argument("--check", type=int, default=4, help="chat: the last turns compared with a cold server")
+    parser.add_argument("--per-turn", action="store_true", help="chat: where each turn's time went")
     args = parser.parse_args()
     model = Model(models.resolve(args.model))
     engines = args.engines.split(",")
@@ -489,7 +498,12 @@ def main() -> int:
         if shape not in TURNS:
             raise SystemExit(f"unknown shape {shape}: one of {', '.join(TURNS)}")
         n_turns = args.turns or TURNS[shape]
-        if shape == "concurrent":
+        if args.route == "chat":
+            import server_chat  # (it imports this module's servers)
+
+            server_chat.bench_chat(shape, model, server_bin, engines, args.turns or 16, args.gen, args.check,
+                                   args.per_turn)
+        elif shape == "concurrent":
             bench_concurrent(model, server_bin, engines, [int(c) for c in args.clients.split(",")], n_turns, args.gen)
         else:
             bench_trace(shape, model, server_bin, engines, n_turns, args.gen, not args.no_reference, args.interleave)

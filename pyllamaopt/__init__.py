@@ -40,7 +40,7 @@ from .errors import (
     UnenforceableSchemaError,
     UnsupportedRegexError,
 )
-from .tokens import Token
+from .tokens import Token, TokenLogprob
 
 if TYPE_CHECKING:
     from .chat import Chat, ChatTemplate
@@ -96,7 +96,7 @@ def build_info() -> dict[str, object]:
 
 __all__ = [
     "Chat", "ChatTemplate", "Context", "Generation", "Model", "OptConfig", "PersistEntry", "PersistStore", "Session",
-    "Stats", "Token",
+    "Stats", "Token", "TokenLogprob",
     "build_info", "features", "fields",
     "ChatTemplateError", "ConfigError", "ContextOverflowError", "DecodeError", "DeltaError", "FeatureUnavailableError",
     "GrammarError",

@@ -542,6 +542,12 @@ class Sampling:
     def logit_bias(self, arg1: collections.abc.Sequence[tuple[typing.SupportsInt | typing.SupportsIndex, typing.SupportsFloat | typing.SupportsIndex]]) -> None:
         ...
     @property
+    def logprobs(self) -> int:
+        ...
+    @logprobs.setter
+    def logprobs(self, arg0: typing.SupportsInt | typing.SupportsIndex) -> None:
+        ...
+    @property
     def min_p(self) -> float:
         ...
     @min_p.setter
@@ -589,12 +595,28 @@ class Sampling:
     @top_p.setter
     def top_p(self, arg0: typing.SupportsFloat | typing.SupportsIndex) -> None:
         ...
+class TokenLogprob:
+    """
+    A token's log-probability under the model's raw logits, and the most likely tokens there.
+    """
+    @property
+    def logprob(self) -> float:
+        ...
+    @property
+    def token(self) -> int:
+        ...
+    @property
+    def top(self) -> list[tuple[int, float]]:
+        ...
 class Step:
     """
     One generated token (token -1: the grammar allows none).
     """
     @property
     def eog(self) -> bool:
+        ...
+    @property
+    def logprob(self) -> TokenLogprob | None:
         ...
     @property
     def piece(self) -> bytes:
@@ -630,6 +652,8 @@ class Session:
     def next_token(self) -> int:
         ...
     def save(self) -> int:
+        ...
+    def score(self, tokens: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], top_n: typing.SupportsInt | typing.SupportsIndex = 0) -> list[TokenLogprob]:
         ...
     def set_grammar(self, gbnf: str, max_tokens: int = 0) -> None:
         ...

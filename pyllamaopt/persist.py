@@ -172,6 +172,15 @@ class PersistStore:
         memo = self.directory / _MEMO
         if memo.is_file() and not memo.is_symlink():
             paths.append(memo)
+        return self._remove(paths)
+
+    def remove_foreign(self, layout: Mapping[str, object]) -> int:
+        """Removes the entries a context whose ``persist_layout`` is `layout` never restores
+        (``foreign``: another model's or another build's). Returns how many; raises PersistError
+        naming those it could not remove."""
+        return self._remove([e.path for e in self.foreign(layout)])
+
+    def _remove(self, paths: list[Path]) -> int:
         failed = {p: why for p in paths if (why := _unlink(p))}
         if failed:
             raise PersistError(f"could not remove {len(failed)} of {len(paths)} files in {self.directory}: " +

@@ -3,75 +3,38 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import math
-import numbers
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
 from . import _core
+from .config import OptConfig
 from .errors import ContextOverflowError, InvalidArgumentError, SessionClosedError, SessionEvictedError
-from .model import check_token_ids
+from .logprobs import check_top, from_core, score_prompt
+from .model import Model, check_token_ids
+from .sampling import budget, check_max_tokens, output_grammar, sampling_settings
 from .stats import Stats
 from .stop_strings import find_stop, held_back, stop_list
-from .tokens import Token
+from .tokens import Token, TokenLogprob
 
 if TYPE_CHECKING:
-    from .context import Context
     from .grammar import SchemaCheck, SchemaGrammar
 
 
-def _real(value: object) -> float:
-    """`value` as a float; NaN for what is not a real number (bool included)."""
-    return math.nan if isinstance(value, bool) or not isinstance(value, numbers.Real) else float(value)
+class SessionContext(Protocol):
+    """What a session uses of the context it is a sequence of (``Context`` is one). Named here
+    instead of ``Context``, which creates sessions: the two modules then depend one way."""
 
+    @property
+    def model(self) -> Model: ...
 
-def _is_count(value: object) -> bool:
-    """Whether `value` is an int in [0, 2**31) (bool is refused: a True top_k is a mistake, not 1)."""
-    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and 0 <= int(value) < 2**31
+    @property
+    def config(self) -> OptConfig: ...
 
-
-def _check_sampling(temperature: object, top_k: object, top_p: object, min_p: object) -> None:
-    """InvalidArgumentError for a sampling value out of its range (objects: the caller may pass anything)."""
-    for name, value, low_open, high in (("temperature", temperature, False, math.inf), ("top_p", top_p, True, 1.0),
-                                        ("min_p", min_p, False, 1.0)):
-        x = _real(value)
-        ok = (0 < x if low_open else 0 <= x) and x <= high and math.isfinite(x)
-        if not ok:
-            where = {"temperature": "a finite number >= 0 (0: greedy)",
-                     "top_p": "in (0, 1] (1: off)", "min_p": "in [0, 1] (0: off)"}[name]
-            raise InvalidArgumentError(f"{name} must be {where}, got {value!r}")
-    if not _is_count(top_k):
-        raise InvalidArgumentError(f"top_k must be an integer >= 0 (0: off), got {top_k!r}")
-
-
-def _penalties(sampling: _core.Sampling, repeat: object, frequency: object, presence: object, last_n: object) -> None:
-    """The repetition penalties into `sampling`; InvalidArgumentError for a value out of its range."""
-    for name, value in (("frequency_penalty", frequency), ("presence_penalty", presence)):
-        if not math.isfinite(_real(value)):
-            raise InvalidArgumentError(f"{name} must be a finite number (0: off), got {value!r}")
-    if not (math.isfinite(_real(repeat)) and _real(repeat) > 0):
-        raise InvalidArgumentError(f"repeat_penalty must be a finite number > 0 (1: off), got {repeat!r}")
-    if not _is_count(last_n):
-        raise InvalidArgumentError(f"repeat_last_n must be an integer >= 0 (0: off), got {last_n!r}")
-    sampling.repeat_penalty, sampling.frequency_penalty, sampling.presence_penalty, sampling.repeat_last_n = (
-        _real(repeat), _real(frequency), _real(presence), int(cast(int, last_n)))
-
-
-def _logit_bias(bias: object, n_vocab: int) -> list[tuple[int, float]]:
-    """A {token id: bias} mapping as (token, bias) pairs; InvalidArgumentError naming a bad entry."""
-    if not isinstance(bias, Mapping):
-        raise InvalidArgumentError(f"logit_bias must map token ids to biases, got {bias!r}")
-    pairs = []
-    for token, value in bias.items():
-        if isinstance(token, bool) or not isinstance(token, numbers.Integral) or not 0 <= int(token) < n_vocab:
-            raise InvalidArgumentError(f"logit_bias: token {token!r} is not a token id of this model (0..{n_vocab - 1})")
-        if not math.isfinite(_real(value)):
-            raise InvalidArgumentError(f"logit_bias: the bias of token {token} must be a finite number, got {value!r}")
-        pairs.append((int(token), _real(value)))
-    return pairs
+    @property
+    def n_ctx(self) -> int: ...
 
 
 class Generation(Iterator[Token]):
@@ -139,7 +102,7 @@ class Generation(Iterator[Token]):
             session._running = self._ref  # (the finally clears it, whatever fails from here)
             if session._configured_for is not self._tag:  # another generation of the session came between
                 core.set_sampling(sampling)
-                core.set_grammar(self._grammar, _budget(max_tokens, core.room))
+                core.set_grammar(self._grammar, budget(max_tokens, core.room))
                 session._configured_for = self._tag
             if max_tokens == 0:
                 self.finish_reason = "length"
@@ -174,7 +137,7 @@ class Generation(Iterator[Token]):
                         full += decoder.decode(b"", final=True)
                     release = len(full)
                 piece, self.text = full[len(self.text):release], full[:release]
-                yield Token(token, piece)
+                yield Token(token, piece, None if step.logprob is None else from_core(step.logprob))
         except KeyboardInterrupt:
             self.finish_reason = "interrupted"
             # Ctrl-C lands inside core.step() (it runs without the GIL) after the step committed its
@@ -203,11 +166,6 @@ _CONTEXT_ONLY = ("spec_prefill_draft_model",)  # a model loaded with the context
 _SPAN_KINDS = {"text": _core.SpanKind.text, "system": _core.SpanKind.system, "tool": _core.SpanKind.tool}
 
 
-def _budget(max_tokens: int | None, room: int) -> int:
-    """The tokens an output may take: what schema_fit_max_tokens closes a grammar's output within."""
-    return room if max_tokens is None else min(max_tokens, room)
-
-
 class Session:
     """One sequence of a context: an append-only token history.
 
@@ -218,7 +176,7 @@ class Session:
     Raw token ids are the contract (``append``, ``tokens``); text and chat are conveniences.
     """
 
-    def __init__(self, context: Context, core: _core.Session) -> None:
+    def __init__(self, context: SessionContext, core: _core.Session) -> None:
         self.context = context
         self._core = core
         # the tag of the generation whose sampling and grammar the engine holds (not the generation:
@@ -295,8 +253,6 @@ class Session:
         if other:
             raise InvalidArgumentError("configure_tier2 takes attn_prune_*, sparse_* and spec_prefill_* options "
                                        f"(not spec_prefill_draft_model) only, got {other}")
-        from .config import OptConfig
-
         config = OptConfig(env={})
         for name, value in {**self.context.config.as_dict(), **values}.items():
             if name.startswith(_TIER2_PREFIXES):
@@ -350,6 +306,16 @@ class Session:
                 raise InvalidArgumentError(f"tool_spans must hold (start, end) pairs of positions, got {span!r}")
         self._core.sync(check_token_ids(tokens), [(span[0], span[1]) for span in spans])
 
+    def score(self, tokens: Sequence[int], *, top_logprobs: int = 0) -> list[TokenLogprob | None]:
+        """Set the history to `tokens`, computing every one afresh (no KV reused: the logits of every
+        position are computed, which reuse would skip), and return each token's log-probability given
+        the tokens before it, with the ``top_logprobs`` (0..20) most likely tokens there; None for the
+        first token. Bit for bit what a fresh context computes for the same tokens, whatever this
+        session or the cache held (docs/exactness.md, "Echo"). Costs a prefill of all of them with
+        every row's logits; their blocks join the pool, and the next generation computes the last
+        chunk again (the logits after the last token come from the usual prefill)."""
+        return score_prompt(self, tokens, top_logprobs)
+
     def fork(self) -> Session:
         """A new session with the same history, sharing this one's KV (no recomputation of
         complete blocks)."""
@@ -372,7 +338,7 @@ class Session:
                  presence_penalty: float = 0.0, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  stop: str | Sequence[str] | None = (), grammar: str | None = None,
                  json_schema: dict | bool | SchemaGrammar | None = None, strict: bool = True,
-                 on_finish: Callable[[Generation], None] | None = None) -> Generation:
+                 logprobs: int | None = None, on_finish: Callable[[Generation], None] | None = None) -> Generation:
         """Stream generated tokens (greedy unless ``temperature`` > 0).
 
         max_tokens  at most this many tokens (None: until end of generation or a full context)
@@ -392,6 +358,10 @@ class Session:
         strict      with json_schema: True refuses (UnenforceableSchemaError) a schema with a
                     constraint a grammar cannot enforce; False enforces the rest and reports
                     in ``Generation.schema_valid`` whether the output is valid against all of it
+        logprobs    each Token's ``logprob``: its log-probability under the model's raw logits (before
+                    logit_bias, penalties, grammar and temperature) and this many (0..20) most likely
+                    tokens there; None: off. With a grammar, forced tokens are then picked from logits
+                    too (the same tokens, computed rather than skipped)
         on_finish   called with the Generation when it ends
 
         With a grammar, tokens the grammar forces are taken without computing logits
@@ -405,45 +375,24 @@ class Session:
         has one turn at a time: a generation that begins (here, or at the first token of one made
         earlier) ends the one in progress, which stops with finish_reason 'interrupted'.
         """
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
-                                       or not 0 <= max_tokens <= self.context.n_ctx):
-            raise InvalidArgumentError(
-                f"max_tokens must be between 0 and the context size {self.context.n_ctx} (or None for "
-                f"'until done'), got {max_tokens!r}")
-        if seed is not None and not (isinstance(seed, int) and 0 <= seed < 0xFFFFFFFF):
-            raise InvalidArgumentError(f"seed must be an integer in [0, 2**32 - 1), got {seed!r}")
-        _check_sampling(temperature, top_k, top_p, min_p)
+        check_max_tokens(max_tokens, self.context.n_ctx)
+        settings = sampling_settings(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+                                     logit_bias=logit_bias, frequency_penalty=frequency_penalty,
+                                     presence_penalty=presence_penalty, repeat_penalty=repeat_penalty,
+                                     repeat_last_n=repeat_last_n, n_vocab=self.context.model.n_vocab)
+        settings.logprobs = -1 if logprobs is None else check_top(logprobs)
         if self.evicted:  # said now, not at the first token
             raise SessionEvictedError("the session was idle when the KV cache ran out of room and its KV was "
                                       "evicted: open a new session and append its history again")
         if self.closed:
             raise SessionClosedError("the session is closed (or its context is): open a new one")
         stops = stop_list(stop)
-        sampling = _core.Sampling()
-        sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.seed = (
-            float(temperature), int(top_k), float(top_p), float(min_p), seed)
-        sampling.logit_bias = _logit_bias(logit_bias or {}, self.context.model.n_vocab)
-        _penalties(sampling, repeat_penalty, frequency_penalty, presence_penalty, repeat_last_n)
-        if grammar is not None and json_schema is not None:
-            raise InvalidArgumentError("give grammar or json_schema, not both")
-        schema: SchemaGrammar | None = None
-        if json_schema is not None:
-            from .grammar import SchemaGrammar, compile_json_schema  # (jsonschema loads only when needed)
-
-            schema = json_schema if isinstance(json_schema, SchemaGrammar) else compile_json_schema(
-                json_schema, strict=strict)
-            grammar = schema.gbnf
-        if grammar is not None and (not isinstance(grammar, str) or not grammar.strip()):
-            raise InvalidArgumentError("grammar must be a non-empty GBNF string")
-        if grammar is not None:
-            from .grammar.limits import check_gbnf_limits
-
-            check_gbnf_limits(grammar)  # (the parser recurses: a deep one killed the process)
+        gbnf, schema = output_grammar(grammar, json_schema, strict)
         self.end_generation_in_progress()
         # parsed now, once: a bad grammar fails before generating
-        self._core.set_grammar(grammar or "", _budget(max_tokens, self._core.room))
-        self._core.set_sampling(sampling)
-        generation = Generation(self, max_tokens, stops, sampling, on_finish, grammar or "", schema)
+        self._core.set_grammar(gbnf, budget(max_tokens, self._core.room))
+        self._core.set_sampling(settings)
+        generation = Generation(self, max_tokens, stops, settings, on_finish, gbnf, schema)
         self._configured_for = generation._tag
         return generation
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import pyllamaopt
+from families import FAMILIES, FAMILY_KV_TYPES, pair_id
 from tinymodel import write_tiny_llama
 
 # tools/fuzz.sh: `pytest --hypothesis-profile=fuzz` runs the fuzz tests (those without their own
@@ -70,10 +71,45 @@ def smollm2_path() -> Path:
 
 @pytest.fixture(params=["f16", "q8_0", "q4_0"])
 def kv_type(request) -> str:
-    """The KV cache types a Gemma exactness test runs with: reuse is exact relative to the same type."""
+    """The KV cache types a Gemma-only exactness test runs with: reuse is exact relative to the same type."""
     return request.param
+
+
+@pytest.fixture(scope="session")
+def qwen_path() -> Path:
+    """Qwen2.5-Coder 0.5B Instruct Q4_K_M: the third family (Qwen2 architecture, every layer full
+    attention, Q4_K/Q6_K weights beside Q5_0/Q8_0)."""
+    from pyllamaopt import models
+
+    try:
+        return models.resolve("qwen2.5-coder-0.5b")
+    except pyllamaopt.ModelNotFoundError as exc:
+        pytest.fail(f"these tests need Qwen2.5-Coder 0.5B: {exc}")
 
 
 @pytest.fixture(scope="session")
 def gemma(gemma_path) -> pyllamaopt.Model:
     return pyllamaopt.Model(gemma_path)
+
+
+@pytest.fixture(scope="session", params=list(FAMILIES))  # each family of families.FAMILIES, f16
+def family_path(request) -> Path:
+    return request.getfixturevalue(FAMILIES[request.param])
+
+
+@pytest.fixture(scope="session")
+def family_model(family_path, gemma_path, gemma) -> pyllamaopt.Model:
+    return gemma if family_path == gemma_path else pyllamaopt.Model(family_path)
+
+
+@pytest.fixture(scope="session", params=FAMILY_KV_TYPES, ids=pair_id)
+def family_kv_path(request) -> tuple[Path, str]:
+    """A family's model path and the KV cache type to run it with (families.FAMILY_KV_TYPES)."""
+    family, kv_type = request.param
+    return request.getfixturevalue(FAMILIES[family]), kv_type
+
+
+@pytest.fixture(scope="session")
+def family_kv_model(family_kv_path, gemma_path, gemma) -> tuple[pyllamaopt.Model, str]:
+    path, kv_type = family_kv_path
+    return (gemma if path == gemma_path else pyllamaopt.Model(path)), kv_type

@@ -165,6 +165,35 @@ def test_cache_ls_marks_what_a_restart_finds(tiny_model, tiny_model_path, tmp_pa
     assert plain.returncode == 0 and "usable" not in plain.stdout and plain.stdout.count(".llkv") == 3
 
 
+def test_cache_clean_foreign_removes_what_a_server_of_the_model_never_restores(tiny_model, tiny_model_path, tmp_path):
+    """`cache clean --foreign --model M` removes the entries `ls --model M` marks for another model or
+    another build and keeps M's own, which still restore; without a model (or with --all) it refuses
+    before removing anything."""
+    from pyllamaopt import Model
+    from test_persist import as_written_by_another_build, llkv_files, restores, save_history, text_tokens
+    from tinymodel import write_tiny_llama
+
+    kv = tmp_path / "kv"
+    own = text_tokens(tiny_model, 700)
+    save_history(tiny_model, kv, own)
+    as_written_by_another_build(save_history(tiny_model, kv, text_tokens(tiny_model, 700, seed=2)))
+    save_history(Model(write_tiny_llama(tmp_path / "other.gguf", seed=1)), kv, text_tokens(tiny_model, 700, seed=3))
+    model = ["--model", str(tiny_model_path)]
+    for args, message in ((["--foreign"], "--foreign needs --model MODEL"),
+                          (["--foreign", "--all", *model], "give --foreign or --all, not both")):
+        refused = run("cache", "clean", *args, "--dir", str(kv))
+        assert refused.returncode != 0 and message in refused.stderr and "Traceback" not in refused.stderr, args
+    assert len(llkv_files(kv)) == 3
+    cleaned = run("cache", "clean", "--foreign", *model, "--dir", str(kv))
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert f"removed 2 file(s) (2 for another model or build); 1 entries left in {kv}" in cleaned.stdout
+    listing = run("cache", "ls", "--dir", str(kv), *model)
+    assert [line.rsplit("  ", 1)[1] for line in listing.stdout.splitlines() if ".llkv" in line] == ["usable"]
+    assert restores(tiny_model, kv, own).persist_tokens_restored == 576  # (the last chunk is computed: the logits)
+    again = run("cache", "clean", "--foreign", *model, "--dir", str(kv))
+    assert "removed 0 file(s) (0 for another model or build); 1 entries left" in again.stdout
+
+
 def test_a_commands_variables_are_read_only_by_that_command(tiny_model_path):
     """LLAMA_OPT_THREADS and the serve variables are checked by the commands that use them: a bad
     one does not break --help or `config`, and the command that uses it names it."""

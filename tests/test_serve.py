@@ -751,7 +751,7 @@ def test_the_least_recently_used_idle_session_goes_first(server):
     ("/v1/completions", {"prompt": "x", "max_tokens": -1}, None, 400, "body.max_tokens:"),
     ("/v1/completions", {"prompt": "x", "max_tokens": "many"}, None, 400, "body.max_tokens:"),
     ("/v1/completions", {"prompt": [1, 10**9]}, None, 400, "outside the vocabulary"),
-    ("/v1/completions", {"prompt": "x", "n": 2}, None, 400, "body.n:"),
+    ("/v1/completions", {"prompt": "x", "n": 9}, None, 400, "body.n:"),  # (n > 8: choices.MAX_CHOICES)
     ("/v1/completions", {"prompt": "x", "temperature": -1}, None, 400, "body.temperature:"),
     ("/v1/completions", {"prompt": [5] * (N_CTX + 5)}, None, 400,
      f"the prompt has {N_CTX + 5} tokens, and the server's context holds {N_CTX} with the answer: shorten it"),
@@ -763,9 +763,20 @@ def test_the_least_recently_used_idle_session_goes_first(server):
     ("/v1/sessions", {"tokens": [1], "extra": 1}, None, 400, "body.extra:"),
     ("/v1/completions", {"prompt": []}, None, 400, "the prompt is empty"),
     ("/v1/completions", {"prompt": [], "stream": True}, None, 400, "the prompt is empty"),
-    ("/v1/completions", {"prompt": "x", "logprobs": 2}, None, 400, "log-probabilities are not served"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, None, 400,
-     "log-probabilities are not served"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 21}, None, 400, "body.logprobs:"),
+    ("/v1/completions", {"prompt": "x", "logprobs": -1}, None, 400, "body.logprobs:"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 1, "max_tokens": 0}, None, 400,
+     "logprobs with max_tokens=0 and no echo"),
+    ("/v1/completions", {"prompt": "x", "echo": "loud"}, None, 400, "body.echo:"),
+    ("/v1/completions", {"prompt": [[1], [2]]}, None, 400, "a batch of 2 prompts is not served"),
+    ("/v1/completions", {"prompt": [], "echo": True, "logprobs": 1, "max_tokens": 0}, None, 400, "the prompt is empty"),
+    ("/v1/completions", {"prompt": [5] * N_CTX, "echo": True, "logprobs": 1, "max_tokens": 0}, None, 400,
+     f"the prompt has {N_CTX} tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+     None, 400, "body.top_logprobs:"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, None, 400,
+     "top_logprobs needs logprobs: true"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "echo": True}, None, 400, "body.echo:"),
 ])
 def test_bad_input_is_a_4xx_with_a_message_and_the_server_lives_on(server, path, body, raw, status, message):
     got, out = server.request("POST", path, body, raw=raw)

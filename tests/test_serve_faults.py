@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
 import os
 import random
 import resource
@@ -72,21 +73,44 @@ def full_disk(directory: Path, how: str) -> Iterator[Callable[[], None] | None]:
         run("umount", "-l", str(directory))
 
 
+# The capabilities that let root pass permission bits (linux/capability.h): writing and searching where
+# the bits say no, and chmod of what it does not own; prctl's call that takes one out of the bounding set.
+PERMISSION_OVERRIDES = {"CAP_DAC_OVERRIDE": 1, "CAP_DAC_READ_SEARCH": 2, "CAP_FOWNER": 3}
+PR_CAPBSET_DROP = 24
+
+
+def without_permission_overrides() -> None:
+    """Run in the server's process before it starts, as root: PERMISSION_OVERRIDES leave its bounding
+    set, so that the program it executes has them no more (root's inheritable and ambient sets are
+    empty: a program root executes gets the bounding set), and permission bits stop it as they stop
+    any user. (An unprivileged user cannot run the server here: the interpreter is under /root, 0700.)"""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for name, number in PERMISSION_OVERRIDES.items():
+        if libc.prctl(PR_CAPBSET_DROP, number, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {name})")
+
+
+def effective_capabilities(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), 16)
+
+
 @contextlib.contextmanager
-def read_only(directory: Path) -> Iterator[None]:
-    """`directory` made read-only: as root (whom permission bits do not stop) a read-only bind
-    mount of it over itself, else chmod 0500."""
-    if os.geteuid() == 0:
+def read_only(directory: Path, how: str) -> Iterator[Callable[[], None] | None]:
+    """`directory` made read-only: a read-only bind mount of it over itself ("bind mount", as root),
+    or mode 0500 ("mode 0500"), which stops a server that runs as any user but root, or as root
+    without the capabilities that pass permission bits. Yields the server's preexec_fn."""
+    if how == "bind mount":
         run("mount", "--bind", str(directory), str(directory))
         run("mount", "-o", "remount,bind,ro", str(directory))
         try:
-            yield
+            yield None
         finally:
             run("umount", "-l", str(directory))
         return
     directory.chmod(0o500)
     try:
-        yield
+        yield without_permission_overrides if os.geteuid() == 0 else None
     finally:
         directory.chmod(0o700)
 
@@ -155,12 +179,17 @@ def test_a_full_disk_fails_saves_and_requests_go_on(chat_model, tmp_path, how):
     assert "persist_errors" in log and errors >= 8
 
 
+READ_ONLY_WAYS = ["bind mount", "mode 0500"] if can_mount() else ["mode 0500"]
+
+
 @pytest.mark.parametrize("write_behind", ["1", "0"], ids=["behind", "on-close"])
-def test_a_read_only_directory_restores_and_counts_the_saves_it_cannot_make(chat_model, tmp_path, write_behind):
-    """A warm cache made read-only (a read-only bind mount as root, else chmod 0500): the server
-    restores what it holds, answers everything as before, and counts every save it cannot make in
-    the metrics, said once in its log (behind: a write queued behind one that failed, which it
-    extends, fails with it and is counted too)."""
+@pytest.mark.parametrize("how", READ_ONLY_WAYS)
+def test_a_read_only_directory_restores_and_counts_the_saves_it_cannot_make(chat_model, tmp_path, how, write_behind):
+    """A warm cache made read-only (a read-only bind mount, as root; mode 0500, the server run as
+    root without the capabilities that pass permission bits, or as the user running the tests):
+    the server restores what it holds, answers everything as before, and counts every save it
+    cannot make in the metrics, said once in its log (behind: a write queued behind one that
+    failed, which it extends, fails with it and is counted too)."""
     env = persistent(tmp_path)
     first = start_server(chat_model, tmp_path, env=env)
     try:
@@ -169,9 +198,13 @@ def test_a_read_only_directory_restores_and_counts_the_saves_it_cannot_make(chat
         stop_server(first)
     directory = tmp_path / "kv"
     stored = sorted(p.name for p in directory.iterdir())
-    with read_only(directory):
-        server = start_server(chat_model, tmp_path, env={**env, "LLAMA_OPT_PERSIST_WRITE_BEHIND": write_behind})
+    with read_only(directory, how) as preexec_fn:
+        server = start_server(chat_model, tmp_path, env={**env, "LLAMA_OPT_PERSIST_WRITE_BEHIND": write_behind},
+                              preexec_fn=preexec_fn)
         try:
+            if preexec_fn is not None:  # (the permission bits are tested on a server that has none of them)
+                overrides = sum(1 << n for n in PERMISSION_OVERRIDES.values())
+                assert not effective_capabilities(server.process.pid) & overrides
             assert make_saves(server, range(6)) == expected
             metrics = server.metrics()
             assert metrics["pyllamaopt_prompt_tokens_restored_total"] > 0  # the six chat prompts, from disk
@@ -181,7 +214,8 @@ def test_a_read_only_directory_restores_and_counts_the_saves_it_cannot_make(chat
             stop_server(server)
     assert sorted(p.name for p in directory.iterdir()) == stored
     log = server.log.read_text()
-    assert log.count(WARNING) == 1 and "Read-only file system" in log and errors >= 6, log
+    why = "Read-only file system" if how == "bind mount" else "Permission denied"
+    assert log.count(WARNING) == 1 and why in log and errors >= 6, log
 
 
 def server_rss(server: Server) -> int:

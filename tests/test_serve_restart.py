@@ -6,6 +6,7 @@ model or build are ignored and said once."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import anthropic
 import grpc
 import pytest
 
+from pyllamaopt.client import Client
 from pyllamaopt.v1 import runtime_pb2 as pb
 from pyllamaopt.v1 import runtime_pb2_grpc
 from test_serve import Server, free_port, start_server, stop_server
@@ -161,6 +163,36 @@ def test_protocol_session_ids_are_gone_after_a_restart_their_kv_is_not(tiny_mode
         stop_server(second)
 
 
+def test_a_restored_sessions_first_generation_reports_the_restore_in_its_usage(tiny_model_path, tmp_path):
+    """A protocol session created after a restart restores its prompt from disk at its creation; its
+    first generation's usage says so, over HTTP and through the gRPC client: the prompt is the whole
+    history, the restored tokens are cached, the rest computed (it said 0 prompt tokens, 0 restored:
+    the creation's work showed in no usage)."""
+    env = persistent(tmp_path)
+    prompts = {"http": list(range(10, 10 + 200)), "grpc": list(range(300, 300 + 200))}
+    first = start_server(tiny_model_path, tmp_path, env=env)
+    try:
+        for prompt in prompts.values():
+            session_id = first.request("POST", "/v1/sessions", {"tokens": prompt})[1]["session_id"]
+            assert first.request("DELETE", f"/v1/sessions/{session_id}")[0] == 204  # (saved)
+    finally:
+        stop_server(first)
+    port = free_port()
+    second = start_server(tiny_model_path, tmp_path, "--grpc-port", str(port), env=env)
+    try:
+        session_id = second.request("POST", "/v1/sessions", {"tokens": prompts["http"]})[1]["session_id"]
+        usage = {"http": second.request("POST", f"/v1/sessions/{session_id}/generate", {"max_tokens": 4})[1]["usage"]}
+        with Client(f"127.0.0.1:{port}", timeout=60) as client, client.create_session(prompts["grpc"]) as session:
+            generation = session.generate(4)
+            assert len(list(generation)) == 4 and generation.usage is not None
+            usage["grpc"] = dataclasses.asdict(generation.usage)
+    finally:
+        stop_server(second)
+    for how, u in usage.items():
+        assert u["prompt_tokens"] == 200 and u["restored_tokens"] == 2 * BLOCK, (how, u)  # below the last chunk
+        assert u["cached_tokens"] == 2 * BLOCK and u["computed_tokens"] == 200 - 2 * BLOCK, (how, u)
+
+
 def test_a_server_on_entries_of_another_model_ignores_them_and_says_so_once(tiny_model_path, tmp_path):
     """Entries of another model in the directory: a miss as before (the answer is the model's own,
     nothing restored), said once in the log at the start with what to do; `cache ls --model`
@@ -195,4 +227,5 @@ def test_a_server_on_entries_of_another_model_ignores_them_and_says_so_once(tiny
     log = second.log.read_text()
     line = f"2 of 2 entries in {tmp_path / 'kv'} are for another model or build and will not be used"
     assert log.count(line) == 1 and "pyllamaopt cache ls --model" in log, log
+    assert f"`pyllamaopt cache clean --foreign --model {other}` removes them" in log, log
     assert "another model or build" not in first.log.read_text()  # (a directory of its own model's entries)

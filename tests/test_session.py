@@ -2,6 +2,7 @@
 interruption, several sessions in one context."""
 from __future__ import annotations
 
+import gc
 import signal
 import threading
 import time
@@ -357,6 +358,25 @@ def test_context_stats_sum_the_sessions(tiny_context):
     assert tiny_context.stats.as_dict()["forward_passes"] == 2
     tiny_context.reset_stats()
     assert tiny_context.stats.tokens_prefilled == 0
+
+
+def test_context_stats_keep_what_gone_sessions_counted(tiny_context):
+    """Each count is written once, to the session's statistics, which the context adds up: a
+    session closed and freed stays in the sum; after reset_stats, what live sessions count from then on."""
+    kept, gone = tiny_context.session(), tiny_context.session()
+    kept.append_text(PROMPT)
+    gone.append_text("hello world")
+    total = kept.stats.tokens_prefilled + gone.stats.tokens_prefilled
+    gone.close()
+    del gone
+    gc.collect()
+    assert tiny_context.stats.tokens_prefilled == total > 0
+    tiny_context.reset_stats()
+    assert tiny_context.stats.tokens_prefilled == 0
+    before = kept.stats
+    list(kept.generate(3))
+    assert tiny_context.stats.tokens_decoded == (kept.stats - before).tokens_decoded > 0
+    assert tiny_context.stats.tokens_generated == 3
 
 
 def test_forward_us_is_the_time_inside_the_forward_passes(tiny_context):

@@ -12,7 +12,7 @@ import random
 import numpy as np
 import pytest
 
-from pyllamaopt import Context, InvalidArgumentError, OptConfig
+from pyllamaopt import Context, InvalidArgumentError, OptConfig, PersistStore
 from test_reuse import reference, text_tokens
 from tinymodel import WORDS
 
@@ -244,3 +244,29 @@ def test_a_session_with_a_hole_persists_only_its_exact_prefix(tiny_model, tmp_pa
         t.append(tokens)
         assert t.stats.persist_tokens_restored <= 2 * B
         assert np.array_equal(t.logits(), reference(tiny_model, tokens)[0])
+
+
+def test_the_writer_behind_stores_no_approximate_kv(tiny_model, tmp_path):
+    """With the disk tier written behind (the default), a session with a hole goes on computing (an
+    append, an answer, a sync): that KV attends to a history with a hole, and the writer takes only
+    the blocks below n_canonical, so no entry holds any of it (the prompt's own blocks, computed
+    before the hole, are on disk: exact). A fresh context restores the longest prefix it finds and
+    gives, bit for bit, the logits of a full recompute."""
+    tokens = text_tokens(tiny_model, 700)
+    kv = tmp_path / "kv"
+    with context(tiny_model, persist_enabled=True, persist_dir=str(kv)) as ctx:
+        s = ctx.session()
+        s.append(tokens)
+        s.drop_span(130, 500)
+        s.append(text_tokens(tiny_model, 300, seed=3))
+        s.generate_text(20)
+        history = s.tokens + text_tokens(tiny_model, 100, seed=4)
+        s.sync(history)
+        assert s.holes == [(130, 500)] and s.invariant_violation is None
+        s.close()  # (a closing session writes behind what it has not yet)
+    assert [e.n_tokens for e in PersistStore(kv).entries()] == [640]  # the prompt's complete blocks
+    with context(tiny_model, persist_enabled=True, persist_dir=str(kv)) as fresh:
+        t = fresh.session()
+        t.append(history)
+        assert t.stats.persist_tokens_restored == 640
+        assert np.array_equal(t.logits(), reference(tiny_model, history)[0])

@@ -40,13 +40,21 @@ void register_session(py::module_ & m) {
         .def_property("presence_penalty", [](const llama_opt_sampling & s) { return s.penalties.presence; },
                       [](llama_opt_sampling & s, float v) { s.penalties.presence = v; })
         .def_property("repeat_last_n", [](const llama_opt_sampling & s) { return s.penalties.last_n; },
-                      [](llama_opt_sampling & s, int32_t v) { s.penalties.last_n = v; });
+                      [](llama_opt_sampling & s, int32_t v) { s.penalties.last_n = v; })
+        .def_readwrite("logprobs", &llama_opt_sampling::logprobs);
+
+    py::class_<llama_opt_token_logprob>(m, "TokenLogprob",
+                                        "A token's log-probability under the model's raw logits, and the most likely tokens there.")
+        .def_readonly("token", &llama_opt_token_logprob::token)
+        .def_readonly("logprob", &llama_opt_token_logprob::logprob)
+        .def_readonly("top", &llama_opt_token_logprob::top);
 
     py::class_<llama_opt_step>(m, "Step", "One generated token (token -1: the grammar allows none).")
         .def_readonly("token", &llama_opt_step::token)
         .def_readonly("eog", &llama_opt_step::eog)
         .def_property_readonly("piece", [](const llama_opt_step & s) { return py::bytes(s.piece); })
-        .def_readonly("room", &llama_opt_step::room);
+        .def_readonly("room", &llama_opt_step::room)
+        .def_property_readonly("logprob", [](const llama_opt_step & s) { return s.logprob; });  // None: not asked
 
     py::enum_<llama_opt_span_kind>(m, "SpanKind", "What appended tokens are, for the Tier-2 methods.")
         .value("text", llama_opt_span_kind::text)
@@ -87,6 +95,8 @@ void register_session(py::module_ & m) {
         .def("sync", py::overload_cast<const std::vector<llama_token> &, const std::vector<std::pair<size_t, size_t>> &>(
                  &llama_opt_session::sync),
              py::arg("tokens"), py::arg("tool_spans") = std::vector<std::pair<size_t, size_t>>(),
+             py::call_guard<py::gil_scoped_release>())
+        .def("score", &llama_opt_session::score, py::arg("tokens"), py::arg("top_n") = 0,
              py::call_guard<py::gil_scoped_release>())
         .def("fork", &llama_opt_session::fork, py::call_guard<py::gil_scoped_release>())
         .def("save", &llama_opt_session::save, py::call_guard<py::gil_scoped_release>())

@@ -157,6 +157,7 @@ void llama_opt_context::close() {
 llama_opt_stats llama_opt_context::stats() const {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     llama_opt_stats s = stats_;
+    s += sessions_sum() - at_reset_;  // (counters only grow: no underflow)
     if (const llama_opt_persist_write_behind * writer = memory_->write_behind()) {
         writer->counts().add_to(s);  // counted by its thread, as it goes
     }
@@ -166,9 +167,35 @@ llama_opt_stats llama_opt_context::stats() const {
 void llama_opt_context::reset_stats() {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     stats_.reset();
+    at_reset_ = sessions_sum();
     if (llama_opt_persist_write_behind * writer = memory_->write_behind()) {
         writer->counts().reset();
     }
+}
+
+void llama_opt_context::count_batch(const llama_opt_work & work) {
+    stats_.tokens_decoded += work.tokens;
+    stats_.forward_passes += work.passes;
+    stats_.forward_us += work.us;
+}
+
+void llama_opt_context::follow(const llama_opt_stats & session_stats) {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    followed_.push_back(&session_stats);
+}
+
+void llama_opt_context::unfollow(const llama_opt_stats & session_stats) {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    followed_.erase(std::find(followed_.begin(), followed_.end(), &session_stats));
+    gone_ += session_stats;
+}
+
+llama_opt_stats llama_opt_context::sessions_sum() const {
+    llama_opt_stats sum = gone_;
+    for (const llama_opt_stats * s : followed_) {
+        sum += *s;
+    }
+    return sum;
 }
 
 void llama_opt_batch::set(int32_t i, int32_t seq, size_t pos, llama_token token, bool logits) {
@@ -189,7 +216,8 @@ void llama_opt_context::last_logits(std::vector<float> & logits) const {
 }
 
 void llama_opt_context::compute_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end,
-                                     std::vector<float> * logits, bool evict_sessions, llama_opt_work & work) {
+                                     std::vector<float> * logits, bool evict_sessions, llama_opt_work & work,
+                                     const llama_opt_row_logits & each_row) {
     check_open();
     memory_->touch(seq);
     llama_opt_batch b((int32_t) llama_n_batch(ctx_.get()));
@@ -204,9 +232,12 @@ void llama_opt_context::compute_span(int32_t seq, const llama_token * tokens, si
             }
             b.batch.n_tokens = (int32_t) (stop - pos);
             for (size_t p = pos; p < stop; ++p) {
-                b.set((int32_t) (p - pos), seq, p, tokens[p], logits && p + 1 == end);
+                b.set((int32_t) (p - pos), seq, p, tokens[p], each_row || (logits && p + 1 == end));
             }
             decode_chunk(seq, b.batch, evict_sessions, work);
+            for (size_t p = pos; each_row && p < stop; ++p) {
+                each_row(p, llama_get_logits_ith(ctx_.get(), (int32_t) (p - pos)));
+            }
             pos = stop;
         }
     } catch (...) {

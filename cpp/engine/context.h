@@ -32,6 +32,7 @@
 #include "llama.h"
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -43,6 +44,10 @@ struct llama_opt_row {
     size_t      pos;
     llama_token token;
 };
+
+// The logits of each row of a span, as they are computed: (position, n_vocab logits), valid
+// during the call only.
+using llama_opt_row_logits = std::function<void(size_t pos, const float * logits)>;
 
 // Work a compute call did, for the caller's statistics.
 struct llama_opt_work {
@@ -122,9 +127,15 @@ public:
     llama_opt_memo_outputs &       memo_outputs() { return memo_outputs_; }
     const llama_opt_memo_outputs & memo_outputs() const { return memo_outputs_; }
 
+    // Statistics: each counter has one writer. A session counts its work in its own statistics
+    // (session/counters), which the context follows and adds up, those of sessions that are gone
+    // too; the context counts its own work (evictions, batches of several sessions' rows).
     llama_opt_stats stats() const;
     void            reset_stats();
-    void            count(uint64_t llama_opt_stats::* counter, uint64_t n) { stats_.*counter += n; }
+    void            count_batch(const llama_opt_work & work);  // a batch of several sessions' decode rows
+    // A session's statistics: in stats() from now on, also after unfollow (the session is gone).
+    void            follow(const llama_opt_stats & session_stats);
+    void            unfollow(const llama_opt_stats & session_stats);
 
     // The lock every session operation holds: a llama_context is not thread-safe.
     std::recursive_mutex & mutex() const { return mutex_; }
@@ -138,8 +149,12 @@ public:
     // evict_sessions) idle sequences are evicted, least recently used first. On failure the KV
     // of [begin, end) is removed and llama_opt_error is thrown. Adds the work done to `work`,
     // also when it fails (work thrown away, which the statistics must show too).
+    // With `each_row`, every row of every chunk outputs logits, handed to it chunk by chunk. The
+    // KV is the same (llama.cpp selects the output rows after the last layer's attention), the
+    // last row's logits are not: the last layer's FFN and the output layer then run over the
+    // whole chunk, a matrix product of another size (docs/exactness.md, "Echo").
     void compute_span(int32_t seq, const llama_token * tokens, size_t begin, size_t end, std::vector<float> * logits,
-                      bool evict_sessions, llama_opt_work & work);
+                      bool evict_sessions, llama_opt_work & work, const llama_opt_row_logits & each_row = nullptr);
     // Computes `rows` in one batch (at most LLAMA_OPT_ROW_INVARIANT_BATCH rows: each computes
     // like a one-token decode step, patches/0006) with the logits of every row, row after row,
     // into `logits`. Rows may belong to several sequences. Returns false, with nothing computed,
@@ -163,6 +178,7 @@ private:
     // (cached sequences, then if evict_sessions idle sessions) and retries. Throws
     // decode_failed on other errors. Adds the time it took to work.us.
     int32_t decode_evicting(int32_t seq, const llama_batch & batch, bool evict, bool evict_sessions, llama_opt_work & work);
+    llama_opt_stats sessions_sum() const;  // every session's statistics, those gone included
 
     struct context_deleter {
         void operator()(llama_context * ctx) const { llama_free(ctx); }
@@ -176,7 +192,10 @@ private:
     uint32_t                                 align_  = 1;  // cell tile and minimum chunk (measured numerics rule)
     uint32_t                                 chunk_  = 0;  // canonical chunk: largest multiple of block_ <= n_batch
     llama_opt_kv_codec                       codec_;
-    llama_opt_stats                          stats_;       // (before memory_, which counts its evictions here)
+    llama_opt_stats                          stats_;       // its own work (before memory_, which counts its evictions here)
+    std::vector<const llama_opt_stats *>     followed_;    // the statistics of its sessions
+    llama_opt_stats                          gone_;        // of the sessions no longer followed
+    llama_opt_stats                          at_reset_;    // the sessions' sum at the last reset_stats()
     std::unique_ptr<llama_opt_attn_capture>  attn_capture_;
     std::unique_ptr<llama_opt_h2o_capture>   h2o_capture_;
     std::unique_ptr<llama_opt_op_profile>    op_profile_;

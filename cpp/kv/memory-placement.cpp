@@ -138,17 +138,42 @@ llama_opt_in_place llama_opt_kv_memory::prepare_in_place(int32_t seq, size_t kee
                                                                     : llama_opt_in_place::no_room;
 }
 
-bool llama_opt_kv_memory::park(int32_t seq, size_t from, size_t to, size_t n) {
-    return llama_memory_seq_move(mem_, seq, scratch_seq(), (llama_pos) from, (llama_pos) (from + n),
-                                 (llama_pos) to - (llama_pos) from);
+// The order to park spans in: their rows move within the sequence's own cells (like memmove), so
+// a span whose new place overlaps where another span still is waits for it. Spans keep their
+// order, so the waits form no cycle (a span reaching right into the next one's place while that
+// one reaches left into its own would need their new places to cross).
+static std::vector<llama_opt_span_move> parking_order(std::vector<llama_opt_span_move> moves) {
+    std::vector<llama_opt_span_move> order;
+    while (!moves.empty()) {
+        const auto next = std::find_if(moves.begin(), moves.end(), [&](const llama_opt_span_move & m) {
+            return std::none_of(moves.begin(), moves.end(), [&](const llama_opt_span_move & other) {
+                return &other != &m && m.to < other.from + other.n && other.from < m.to + m.n;
+            });
+        });
+        order.push_back(*next);
+        moves.erase(next);
+    }
+    return order;
 }
 
-void llama_opt_kv_memory::unpark(int32_t seq, size_t p0, size_t p1) {
-    llama_memory_seq_cp(mem_, scratch_seq(), seq, (llama_pos) p0, (llama_pos) p1);  // the same cells, no copy
-    llama_memory_seq_rm(mem_, scratch_seq(), (llama_pos) p0, (llama_pos) p1);
+llama_opt_in_place llama_opt_kv_memory::park(int32_t seq, size_t keep, size_t n_old, size_t n_new,
+                                             const std::vector<llama_opt_span_move> & moves) {
+    const llama_opt_in_place in_place = prepare_in_place(seq, keep, n_old, n_new);
+    if (in_place != llama_opt_in_place::possible) {
+        return in_place;
+    }
+    for (const llama_opt_span_move & m : parking_order(moves)) {
+        if (!llama_memory_seq_move(mem_, seq, scratch_seq(), (llama_pos) m.from, (llama_pos) (m.from + m.n),
+                                   (llama_pos) m.to - (llama_pos) m.from)) {
+            llama_memory_seq_rm(mem_, scratch_seq(), -1, -1);  // not expected once prepared
+            return llama_opt_in_place::no_room;
+        }
+    }
+    return llama_opt_in_place::possible;
 }
 
-void llama_opt_kv_memory::clear_parked() {
+void llama_opt_kv_memory::unpark(int32_t seq) {
+    llama_memory_seq_cp(mem_, scratch_seq(), seq, -1, -1);  // the same cells, no copy
     llama_memory_seq_rm(mem_, scratch_seq(), -1, -1);
 }
 

@@ -45,12 +45,17 @@ public:
     virtual bool in_use() const = 0;
 };
 
-// Whether a sequence's KV can be rearranged in place (llama_opt_kv_memory::prepare_in_place), or why not.
+// Whether a sequence's KV can be rearranged in place (llama_opt_kv_memory::park), or why not.
 enum class llama_opt_in_place {
     possible,
     unsupported,  // the KV memory cannot move rows (flash attention off: V stored transposed)
     shared,       // an open session holds cells past the edit too
     no_room,      // no room above the sequence's cells for the history's growth
+};
+
+// The KV of positions [from, from + n) of a sequence, to be moved to [to, to + n) (Tier-2 sync).
+struct llama_opt_span_move {
+    size_t from, to, n;
 };
 
 // The shape of a context's KV memory, fixed when the context is made.
@@ -146,17 +151,16 @@ public:
     // --- Tier-2 sync: rearranging a sequence in its own cells ---
 
     // Tier-2 sync rebuilds a history in position order around the unchanged spans after an edit,
-    // without room for a second copy of them. First prepare_in_place: whether the KV of `seq`
-    // can be rearranged in its own cells for a history going from n_old to n_new tokens, its
-    // positions >= keep the sequence's alone and room above its cells for the growth; cached
-    // sequences sharing those cells or taking that room are evicted. Then park moves the KV of
-    // [from, from + n) to [to, to + n) within the sequence's cells, parked on the scratch sequence
-    // (patches/0005; false: not possible after all), whose rows reserve their tiles (patches/0008);
-    // unpark gives [p0, p1) back once the tokens before it are computed.
-    llama_opt_in_place prepare_in_place(int32_t seq, size_t keep, size_t n_old, size_t n_new);
-    bool park(int32_t seq, size_t from, size_t to, size_t n);
-    void unpark(int32_t seq, size_t p0, size_t p1);
-    void clear_parked();
+    // without room for a second copy of them, in two steps around the history's cut at `keep`.
+    // park checks that the KV of `seq` can be rearranged in its own cells for a history going from
+    // n_old to n_new tokens (its positions >= keep the sequence's alone, room above its cells for the
+    // growth; cached sequences sharing those cells or taking that room are evicted), then moves each
+    // span's KV to its new positions (patches/0005), parked on the scratch sequence, whose rows
+    // reserve their tiles (patches/0008). Unless it returns possible, nothing is parked. unpark
+    // gives every parked span to `seq` (its cells past keep cut by then) and empties the scratch sequence.
+    llama_opt_in_place park(int32_t seq, size_t keep, size_t n_old, size_t n_new,
+                            const std::vector<llama_opt_span_move> & moves);
+    void unpark(int32_t seq);
 
     // --- rows (the disk tier's format) ---
 
@@ -203,6 +207,8 @@ private:
     // Frees the least recently used cached sequence that alone holds a pooled block, so that
     // the pool gets room; false if there is none.
     bool evict_for_pool(int32_t except);
+    // park's first step: whether `seq` can be rearranged in place (cached sharers and room made)
+    llama_opt_in_place prepare_in_place(int32_t seq, size_t keep, size_t n_old, size_t n_new);
     void release_blocks(int32_t seq, size_t keep);  // lets go of the pooled blocks from `keep` on
     void drop_sequence(int32_t seq);                // frees a sequence's KV, pool references and id
     void open_persist_store(const llama_opt_model & model, const llama_opt_config & cfg);

@@ -16,8 +16,17 @@ void llama_opt_session_decode::set_grammar(const std::string & gbnf, uint32_t ma
     output_budget_ = max_tokens;
 }
 
+void llama_opt_session_decode::set_sampling(const llama_opt_sampling & sampling) {
+    if (sampling.logprobs != -1) {
+        llama_opt_check_top_logprobs(sampling.logprobs);
+    }
+    sampler_.set_sampling(sampling);
+    logprobs_ = sampling.logprobs;
+}
+
 llama_token llama_opt_session_decode::next_token() {
     const llama_opt_context & ctx = history_.ctx();
+    last_logprob_.reset();
     if (history_.room() == 0) {
         throw llama_opt_error(llama_opt_errc::context_overflow,
             "the session fills the context (n_ctx=" + std::to_string(ctx.n_ctx()) + ")", "n_ctx");
@@ -32,7 +41,9 @@ llama_token llama_opt_session_decode::next_token() {
         room_.reserve_output_room(output_budget_);
         sampler_.start_generation(history_.tokens());
     }
-    if (sampler_.constrained() && ctx.settings().config.schema_skip_enabled && history_.n_evaluated() > 0) {
+    // (with logprobs, every token needs the logits it is picked from: none is taken without them)
+    if (sampler_.constrained() && ctx.settings().config.schema_skip_enabled && history_.n_evaluated() > 0 &&
+        logprobs_ < 0) {
         const llama_token inferred = sampler_.next_inferred();
         if (inferred == -2) {
             return -1;  // the grammar allows nothing more
@@ -50,6 +61,9 @@ llama_token llama_opt_session_decode::next_token() {
     }
     if (sampler_.constrained()) {
         counters_.count(&llama_opt_stats::schema_tokens_total, 1);
+    }
+    if (logprobs_ >= 0) {  // (before take: a confirmed draft token brings the logits after it)
+        last_logprob_ = llama_opt_logprob_of(history_.logits().data(), (int32_t) ctx.model().n_vocab(), token, logprobs_);
     }
     return take(token);
 }
@@ -206,9 +220,7 @@ void llama_opt_session_decode::prefetch_steps(llama_opt_context & ctx,
     auto flush = [&] {
         llama_opt_work work;
         if (takers.size() > 1 && ctx.compute_rows(rows, logits, work)) {  // one step alone: its own is the same
-            ctx.count(&llama_opt_stats::tokens_decoded, work.tokens);
-            ctx.count(&llama_opt_stats::forward_passes, work.passes);
-            ctx.count(&llama_opt_stats::forward_us, work.us);
+            ctx.count_batch(work);  // the whole batch, once (each session keeps its share apart: take_rows)
             for (size_t i = 0; i < takers.size(); ++i) {
                 const size_t n_rows = 1 + drafts[i].tokens.size();
                 takers[i]->take_rows(logits.data() + first_row[i] * n_vocab, std::move(drafts[i]),

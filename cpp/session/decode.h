@@ -8,21 +8,26 @@
 // confirms keep their KV (the draft's cells are the history's, session/history).
 // Several sessions' steps can be computed in shared batches (prefetch_steps).
 
+#include "session/logprobs.h"
 #include "session/sampler.h"
 #include "session/prefill.h"
+
+#include <optional>
 
 class llama_opt_session_decode {
 public:
     llama_opt_session_decode(llama_opt_session_history & history, llama_opt_session_counters & counters,
                              llama_opt_session_prefill & prefill, llama_opt_session_room & room);
 
-    void set_sampling(const llama_opt_sampling & sampling) { sampler_.set_sampling(sampling); }
+    void set_sampling(const llama_opt_sampling & sampling);
     // the grammar of the following steps; max_tokens: the output's budget (0: none)
     void set_grammar(const std::string & gbnf, uint32_t max_tokens);
     bool generating() const { return generating_; }
 
     // llama_opt_session::next_token
     llama_token next_token();
+    // With sampling.logprobs >= 0: the last next_token()'s log-probabilities (none for -1).
+    const std::optional<llama_opt_token_logprob> & last_logprob() const { return last_logprob_; }
     // Computes the pending generated tokens (the last sampled one, any the grammar forced after it).
     void compute_pending();
     // Ends a turn's generation; `open`: the session is (its output joins the context's recent outputs).
@@ -53,4 +58,6 @@ private:
     bool                         generating_    = false;  // a turn's generation is on: drafts pay off only then
     size_t                       output_begin_  = 0;      // where the turn's generated tokens begin
     uint32_t                     output_budget_ = 0;      // set_grammar's max_tokens: the most this turn generates
+    int32_t                      logprobs_      = -1;     // sampling.logprobs
+    std::optional<llama_opt_token_logprob> last_logprob_;
 };

@@ -148,10 +148,10 @@ void llama_opt_session_history::fork_to(llama_opt_session_history & fork) const 
 }
 
 void llama_opt_session_history::compute(size_t begin, size_t end, uint64_t llama_opt_stats::* counter,
-                                        bool evict_sessions, bool logits) {
+                                        bool evict_sessions, bool logits, const llama_opt_row_logits & each_row) {
     llama_opt_work work;
     llama_opt_finally(
-        [&] { ctx_.compute_span(seq_, tokens_.data(), begin, end, logits ? &logits_ : nullptr, evict_sessions, work); },
+        [&] { ctx_.compute_span(seq_, tokens_.data(), begin, end, logits ? &logits_ : nullptr, evict_sessions, work, each_row); },
         [&] { counters_.count_work(counter, work); });
     if (logits) {
         logits_for_ = end;

@@ -92,8 +92,10 @@ public:
     void   fork_to(llama_opt_session_history & fork) const;
 
     // --- compute (counted) ---
-    // tokens_[begin, end) (llama_opt_context::compute_span), with the logits of the last if `logits`
-    void compute(size_t begin, size_t end, uint64_t llama_opt_stats::* counter, bool evict_sessions, bool logits = true);
+    // tokens_[begin, end) (llama_opt_context::compute_span), with the logits of the last if `logits`,
+    // every row's to `each_row` if given
+    void compute(size_t begin, size_t end, uint64_t llama_opt_stats::* counter, bool evict_sessions, bool logits = true,
+                 const llama_opt_row_logits & each_row = nullptr);
     // Tier 2: tokens_[p] for each of `positions` (llama_opt_context::compute_positions), with the
     // logits of the last
     void compute_at(const std::vector<size_t> & positions, uint64_t llama_opt_stats::* counter, bool evict_sessions);

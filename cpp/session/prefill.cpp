@@ -90,6 +90,34 @@ void llama_opt_session_prefill::ensure_logits(uint64_t llama_opt_stats::* counte
     }
 }
 
+void llama_opt_session_prefill::compute_afresh(const std::vector<llama_token> & tokens,
+                                               const llama_opt_row_logits & each_row) {
+    llama_opt_context & ctx = history_.ctx();
+    ctx.model().check_tokens(tokens.data(), tokens.size());
+    history_.check_fits(tokens.size());
+    history_.drop_draft();
+    history_.drop_kv_from(0);  // (an approximate session is exact again)
+    history_.cut_tokens(0);
+    history_.clear_logits();
+    history_.append(tokens);
+    const size_t end = tokens.size();
+    try {
+        if (ctx.canonical() && !room_.room_or_bottom(end)) {
+            throw ctx.memory().full_error();
+        }
+        history_.compute(0, end, &llama_opt_stats::tokens_prefilled, /* evict_sessions */ !ctx.canonical(),
+                         /* logits */ false, each_row);
+        history_.computed(end);
+    } catch (...) {
+        history_.drop_kv_from(0);
+        history_.cut_tokens(0);
+        throw;
+    }
+    if (ctx.canonical()) {
+        reuse_.computed_canonically(end);
+    }
+}
+
 bool llama_opt_session_prefill::uses_h2o(size_t end) const {
     const llama_opt_config & cfg = history_.ctx().settings().config;  // the context's: it observes the graph for H2O
     return cfg.h2o_enabled && history_.n_evaluated() == 0 && end > cfg.h2o_chunk_size;

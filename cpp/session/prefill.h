@@ -29,6 +29,13 @@ public:
     // The logits after the last token: the tokens without KV computed, the end of a history that was
     // cut back computed again.
     void ensure_logits(uint64_t llama_opt_stats::* counter);
+    // Sets the history to `tokens`, every one computed afresh from position 0 on the schedule
+    // (nothing reused, no Tier-2 prefill), every row's logits handed to `each_row`: the rows of a
+    // prompt, as a context that never saw it computes them. The KV is the canonical one (its blocks
+    // join the pool); the logits after the last token are not kept (the next step computes the
+    // last chunk again, as after a cut: those rows' outputs came from a product of another size).
+    // On error the history is empty.
+    void compute_afresh(const std::vector<llama_token> & tokens, const llama_opt_row_logits & each_row);
 
 private:
     bool uses_h2o(size_t end) const;  // a prompt of more than h2o_chunk_size tokens into a session without KV

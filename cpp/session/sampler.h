@@ -25,6 +25,9 @@ struct llama_opt_sampling {
     uint32_t seed        = LLAMA_DEFAULT_SEED;  // random
     std::vector<llama_logit_bias> logit_bias;      // added to the logits before anything else
     llama_opt_penalties           penalties;       // then the repetition penalties (default: off)
+    // per step, the picked token's log-probability and this many alternatives (session/logprobs);
+    // -1: none. On, a token the grammar forces is picked from logits too (they are needed).
+    int32_t                       logprobs = -1;
 };
 
 class llama_opt_sampler {

@@ -129,6 +129,21 @@ void llama_opt_session::sync(const std::vector<llama_token> & tokens, const std:
     attn_drop_.sync(tokens, tool_spans);
 }
 
+std::vector<llama_opt_token_logprob> llama_opt_session::score(const std::vector<llama_token> & tokens, int32_t top_n) {
+    lock_t lock(ctx_->mutex());
+    check_open();
+    llama_opt_check_top_logprobs(top_n);
+    const auto n_vocab = (int32_t) ctx_->model().n_vocab();
+    std::vector<llama_opt_token_logprob> out;
+    out.reserve(tokens.empty() ? 0 : tokens.size() - 1);
+    prefill_.compute_afresh(tokens, [&](size_t pos, const float * logits) {
+        if (pos + 1 < tokens.size()) {  // (the last row's logits are the next token's, not the prompt's)
+            out.push_back(llama_opt_logprob_of(logits, n_vocab, tokens[pos + 1], top_n));
+        }
+    });
+    return out;
+}
+
 std::shared_ptr<llama_opt_session> llama_opt_session::fork() {
     lock_t lock(ctx_->mutex());
     check_open();
@@ -175,6 +190,7 @@ llama_opt_step llama_opt_session::step() {
     if (s.token >= 0) {
         s.eog   = ctx_->model().is_eog(s.token);
         s.piece = ctx_->model().token_piece(s.token, false);
+        s.logprob = decode_.last_logprob();
     }
     s.room = room();
     return s;

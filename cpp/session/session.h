@@ -19,6 +19,7 @@
 
 #include "session/attn-drop.h"
 #include "session/decode.h"
+#include "session/logprobs.h"
 #include "base/config.h"
 #include "base/numerics.h"
 #include "base/stats.h"
@@ -27,6 +28,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +39,9 @@ struct llama_opt_step {
     bool        eog   = false;  // an end-of-generation token
     std::string piece;          // its bytes (special tokens not rendered)
     size_t      room  = 0;      // tokens that still fit the context after it
+    // with sampling.logprobs >= 0: its log-probability under the logits it was picked from, and the
+    // most likely tokens there (session/logprobs)
+    std::optional<llama_opt_token_logprob> logprob;
 };
 
 class llama_opt_session : public llama_opt_seq_owner {
@@ -88,6 +93,13 @@ public:
     // the last of them, before that text is computed (not against the text between two results).
     // Bad marks: invalid_argument, the session unchanged.
     void sync(const std::vector<llama_token> & tokens, const std::vector<std::pair<size_t, size_t>> & tool_spans);
+
+    // Sets the history to `tokens`, computing every one afresh (nothing reused: session/prefill's
+    // compute_afresh), and returns, for each token after the first, its log-probability given the
+    // tokens before it and the `top_n` most likely tokens there (session/logprobs): the prompt's
+    // own computation, bit for bit what a fresh context computes on the same schedule. On error
+    // (a bad token, an overflow, top_n out of range) the history is empty.
+    std::vector<llama_opt_token_logprob> score(const std::vector<llama_token> & tokens, int32_t top_n);
 
     // A new session with the same history, sharing this one's KV blocks.
     std::shared_ptr<llama_opt_session> fork();

@@ -18,8 +18,9 @@ void llama_opt_session_sync::sync(const std::vector<llama_token> & tokens) {
     }
     const uint64_t computed_before = counters_.stats().tokens_prefilled;
     const bool     edited          = keep < history_.n_evaluated() && keep < tokens.size();
-    const std::vector<span_move> moves =
-        cfg.diff_enabled && cfg.diff_reuse_shifted && edited ? plan_shifted(tokens, keep) : std::vector<span_move>();
+    const std::vector<llama_opt_span_move> moves = cfg.diff_enabled && cfg.diff_reuse_shifted && edited
+                                                       ? plan_shifted(tokens, keep)
+                                                       : std::vector<llama_opt_span_move>();
     if (moves.empty() || !sync_shifted(tokens, keep, moves)) {
         history_.drop_kv_from(keep);
         history_.assign(tokens);
@@ -42,7 +43,7 @@ void llama_opt_session_sync::sync(const std::vector<llama_token> & tokens) {
 // An edit in the first block (a per-request header) changes the attention sinks every later token
 // attends to: diff_recompute_share_head then (measured: docs/benchmarks.md, "The head share").
 // Approximate KV never enters the block pool.
-std::vector<llama_opt_session_sync::span_move> llama_opt_session_sync::plan_shifted(
+std::vector<llama_opt_span_move> llama_opt_session_sync::plan_shifted(
     const std::vector<llama_token> & tokens, size_t keep) const {
     const llama_opt_context & ctx = history_.ctx();
     const llama_opt_config &  cfg = ctx.settings().config;
@@ -55,7 +56,7 @@ std::vector<llama_opt_session_sync::span_move> llama_opt_session_sync::plan_shif
                                                       tokens.data(), (uint32_t) tokens.size());
 
     const float share = keep < B ? cfg.diff_recompute_share_head : cfg.diff_recompute_share;
-    std::vector<span_move> moves;
+    std::vector<llama_opt_span_move> moves;
     for (const llama_opt_diff_span & d : diff) {
         if (d.op != DIFF_KEEP || d.curr_start == 0) {
             continue;  // the common prefix stays where it is, exactly
@@ -72,42 +73,16 @@ std::vector<llama_opt_session_sync::span_move> llama_opt_session_sync::plan_shif
     return moves;
 }
 
-// The order to park spans in: their rows move within the session's own cells (like memmove), so
-// a span whose new place overlaps where another span still is waits for it. Spans keep their
-// order, so the waits form no cycle (a span reaching right into the next one's place while that
-// one reaches left into its own would need their new places to cross).
-std::vector<llama_opt_session_sync::span_move> llama_opt_session_sync::parking_order(std::vector<span_move> moves) {
-    std::vector<span_move> order;
-    while (!moves.empty()) {
-        const auto next = std::find_if(moves.begin(), moves.end(), [&](const span_move & m) {
-            return std::none_of(moves.begin(), moves.end(), [&](const span_move & other) {
-                return &other != &m && m.to < other.from + other.n && other.from < m.to + m.n;
-            });
-        });
-        order.push_back(*next);
-        moves.erase(next);
-    }
-    return order;
-}
-
 bool llama_opt_session_sync::sync_shifted(const std::vector<llama_token> & tokens, size_t keep,
-                                          const std::vector<span_move> & moves) {
-    llama_opt_context & ctx = history_.ctx();
-    const int32_t       seq = history_.seq();
+                                          const std::vector<llama_opt_span_move> & moves) {
+    llama_opt_kv_memory & memory = history_.ctx().memory();
     history_.drop_draft();  // its cells would take room the moves may need
-    const llama_opt_in_place in_place = ctx.memory().prepare_in_place(seq, keep, history_.n_evaluated(), tokens.size());
+    const llama_opt_in_place in_place = memory.park(history_.seq(), keep, history_.n_evaluated(), tokens.size(), moves);
     if (in_place != llama_opt_in_place::possible) {
         counters_.count(in_place == llama_opt_in_place::unsupported ? &llama_opt_stats::diff_shift_fallbacks_unsupported
                         : in_place == llama_opt_in_place::shared    ? &llama_opt_stats::diff_shift_fallbacks_shared
                                                                     : &llama_opt_stats::diff_shift_fallbacks_room, 1);
         return false;
-    }
-    for (const span_move & m : parking_order(moves)) {
-        if (!ctx.memory().park(seq, m.from, m.to, m.n)) {  // not expected once prepared: counted as no room
-            ctx.memory().clear_parked();
-            counters_.count(&llama_opt_stats::diff_shift_fallbacks_room, 1);
-            return false;
-        }
     }
     history_.drop_kv_from(keep);  // the rest of the old KV (the parked rows are the scratch sequence's)
     history_.assign(tokens);
@@ -115,11 +90,11 @@ bool llama_opt_session_sync::sync_shifted(const std::vector<llama_token> & token
     // Every span joins the sequence first; then the tokens around them are computed in one series of
     // batches, at positions between the spans (patches/0012): a batch per gap was 1.3-2x the time per
     // token (docs/benchmarks.md, issue 23).
+    memory.unpark(history_.seq());
     std::vector<size_t> positions;
     size_t              pos     = history_.n_evaluated();
     size_t              shifted = 0;
-    for (const span_move & m : moves) {  // in position order
-        ctx.memory().unpark(seq, m.to, m.to + m.n);
+    for (const llama_opt_span_move & m : moves) {  // in position order
         for (; pos < m.to; ++pos) {
             positions.push_back(pos);
         }
@@ -134,18 +109,15 @@ bool llama_opt_session_sync::sync_shifted(const std::vector<llama_token> & token
         history_.computed(history_.size());
         counters_.count(&llama_opt_stats::diff_tokens_shifted, shifted);
     } catch (const llama_opt_error & e) {
-        ctx.memory().clear_parked();
         history_.drop_joined_spans();
         if (e.code != llama_opt_errc::context_overflow) {
             throw;
         }
-        // not expected (the memory's prepare_in_place found the room): exact mode's work, which can relocate
+        // not expected (the memory's park found the room): exact mode's work, which can relocate
         counters_.count(&llama_opt_stats::diff_shift_fallbacks_room, 1);
         history_.drop_kv_from(std::min(history_.n_evaluated(), keep));
         history_.assign(tokens);
         prefill_.prefill_or_cut_back(llama_opt_session_history::npos);
-        return true;
     }
-    ctx.memory().clear_parked();
     return true;
 }

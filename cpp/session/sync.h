@@ -4,8 +4,8 @@
 // of the common prefix (diff_enabled) and computes the rest. Tier 2 (diff_reuse_shifted, opt-in):
 // after an edit, the KV of the unchanged spans that follow it is reused at their new positions,
 // moved within the session's own cells, and only the tokens around them are computed
-// (docs/exactness.md); this object owns that whole sequence: plan, check, parking order, park,
-// unpark, compute.
+// (docs/exactness.md): this object plans the moves and computes the rest; the KV memory parks
+// the spans (checking first that it can) and gives them back after the history's cut.
 
 #include "session/prefill.h"
 
@@ -20,13 +20,11 @@ public:
     void sync(const std::vector<llama_token> & tokens);
 
 private:
-    struct span_move { size_t from, to, n; };  // the KV of [from, from + n) reused at [to, to + n)
-
-    std::vector<span_move> plan_shifted(const std::vector<llama_token> & tokens, size_t keep) const;
-    static std::vector<span_move> parking_order(std::vector<span_move> moves);
+    // the spans whose KV is reused at a shifted position, in position order
+    std::vector<llama_opt_span_move> plan_shifted(const std::vector<llama_token> & tokens, size_t keep) const;
     // false, with nothing computed and the reason counted, if the plan cannot work (then sync does
     // exact mode's work)
-    bool sync_shifted(const std::vector<llama_token> & tokens, size_t keep, const std::vector<span_move> & moves);
+    bool sync_shifted(const std::vector<llama_token> & tokens, size_t keep, const std::vector<llama_opt_span_move> & moves);
 
     llama_opt_session_history &  history_;
     llama_opt_session_counters & counters_;

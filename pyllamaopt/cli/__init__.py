@@ -146,16 +146,20 @@ def build_parser() -> argparse.ArgumentParser:
                                    "docs/persist-format.md.")
     p.add_argument("action", choices=["ls", "clean", "verify"],
                    help="ls: list entries; clean: remove unreadable, old (--max-age) or least recently used "
-                        "(--max-mb) entries, or all (--all); verify: check every checksum")
+                        "(--max-mb) entries, another model's or build's (--foreign), or all (--all); verify: check "
+                        "every checksum")
     p.add_argument("--dir", default=None, help="cache directory (default: $LLAMA_OPT_PERSIST_DIR or the default)")
     p.add_argument("--max-age", type=float, default=None, help="clean: remove entries unused for this many days")
     p.add_argument("--max-mb", type=float, default=None, help="clean: keep at most this many MiB")
     p.add_argument("--all", action="store_true", help="clean: remove every entry")
+    p.add_argument("--foreign", action="store_true",
+                   help="clean: remove the entries a server of --model (this build) never restores: another model's "
+                        "or another build's (those `ls --model` marks so)")
     p.add_argument("--remove", action="store_true", help="verify: remove the bad entries")
     p.add_argument("-m", "--model", default=os.environ.get("LLAMA_OPT_MODEL") or None,
                    help="ls: mark the entries a server of this model (this build, `pyllamaopt serve --model`) "
-                        "restores after a restart and those for another model or build (default: $LLAMA_OPT_MODEL, "
-                        "else none)")
+                        "restores after a restart and those for another model or build; clean --foreign: keep its "
+                        "entries, remove the others (default: $LLAMA_OPT_MODEL, else none)")
     p.set_defaults(func=commands.cache)
 
     p = sub.add_parser("serve", help="OpenAI- and Anthropic-compatible HTTP server and the session protocol",

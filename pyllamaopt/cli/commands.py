@@ -218,12 +218,20 @@ def cache(args: argparse.Namespace) -> int:
         raise SystemExit("pyllamaopt: error: --max-age must be a positive number of days")
     if args.max_mb is not None and not (math.isfinite(args.max_mb) and args.max_mb >= 0):
         raise SystemExit("pyllamaopt: error: --max-mb must be a number >= 0")
+    if args.foreign and args.all:
+        raise SystemExit("pyllamaopt: error: give --foreign or --all, not both (--all removes every entry)")
+    if args.foreign and not args.model:
+        raise SystemExit("pyllamaopt: error: --foreign needs --model MODEL (or $LLAMA_OPT_MODEL): the model whose "
+                         "server's entries to keep")
+    layout = _layout(args.model, store) if args.foreign else None  # (the model is loaded before anything goes)
     try:
         removed = store.clear() if args.all else store.clean(
             max_age=None if args.max_age is None else args.max_age * 86400, max_mb=args.max_mb)
+        foreign = 0 if layout is None else store.remove_foreign(layout)
     except (InvalidArgumentError, PersistError) as exc:  # days beyond what seconds can count; files kept
         raise SystemExit(f"pyllamaopt: error: {exc}") from None
-    print(f"removed {removed} file(s); {len(store.entries())} entries left in {store.directory}")
+    of_others = "" if layout is None else f" ({foreign} for another model or build)"
+    print(f"removed {removed + foreign} file(s){of_others}; {len(store.entries())} entries left in {store.directory}")
     return 0
 
 

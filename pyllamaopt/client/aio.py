@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -14,8 +14,8 @@ from ..errors import SessionBusyError, SessionClosedError
 from ..tokens import Token
 from ..v1 import runtime_pb2 as pb
 from ..v1 import runtime_pb2_grpc
-from .common import (CANCEL_SETTLES, Progress, SessionInfo, credentials, generate_request, info_of, metadata,
-                     to_error)
+from .common import (CANCEL_SETTLES, Progress, SessionInfo, channels, credentials, generate_request, info_of,
+                     metadata, to_error)
 
 
 class AsyncClient:
@@ -25,10 +25,9 @@ class AsyncClient:
     def __init__(self, address: str, *, api_key: str | None = None, timeout: float | None = None, tls: bool = False,
                  root_certificates: bytes | str | os.PathLike[str] | None = None) -> None:
         self.address = address
-        creds = credentials(tls, root_certificates)
-        self._channel = (grpc.aio.insecure_channel(address) if creds is None else
-                         grpc.aio.secure_channel(address, creds))
-        self._stub = runtime_pb2_grpc.RuntimeStub(self._channel)
+        self._channels = channels(grpc.aio, address, credentials(tls, root_certificates))
+        self._stub = runtime_pb2_grpc.RuntimeStub(self._channels[0])
+        self._generations = runtime_pb2_grpc.RuntimeStub(self._channels[1])  # (its small window: common.py)
         self._metadata = metadata(api_key)
         self.timeout = timeout
 
@@ -45,7 +44,8 @@ class AsyncClient:
         return list((await self._call("Tokenize", request)).tokens)
 
     async def close(self) -> None:
-        await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -95,12 +95,16 @@ class AsyncRemoteSession:
     def generate(self, max_tokens: int | None = 256, *, temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
                  stop: str | Sequence[str] = (), grammar: str | None = None,
-                 json_schema: dict[str, Any] | bool | None = None) -> AsyncRemoteGeneration:
+                 json_schema: dict[str, Any] | bool | None = None, logit_bias: Mapping[int, float] | None = None,
+                 frequency_penalty: float | None = None, presence_penalty: float | None = None,
+                 repeat_penalty: float | None = None, repeat_last_n: int | None = None) -> AsyncRemoteGeneration:
         """``async for token in session.generate(...)``; ``aclose()`` (or leaving an ``async with``
         block) cancels it on the server."""
         request = generate_request(self.id, max_tokens, temperature, top_k, top_p, min_p, seed, stop, grammar,
-                                   json_schema)
-        return AsyncRemoteGeneration(self, lambda: self.client._stub.Generate(request, metadata=self.client._metadata))
+                                   json_schema, logit_bias, frequency_penalty, presence_penalty, repeat_penalty,
+                                   repeat_last_n)
+        client = self.client
+        return AsyncRemoteGeneration(self, lambda: client._generations.Generate(request, metadata=client._metadata))
 
     async def generate_text(self, max_tokens: int | None = 256, **kwargs: Any) -> str:
         async with self.generate(max_tokens, **kwargs) as generation:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,17 @@ from ..tokens import Token
 from ..v1 import runtime_pb2 as pb
 
 CANCEL_SETTLES = 5.0  # seconds after a cancel during which the session's "busy" answers are retried
+# Generations go on a channel (a connection) of their own whose HTTP/2 stream window is small: what the
+# server may send that this client has not read yet, in bytes (a token's message is about 15). A reader
+# that stops, or a process the machine does not run for a while, holds the server's generation after
+# about 35 tokens (plus the 16 the server runs ahead: 53 generated for a reader of 1, measured), where
+# grpc core's defaults let it compute the whole answer unread: a 64 KiB window, grown to 4 MiB and more
+# by its bandwidth-delay probe. "grpc.http2.lookahead_bytes" is the stream window the client announces
+# (chttp2's initial window size setting); the probe replaces it at its first estimate (with the
+# lookahead alone a paused reader still got the whole answer), hence off. Other calls keep the
+# defaults on the first channel: a long history's SessionInfo would take a round trip per window.
+GENERATION_WINDOW = 512
+GENERATION_CHANNEL_OPTIONS = (("grpc.http2.lookahead_bytes", GENERATION_WINDOW), ("grpc.http2.bdp_probe", 0))
 ERROR_KEY = "pyllamaopt-error"  # trailing metadata: the exception class's name (serve/grpc_service.py)
 
 # when the server names no class (or one this version does not know)
@@ -74,14 +85,19 @@ def info_of(message: pb.SessionInfo) -> SessionInfo:
 
 def generate_request(session_id: str, max_tokens: int | None, temperature: float | None, top_k: int | None,
                      top_p: float | None, min_p: float | None, seed: int | None, stop: str | Sequence[str],
-                     grammar: str | None, json_schema: dict[str, Any] | bool | None) -> pb.GenerateRequest:
+                     grammar: str | None, json_schema: dict[str, Any] | bool | None,
+                     logit_bias: Mapping[int, float] | None, frequency_penalty: float | None,
+                     presence_penalty: float | None, repeat_penalty: float | None,
+                     repeat_last_n: int | None) -> pb.GenerateRequest:
     """Session.generate's arguments as a message; None: the server's default (max_tokens None: until the
-    end of the answer or a full context)."""
+    end of the answer or a full context). The server validates the values, as the HTTP routes do."""
     if grammar is not None and json_schema is not None:
         raise errors.InvalidArgumentError("give grammar or json_schema, not both")
     request = pb.GenerateRequest(session_id=session_id, max_tokens=(1 << 31) - 1 if max_tokens is None else max_tokens,
                                  temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                                 stop=[stop] if isinstance(stop, str) else list(stop))
+                                 stop=[stop] if isinstance(stop, str) else list(stop), logit_bias=logit_bias,
+                                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n)
     if grammar is not None:
         request.grammar = grammar
     elif json_schema is not None:
@@ -116,6 +132,17 @@ class Progress:
 
 def metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
+
+def channels(transport: Any, address: str, creds: Any) -> tuple[Any, Any]:
+    """The client's two channels, of ``transport`` (the module ``grpc`` or ``grpc.aio``): one for
+    calls, one for generations (GENERATION_CHANNEL_OPTIONS); ``creds``: TLS credentials or None."""
+    def channel(options: tuple[tuple[str, int], ...]) -> Any:
+        if creds is None:
+            return transport.insecure_channel(address, options=options)
+        return transport.secure_channel(address, creds, options=options)
+
+    return channel(()), channel(GENERATION_CHANNEL_OPTIONS)
 
 
 def credentials(tls: bool, root_certificates: bytes | str | os.PathLike[str] | None) -> Any:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -12,8 +12,8 @@ from ..errors import SessionBusyError, SessionClosedError
 from ..tokens import Token
 from ..v1 import runtime_pb2 as pb
 from ..v1 import runtime_pb2_grpc
-from .common import (CANCEL_SETTLES, Progress, SessionInfo, credentials, generate_request, info_of, metadata,
-                     to_error)
+from .common import (CANCEL_SETTLES, Progress, SessionInfo, channels, credentials, generate_request, info_of,
+                     metadata, to_error)
 
 
 class Client:
@@ -25,9 +25,9 @@ class Client:
     def __init__(self, address: str, *, api_key: str | None = None, timeout: float | None = None, tls: bool = False,
                  root_certificates: bytes | str | os.PathLike[str] | None = None) -> None:
         self.address = address
-        creds = credentials(tls, root_certificates)
-        self._channel = grpc.insecure_channel(address) if creds is None else grpc.secure_channel(address, creds)
-        self._stub = runtime_pb2_grpc.RuntimeStub(self._channel)
+        self._channels = channels(grpc, address, credentials(tls, root_certificates))
+        self._stub = runtime_pb2_grpc.RuntimeStub(self._channels[0])
+        self._generations = runtime_pb2_grpc.RuntimeStub(self._channels[1])  # (its small window: common.py)
         self._metadata = metadata(api_key)
         self.timeout = timeout  # seconds per call except generations (None: no limit)
 
@@ -49,7 +49,8 @@ class Client:
         return list(self._call("Tokenize", request).tokens)
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels:
+            channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -109,13 +110,17 @@ class RemoteSession:
     def generate(self, max_tokens: int | None = 256, *, temperature: float | None = None, top_k: int | None = None,
                  top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
                  stop: str | Sequence[str] = (), grammar: str | None = None,
-                 json_schema: dict[str, Any] | bool | None = None) -> RemoteGeneration:
+                 json_schema: dict[str, Any] | bool | None = None, logit_bias: Mapping[int, float] | None = None,
+                 frequency_penalty: float | None = None, presence_penalty: float | None = None,
+                 repeat_penalty: float | None = None, repeat_last_n: int | None = None) -> RemoteGeneration:
         """Streams the generated tokens as the server commits them (Session.generate's arguments;
         None: the server's default). Leaving the loop early cancels the generation on the server
         (when the object is dropped, or at once with ``close()`` or a ``with`` block)."""
         request = generate_request(self.id, max_tokens, temperature, top_k, top_p, min_p, seed, stop, grammar,
-                                   json_schema)
-        return RemoteGeneration(self, lambda: self.client._stub.Generate(request, metadata=self.client._metadata))
+                                   json_schema, logit_bias, frequency_penalty, presence_penalty, repeat_penalty,
+                                   repeat_last_n)
+        client = self.client
+        return RemoteGeneration(self, lambda: client._generations.Generate(request, metadata=client._metadata))
 
     def generate_text(self, max_tokens: int | None = 256, **kwargs: Any) -> str:
         with self.generate(max_tokens, **kwargs) as generation:

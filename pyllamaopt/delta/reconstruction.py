@@ -14,6 +14,7 @@ import gguf
 import numpy as np
 
 from ..errors import DeltaError
+from ..models import cache_root
 from .format import WHOLE, DeltaHeader, copied_fields
 from .names import base_name, delta_u_name, delta_v_name, matrix_name
 from .progress import progress_bar
@@ -119,8 +120,7 @@ def _rebuilt_tensor(delta: GGUFModel, header: DeltaHeader, parent: GGUFModel | N
 def default_cache_dir() -> Path:
     """Where Model() keeps the standard GGUFs it rebuilds from delta files:
     ``$XDG_CACHE_HOME/pyllamaopt/delta`` (``~/.cache/pyllamaopt/delta``)."""
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    return Path(xdg if os.path.isabs(xdg) else Path.home() / ".cache") / "pyllamaopt" / "delta"  # (relative: ignored)
+    return cache_root() / "delta"
 
 
 def cached_reconstruction(delta_path: str | os.PathLike[str], *, progress: bool | None = None) -> Path:

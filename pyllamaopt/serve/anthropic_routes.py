@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import jiter
@@ -178,7 +178,8 @@ class _Message:
              "usage": _usage(event.usage), "pyllamaopt": event.usage.as_dict()},
             {"type": "message_stop"}]
 
-    def whole(self, done: DoneEvent) -> dict[str, Any]:
+    def whole(self, dones: Sequence[DoneEvent]) -> dict[str, Any]:
+        (done,) = dones  # (Anthropic's API has one choice)
         reply = done.reply
         assert reply is not None
         content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text or not reply.calls else []

@@ -264,8 +264,8 @@ def _say_foreign_entries(context: Context, model: str) -> None:
     if foreign:
         print(f"pyllamaopt serve: {len(foreign)} of {len(entries)} entries in {store.directory} are for another model or "
               f"build and will not be used; `pyllamaopt cache ls --model {model}` marks them, `pyllamaopt cache clean "
-              "--all` clears the directory (--max-mb, --max-age: the least recently used first)", file=sys.stderr,
-              flush=True)
+              f"--foreign --model {model}` removes them (not done here: a server of the other model may share the "
+              "directory)", file=sys.stderr, flush=True)
 
 
 async def _expire_idle(service: Service, every: float) -> None:

@@ -15,7 +15,7 @@ from .chat_prompt import render_in_thread
 from .events import DoneEvent, Event
 from .params import GenerateParams
 from .service import Service
-from .streaming import collect, started
+from .streaming import collect_choices, started
 
 
 class ChatSurface(Protocol):
@@ -27,20 +27,20 @@ class ChatSurface(Protocol):
         """The events as the surface's server-sent events."""
         ...
 
-    def whole(self, done: DoneEvent) -> dict[str, Any]:
-        """The answer not streamed, from the generation's end (``done.reply``: the reply parsed)."""
+    def whole(self, dones: Sequence[DoneEvent]) -> dict[str, Any]:
+        """The answer not streamed, from each choice's end (``done.reply``: the reply parsed)."""
         ...
 
 
 async def answer_chat(request: Request, surface: ChatSurface, turns: Sequence[Turn], tools: Sequence[Tool],
-                      choice: ToolChoice, params: GenerateParams, *, stream: bool, continue_last: bool = False) -> Any:
+                      choice: ToolChoice, params: GenerateParams, *, stream: bool, continue_last: bool = False,
+                      n: int = 1) -> Any:
     service: Service = request.app.state.service
     prompt, tokens, tool_spans = await render_in_thread(
         request.app.state.chat_template, service.model, turns, tools, choice, params,
         mark_tool_results=service.sparse_tool_results, continue_last=continue_last)
     events = await started(service.complete(tokens, prompt.generate_params(params, surface.call_id_prefix),
-                                            tool_spans=tool_spans))
+                                            tool_spans=tool_spans, n=n))
     if stream:
         return surface.stream(events)
-    _, _, done = await collect(events, request.receive)
-    return surface.whole(done)
+    return surface.whole([done for _, _, done in await collect_choices(events, request.receive)])

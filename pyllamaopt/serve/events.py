@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..grammar import SchemaCheck
+from ..tokens import TokenLogprob
 from .reply_parser import Piece, Reply
 
 
@@ -46,6 +47,8 @@ class TokenEvent:
     # the first token's: the usage so far, which says how the prompt's KV was obtained (a stream's
     # opening event reports it, as Anthropic's message_start does)
     usage: Usage | None = None
+    index: int = 0  # of the choice it belongs to (OpenAI's n: choices.py)
+    logprob: TokenLogprob | None = None  # with GenerateParams.logprobs
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ class DoneEvent:
     schema: SchemaCheck | None = None  # with a JSON Schema: the output checked against all of it
     reply: Reply | None = None  # a chat reply: as parsed to its end
     pieces: tuple[Piece, ...] = ()  # a chat reply: what its parser held back until the end (ReplyParser.finish)
+    index: int = 0  # of the choice it ends
+    logprobs: tuple[TokenLogprob, ...] = ()  # with GenerateParams.logprobs: every generated token's, in order
 
     def schema_fields(self) -> dict[str, Any]:
         """With a JSON Schema: whether the output is valid against all of it (``schema_valid``;
@@ -66,10 +71,6 @@ class DoneEvent:
         """The end of a session's generation over HTTP: as the gRPC ``Done`` message, with the schema fields."""
         return {"finish_reason": self.finish_reason, "usage": self.usage.as_dict(), "stop_string": self.stop_string,
                 **self.schema_fields()}
-
-    def extension(self) -> dict[str, Any]:
-        """What an answer's ``pyllamaopt`` field says: the usage and the schema fields."""
-        return {**self.usage.as_dict(), **self.schema_fields()}
 
 
 Event = TokenEvent | DoneEvent

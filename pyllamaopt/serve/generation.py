@@ -9,6 +9,7 @@ from typing import Any
 from ..grammar import SchemaCheck
 from ..session import Session
 from ..stats import Stats
+from ..tokens import TokenLogprob
 from .errors import typed_errors
 from .events import DoneEvent, TokenEvent, Usage
 from .metrics import Metrics
@@ -45,6 +46,7 @@ class GenerationRunner:
                 generation = typed_errors(lambda: session.generate(params.max_tokens, json_schema=schema,
                                                                    **params.engine_kwargs()))
                 last = None
+                logprobs: list[TokenLogprob] = []  # (with params.logprobs)
                 ended_by = None  # the reply's end reason, if the reply ended the generation
                 steps = iter(generation)
                 while (token := typed_errors(lambda: next(steps, None))) is not None:
@@ -57,7 +59,9 @@ class GenerationRunner:
                         self.metrics.inter_token_latency_seconds.observe(now - last)
                     last = now
                     pieces = () if reply is None else tuple(reply.feed(token.text))
-                    yield TokenEvent(token.id, token.text, pieces, prompt_usage)
+                    if token.logprob is not None:
+                        logprobs.append(token.logprob)
+                    yield TokenEvent(token.id, token.text, pieces, prompt_usage, logprob=token.logprob)
                     if reply is not None and (ended_by := reply.end_reason):
                         generation.close()
                         break
@@ -68,7 +72,7 @@ class GenerationRunner:
                 stop_string = reply.stop_string if ended_by and reply is not None else generation.stop_string
                 held = () if reply is None else tuple(reply.finish())
                 yield DoneEvent(ended_by or generation.finish_reason or "stop", usage, stop_string, check,
-                                None if reply is None else reply.result(), held)
+                                None if reply is None else reply.result(), held, logprobs=tuple(logprobs))
             finally:
                 if generation is not None:
                     # a request cancelled mid-stream: the turn ends now (the session becomes evictable

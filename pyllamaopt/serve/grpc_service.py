@@ -117,8 +117,10 @@ async def _abort(context: Any, exc: ServiceError) -> NoReturn:
 def _params(request: pb.GenerateRequest, n_ctx: int) -> Any:
     """The message's fields as the HTTP body would carry them, validated by the same model."""
     fields: dict[str, Any] = {name: getattr(request, name) for name in
-                              ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed") if request.HasField(name)}
+                              ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "frequency_penalty",
+                               "presence_penalty", "repeat_penalty", "repeat_last_n") if request.HasField(name)}
     fields["stop"] = list(request.stop)
+    fields["logit_bias"] = {str(token): bias for token, bias in request.logit_bias.items()}  # (JSON's keys)
     constraint = request.WhichOneof("constraint")
     if constraint == "grammar":
         fields["grammar"] = request.grammar

@@ -3,21 +3,25 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
 
 from fastapi.responses import StreamingResponse
 
+from ..tokens import TokenLogprob
 from .chat_answer import answer_chat
 from .chat_messages import NO_PARAMETERS, Tool, ToolCall, ToolChoice, ToolResult, Turn, arguments_text, text_of
+from .choices import ChoiceTally
 from .errors import BadRequest, ServiceError
 from .events import DoneEvent, Event, TokenEvent, Usage
+from .logprob_shapes import CompletionLogprobs, TokenBytes, chat_content
 from .reply_parser import ArgumentsPiece, CallStart, Piece, TextPiece
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
 from .service import Service
-from .streaming import collect, sse, started
+from .streaming import collect_choices, sse, started
 
 router = APIRouter()
 
@@ -35,12 +39,13 @@ def _usage(usage: Usage) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
 
 
-def _ending(head: dict[str, Any], choice: dict[str, Any], done: DoneEvent, include_usage: bool) -> list[dict[str, Any]]:
-    """A stream's last chunks: the finish reason (with a JSON Schema, whether the output is valid),
-    then (if the client asked) the usage."""
+def _ending(head: dict[str, Any], choice: dict[str, Any], done: DoneEvent, tally: ChoiceTally,
+            include_usage: bool) -> list[dict[str, Any]]:
+    """A choice's last chunk in a stream: its finish reason (with a JSON Schema, whether its output is
+    valid); after the last choice's, (if the client asked) the usage of all."""
     out = [{**head, "choices": [choice], **({"pyllamaopt": done.schema_fields()} if done.schema else {})}]
-    if include_usage:
-        out.append({**head, "choices": [], "usage": _usage(done.usage), "pyllamaopt": done.extension()})
+    if tally.add(done) and include_usage:
+        out.append({**head, "choices": [], "usage": _usage(tally.usage), "pyllamaopt": tally.extension()})
     return out
 
 
@@ -58,24 +63,49 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def completions(body: CompletionRequest, request: Request) -> Any:
     service = _service(request)
     model = service.model
-    tokens = body.prompt if isinstance(body.prompt, list) else model.tokenize(body.prompt)
-    events = await started(service.complete(tokens, body.params(body.max_tokens, service.context.n_ctx)))
+    prompt = body.one_prompt()
+    tokens = prompt if isinstance(prompt, list) else model.tokenize(prompt)
+    params = body.generate_params(service.context.n_ctx)
+    # echo: the prompt first; with logprobs, the prompt's own (Service.score), computed before the answer
+    prompt_text = "" if not body.echo else prompt if isinstance(prompt, str) else model.detokenize(tokens)
+    echoed, scored = (await service.score(tokens, params.logprobs) if body.echo and params.logprobs is not None
+                      else (None, 0))
+    events = await started(service.complete(tokens, params, n=body.n))
     rid, created, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), request.app.state.model_name
     head = {"id": rid, "object": "text_completion", "created": created, "model": name}
+    tally = ChoiceTally(body.n)
+    shape = None if params.logprobs is None else CompletionLogprobs(model.token_bytes)
+
+    def logprobs(ids: list[int], values: Sequence[TokenLogprob | None]) -> dict[str, Any] | None:
+        return None if shape is None else shape.lists(ids, values)
+
+    def usage(done: DoneEvent) -> DoneEvent:  # the prompt's scoring computed tokens too (counted with choice 0)
+        return done if done.index else replace(done, usage=replace(done.usage, computed=done.usage.computed + scored))
+
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         def chunk(event: Event) -> list[dict[str, Any]]:
             if isinstance(event, TokenEvent):
-                return [{**head, "choices": [{"index": 0, "text": event.text, "logprobs": None, "finish_reason": None}]}]
-            return _ending(head, {"index": 0, "text": "", "logprobs": None,
-                                  "finish_reason": FINISH_REASONS[event.finish_reason]}, event, include_usage)
+                return [{**head, "choices": [{"index": event.index, "text": event.text, "finish_reason": None,
+                                              "logprobs": logprobs([event.id], [event.logprob])}]}]
+            return _ending(head, {"index": event.index, "text": "", "logprobs": None,
+                                  "finish_reason": FINISH_REASONS[event.finish_reason]}, usage(event), tally,
+                           include_usage)
 
-        return sse(events, chunk, error_body)
-    _, text, done = await collect(events, request.receive)
-    return {**head, "choices": [{"index": 0, "text": text, "logprobs": None,
-                                 "finish_reason": FINISH_REASONS[done.finish_reason]}],
-            "usage": _usage(done.usage), "pyllamaopt": done.extension()}
+        opening = [] if not body.echo else [{**head, "choices": [{
+            "index": index, "text": prompt_text, "finish_reason": None,
+            "logprobs": None if echoed is None else logprobs(tokens, echoed)}]} for index in range(body.n)]
+        return sse(events, chunk, error_body, opening=opening)
+    choices = []
+    for ids, text, done in await collect_choices(events, request.receive):
+        done = usage(done)
+        tally.add(done)
+        values = logprobs([*tokens, *ids], [*echoed, *done.logprobs]) if echoed is not None else \
+            logprobs(ids, done.logprobs)
+        choices.append({"index": done.index, "text": prompt_text + text, "logprobs": values,
+                        "finish_reason": FINISH_REASONS[done.finish_reason]})
+    return {**head, "choices": choices, "usage": _usage(tally.usage), "pyllamaopt": tally.extension()}
 
 
 def _turns(messages: list[ChatMessage]) -> list[Turn]:
@@ -125,32 +155,57 @@ def _finish_reason(done: DoneEvent) -> str:
 
 
 class _ChatCompletion:
-    """A chat completion's answer in OpenAI's shapes (chat_answer.ChatSurface)."""
+    """A chat completion's answer in OpenAI's shapes (chat_answer.ChatSurface); `token_bytes`: with
+    log-probabilities asked for, how their tokens are spelled."""
 
     call_id_prefix = "call_"
 
-    def __init__(self, model_name: str, include_usage: bool) -> None:
+    def __init__(self, model_name: str, include_usage: bool, n: int, token_bytes: TokenBytes | None) -> None:
         self.head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model_name}
         self.include_usage = include_usage
-        self.first = True  # the first delta also says the role
+        self.tally = ChoiceTally(n)
+        self.token_bytes = token_bytes
+        self.opened: set[int] = set()  # the choices whose first delta said the role
+        self.unsent: dict[int, list[TokenLogprob]] = {}  # streamed, per choice: tokens whose text is held back yet
 
     def stream(self, events: AsyncGenerator[Event, None]) -> StreamingResponse:
         return sse(events, self.chunks, error_body)
 
+    def _logprobs(self, values: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+        if self.token_bytes is None:
+            return None
+        return {"content": chat_content(values, self.token_bytes), "refusal": None}
+
+    def _streamed(self, index: int, delta: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+        """A streamed choice; it carries the log-probabilities of its tokens not sent yet."""
+        choice: dict[str, Any] = {"index": index, "delta": delta, "finish_reason": finish_reason}
+        if self.token_bytes is not None:
+            choice["logprobs"] = self._logprobs(self.unsent.pop(index, []))
+        return choice
+
     def chunks(self, event: Event) -> list[dict[str, Any]]:
         c = {**self.head, "object": "chat.completion.chunk"}
-        out = []
+        index, out = event.index, []
+        if isinstance(event, TokenEvent) and event.logprob is not None:
+            self.unsent.setdefault(index, []).append(event.logprob)
         for delta in filter(None, map(_delta, event.pieces)):  # at the end: what the parser held back
-            if self.first and isinstance(event, TokenEvent):
-                delta, self.first = {"role": "assistant", **delta}, False
-            out.append({**c, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+            if index not in self.opened and isinstance(event, TokenEvent):
+                delta = {"role": "assistant", **delta}
+                self.opened.add(index)
+            out.append({**c, "choices": [self._streamed(index, delta, None)]})
         if isinstance(event, TokenEvent):
             return out
-        delta = {"role": "assistant", "content": ""} if self.first else {}
-        return out + _ending(c, {"index": 0, "delta": delta, "finish_reason": _finish_reason(event)}, event,
+        delta = {} if index in self.opened else {"role": "assistant", "content": ""}
+        return out + _ending(c, self._streamed(index, delta, _finish_reason(event)), event, self.tally,
                              self.include_usage)
 
-    def whole(self, done: DoneEvent) -> dict[str, Any]:
+    def whole(self, dones: Sequence[DoneEvent]) -> dict[str, Any]:
+        for done in dones:
+            self.tally.add(done)
+        return {**self.head, "object": "chat.completion", "choices": [self._choice(done) for done in dones],
+                "usage": _usage(self.tally.usage), "pyllamaopt": self.tally.extension()}
+
+    def _choice(self, done: DoneEvent) -> dict[str, Any]:
         reply = done.reply
         assert reply is not None
         message: dict[str, Any] = {"role": "assistant", "content": reply.text}
@@ -158,17 +213,21 @@ class _ChatCompletion:
             message = {"role": "assistant", "content": None, "tool_calls": [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 for c in reply.calls]}
-        return {**self.head, "object": "chat.completion",
-                "choices": [{"index": 0, "message": message, "finish_reason": _finish_reason(done), "logprobs": None}],
-                "usage": _usage(done.usage), "pyllamaopt": done.extension()}
+        # several choices: each says whether its output is valid (one: the answer's pyllamaopt says it)
+        schema = {"pyllamaopt": done.schema_fields()} if done.schema and self.tally.n > 1 else {}
+        return {"index": done.index, "message": message, "finish_reason": _finish_reason(done),
+                "logprobs": self._logprobs(done.logprobs), **schema}
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     service = _service(request)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    params = body.params(max_tokens, service.context.n_ctx, body.response_format)
+    params = replace(body.params(max_tokens, service.context.n_ctx, body.response_format),
+                     logprobs=body.alternatives())
     tools, choice = _tools(body)
     surface = _ChatCompletion(request.app.state.model_name,
-                              bool(body.stream_options and body.stream_options.include_usage))
-    return await answer_chat(request, surface, _turns(body.messages), tools, choice, params, stream=bool(body.stream))
+                              bool(body.stream_options and body.stream_options.include_usage), body.n,
+                              None if params.logprobs is None else service.model.token_bytes)
+    return await answer_chat(request, surface, _turns(body.messages), tools, choice, params, stream=bool(body.stream),
+                             n=body.n)

@@ -37,6 +37,8 @@ class GenerateParams:
     # False, what a grammar can enforce is, and the answer says whether the output is valid
     schema_strict: bool = False
     reply: ReplyFormat | None = None  # a chat reply: parsed as it streams (the events carry the parse)
+    # each generated token's log-probability and this many alternatives (pyllamaopt.logprobs); None: off
+    logprobs: int | None = None
 
     @property
     def generic_reply(self) -> bool:
@@ -48,4 +50,4 @@ class GenerateParams:
                 "seed": self.seed, "logit_bias": self.logit_bias, "frequency_penalty": self.frequency_penalty,
                 "presence_penalty": self.presence_penalty, "repeat_penalty": self.repeat_penalty,
                 "repeat_last_n": self.repeat_last_n, "stop": [] if self.generic_reply else self.stop,
-                "grammar": self.grammar}
+                "grammar": self.grammar, "logprobs": self.logprobs}

@@ -9,10 +9,13 @@ keys we do not use are ignored: clients send back the assistant messages they re
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..logprobs import TOP_LOGPROBS_MAX
+from .choices import MAX_CHOICES
 from .errors import BadRequest
 from .params import GenerateParams
 
@@ -35,6 +38,13 @@ class _Untracked(_Request):
 
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
+
+
+class _Choices(_Request):
+    """OpenAI's n: that many choices of one prompt (choices.py: the prompt computed once, choice i
+    sampled with seed + i)."""
+
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description=f"choices of the prompt, 1..{MAX_CHOICES}")
 
 
 class _OpenAIUntracked(_Untracked):
@@ -138,29 +148,27 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class _NoLogprobs(_Request):
-    """Log-probabilities are refused with a 400 rather than answered null: a client that asks for
-    them relies on them (the engine keeps no per-token log-probabilities; echo and n > 1 likewise)."""
+class ChatLogprobs(_Request):
+    """OpenAI's chat log-probabilities: each generated token's under the model's raw logits, with
+    the ``top_logprobs`` most likely tokens at its position (docs/serve.md, "Log-probabilities")."""
 
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX)
 
-    @field_validator("logprobs", "top_logprobs")
-    @classmethod
-    def _refused(cls, value: bool | int | None, info: ValidationInfo) -> None:
-        # false and null ask for nothing, top_logprobs 0 neither; a completion's logprobs 0 asks for
-        # the chosen tokens' own
-        if value is not None and value is not False and not (info.field_name == "top_logprobs" and value == 0):
-            raise ValueError("log-probabilities are not served by this server: leave logprobs and top_logprobs out")
-        return None
+    def alternatives(self) -> int | None:
+        """The alternatives per token asked for (GenerateParams.logprobs); None: no log-probabilities."""
+        if not self.logprobs:
+            if self.top_logprobs:  # (0 asks for nothing: some clients send it by default)
+                raise BadRequest("top_logprobs needs logprobs: true (log-probabilities are off without it)")
+            return None
+        return self.top_logprobs or 0
 
 
-class ChatCompletionRequest(Sampling, _NoLogprobs, _OpenAIUntracked):
+class ChatCompletionRequest(Sampling, _Choices, ChatLogprobs, _OpenAIUntracked):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=0)
     max_completion_tokens: int | None = Field(None, ge=0)
-    n: Literal[1] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: dict[str, Any] | None = None
@@ -170,15 +178,37 @@ class ChatCompletionRequest(Sampling, _NoLogprobs, _OpenAIUntracked):
     modalities: list[Literal["text"]] | None = None  # text is what this server answers
 
 
-class CompletionRequest(Sampling, _NoLogprobs, _OpenAIUntracked):
+class CompletionRequest(Sampling, _Choices, _OpenAIUntracked):
     model: str | None = None
-    prompt: str | list[int]
+    # a text or token ids, or OpenAI's batch form holding one of them (lm-eval sends [[ids]]); a batch
+    # of several prompts is refused
+    prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = Field(16, ge=0)
-    n: Literal[1] = 1
     best_of: Literal[1] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    echo: Literal[False] = False
+    # the prompt before the completion, in the text and (with logprobs) the log-probabilities: the
+    # prompt's own computation, every position computed afresh (docs/exactness.md, "Echo")
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=TOP_LOGPROBS_MAX, description="alternatives per token (and the chosen one's)")
+
+    def one_prompt(self) -> str | list[int]:
+        """The prompt, out of a batch of one."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return prompt
+        first = prompt[0] if prompt else None
+        if isinstance(first, (str, list)):
+            if len(prompt) != 1:
+                raise BadRequest(f"prompt: a batch of {len(prompt)} prompts is not served: send one prompt per request")
+            return first
+        return cast(list[int], prompt)
+
+    def generate_params(self, n_ctx: int) -> GenerateParams:
+        if self.logprobs is not None and self.max_tokens == 0 and not self.echo:
+            raise BadRequest("logprobs with max_tokens=0 and no echo: no token would have log-probabilities; set "
+                             "echo=true for the prompt's (lm-eval's loglikelihood request), or max_tokens >= 1")
+        return replace(self.params(self.max_tokens, n_ctx), logprobs=self.logprobs)
 
 
 class AnthropicMessage(_Body):

@@ -35,6 +35,8 @@ from typing import Any
 from ..context import Context
 from ..session import Session
 from ..stats import Stats
+from ..tokens import TokenLogprob
+from .choices import choice_params, interleaved
 from .errors import BadRequest, ContextFull, InvariantViolation, typed_errors
 from .events import Event, done_last
 from .generation import GenerationRunner
@@ -70,10 +72,11 @@ class Service:
 
     # stateless prompts
 
-    def complete(self, tokens: list[int], params: GenerateParams, *,
-                 tool_spans: Sequence[tuple[int, int]] = ()) -> AsyncGenerator[Event, None]:
+    def complete(self, tokens: list[int], params: GenerateParams, *, tool_spans: Sequence[tuple[int, int]] = (),
+                 n: int = 1) -> AsyncGenerator[Event, None]:
         """Generates after `tokens` (see the module's docstring); `tool_spans`: the tool results
-        among them, for sparse attention (``Session.sync``)."""
+        among them, for sparse attention (``Session.sync``); `n` choices, the prompt computed once
+        (choices.py: the events carry their choice's index)."""
         accepted = time.perf_counter()  # time to first token counts the prompt's wait and computation
 
         def answer(session: Session, kept: int) -> Iterator[Any]:
@@ -89,20 +92,48 @@ class Service:
                     session.close()
                     raise
                 self._verify(session)
-                yield from self._generation(session, len(tokens), params, before, done=self._idle.keep,
-                                            started=accepted)
+                if n == 1:
+                    yield from self._generation(session, len(tokens), params, before, done=self._idle.keep,
+                                                started=accepted)
+                else:
+                    yield from self._choices(session, len(tokens), params, n, before, accepted)
 
         def start() -> tuple[Iterator[Any], Any]:
-            if not tokens:
-                raise BadRequest("the prompt is empty: give at least one token (or a message with text)")
-            if len(tokens) >= self.context.n_ctx:  # (all of it: no room for an answer)
-                raise ContextFull(f"the prompt has {len(tokens)} tokens, and the server's context holds "
-                                  f"{self.context.n_ctx} with the answer: shorten it, or restart the server with a "
-                                  "larger --n-ctx")
+            self._check_prompt(tokens)
             session, kept = self._idle.take(tokens)
             return primed(answer(session, kept)), session
 
         return self.scheduler.stream(start)
+
+    async def score(self, tokens: list[int], top: int) -> tuple[list[TokenLogprob | None], int]:
+        """A prompt's own log-probabilities (OpenAI's echo), with `top` alternatives per token, and
+        the tokens computed for them: every position computed afresh, on a request session that then
+        stays idle with the prompt (a completion after it finds it: Session.score). In one piece."""
+        def score() -> tuple[list[TokenLogprob | None], int]:
+            self._check_prompt(tokens)
+            session, _ = self._idle.take(tokens)
+            before = session.stats
+            with pinned(session):
+                try:
+                    logprobs = session.score(tokens, top_logprobs=top)
+                except BaseException:
+                    session.close()
+                    raise
+                self._verify(session)
+            self._idle.keep(session)
+            self._update_gauges()
+            return logprobs, (session.stats - before).tokens_prefilled
+
+        return await self._run(score)
+
+    def _check_prompt(self, tokens: list[int]) -> None:
+        """A prompt that cannot be answered: empty, or no room left for an answer."""
+        if not tokens:
+            raise BadRequest("the prompt is empty: give at least one token (or a message with text)")
+        if len(tokens) >= self.context.n_ctx:  # (all of it: no room for an answer)
+            raise ContextFull(f"the prompt has {len(tokens)} tokens, and the server's context holds "
+                              f"{self.context.n_ctx} with the answer: shorten it, or restart the server with a "
+                              "larger --n-ctx")
 
     # the session protocol
 
@@ -158,7 +189,10 @@ class Service:
             if entry.session.n_tokens == 0:
                 raise BadRequest(f"session {session_id!r} has no history to generate after: append tokens first")
             entry.busy = "generating"
-            return primed(self._generation(entry.session, 0, params, entry.session.stats, entry=entry)), entry.session
+            # its prompt is the whole history, computed by the calls since the previous generation (the
+            # creation's restore included): the usage OpenAI's route gives for the same prompt
+            session = entry.session
+            return primed(self._generation(session, session.n_tokens, params, entry.prompt_from, entry=entry)), session
 
         return done_last(self.scheduler.stream(start))
 
@@ -246,6 +280,7 @@ class Service:
             if entry is not None:
                 entry.busy = None
                 entry.last_used = time.monotonic()
+                entry.prompt_from = session.stats
             if done is not None:
                 done(session)
             self._update_gauges()
@@ -254,6 +289,24 @@ class Service:
                                         started=time.perf_counter() if started is None else started,
                                         verify=lambda history: self._verify(session, entry, grew_from=history),
                                         finished=finished)
+
+    def _choices(self, session: Session, prompt_tokens: int, params: GenerateParams, n: int, before: Stats,
+                 started: float) -> Iterator[Any]:
+        """`n` choices after the prompt `session` holds (choices.py): its own generation, kept for reuse
+        afterwards, and n - 1 on forks of it, closed afterwards (their blocks stay cached)."""
+        forks: list[Session] = []
+        try:
+            for _ in range(n - 1):
+                forks.append(self._idle.open(session.fork))
+        except BaseException:
+            for fork in forks:
+                fork.close()
+            self._idle.keep(session)
+            raise
+        runs = [primed(self._generation(session, prompt_tokens, params, before, done=self._idle.keep, started=started))]
+        runs += [primed(self._generation(fork, 0, choice_params(params, i), fork.stats, done=Session.close,
+                                         started=started)) for i, fork in enumerate(forks, 1)]
+        return interleaved(runs, [session, *forks])
 
     def _update_gauges(self) -> None:
         """On the scheduler thread, after each change: the gauges, and what /health says."""

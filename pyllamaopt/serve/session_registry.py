@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..session import Session
+from ..stats import Stats
 from .errors import Busy, NotFound, SessionsFull
 from .metrics import Metrics
 
@@ -19,6 +20,12 @@ class ProtocolSession:
     session: Session
     last_used: float = field(default_factory=time.monotonic)
     busy: str | None = None  # "generating" or "prefilling": one operation at a time
+    # the session's counters when its next generation's prompt began: at its creation (or fork), then
+    # at the end of each generation; that generation's usage counts the prompt's work since
+    prompt_from: Stats = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.prompt_from = self.session.stats
 
 
 class SessionRegistry:

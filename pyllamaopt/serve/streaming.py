@@ -6,7 +6,7 @@ import contextlib
 import json
 import sys
 import traceback
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -40,28 +40,36 @@ class ClientGone(ServiceError):
 
 
 async def collect(events: AsyncGenerator[Event, None], receive: Receive) -> tuple[list[int], str, DoneEvent]:
-    """The whole generation, for a response that is not streamed. The request's `receive` is watched
-    meanwhile: a client gone ends the generation at the next event, where the server would otherwise
-    compute every token of an answer nobody waits for. (Starlette's Request.is_disconnected never
-    sees a disconnect behind an HTTP middleware: its check is a receive cancelled at once.)"""
+    """The whole generation, for a response that is not streamed (see collect_choices)."""
+    (whole,) = await collect_choices(events, receive)
+    return whole
+
+
+async def collect_choices(events: AsyncGenerator[Event, None],
+                          receive: Receive) -> list[tuple[list[int], str, DoneEvent]]:
+    """Each choice's tokens, text and end, by index, for a response that is not streamed. The
+    request's `receive` is watched meanwhile: a client gone ends the generation at the next event,
+    where the server would otherwise compute every token of an answer nobody waits for. (Starlette's
+    Request.is_disconnected never sees a disconnect behind an HTTP middleware: its check is a
+    receive cancelled at once.)"""
     gone = asyncio.ensure_future(_disconnect(receive))
-    tokens: list[int] = []
-    text: list[str] = []
-    done = None
+    tokens: dict[int, list[int]] = {}
+    text: dict[int, list[str]] = {}
+    done: dict[int, DoneEvent] = {}
     try:
         async with contextlib.aclosing(events):
             async for event in events:
                 if gone.done():
                     raise ClientGone("the client closed the connection before the answer was complete")
                 if isinstance(event, TokenEvent):
-                    tokens.append(event.id)
-                    text.append(event.text)
+                    tokens.setdefault(event.index, []).append(event.id)
+                    text.setdefault(event.index, []).append(event.text)
                 else:
-                    done = event
+                    done[event.index] = event
     finally:
         gone.cancel()
-    assert done is not None, "a generation always ends with a DoneEvent"
-    return tokens, "".join(text), done
+    assert done, "a generation always ends with a DoneEvent"
+    return [(tokens.get(i, []), "".join(text.get(i, [])), done[i]) for i in sorted(done)]
 
 
 async def _disconnect(receive: Receive) -> None:
@@ -75,16 +83,18 @@ async def _disconnect(receive: Receive) -> None:
 
 def sse(events: AsyncGenerator[Event, None], chunk: Callable[[Event], list[dict[str, Any]]],
         error_shape: Callable[[ServiceError], dict[str, Any]], *, done_line: bool = True,
-        named: bool = False) -> StreamingResponse:
-    """Server-sent events: `chunk` turns each event into the protocol's JSON payloads.
-    `named`: each payload's "type" is also the event's name (Anthropic's
-    stream); `done_line`: OpenAI's closing "[DONE]"."""
+        named: bool = False, opening: Sequence[dict[str, Any]] = ()) -> StreamingResponse:
+    """Server-sent events: `chunk` turns each event into the protocol's JSON payloads, after the
+    `opening` ones (a completion's echoed prompt). `named`: each payload's "type" is also the
+    event's name (Anthropic's stream); `done_line`: OpenAI's closing "[DONE]"."""
     def line(payload: dict[str, Any]) -> str:
         name = f"event: {payload['type']}\n" if named else ""
         return f"{name}data: {json.dumps(payload)}\n\n"
 
     async def body() -> AsyncGenerator[str, None]:
         async with contextlib.aclosing(events):
+            for payload in opening:
+                yield line(payload)
             try:
                 async for event in events:
                     for payload in chunk(event):

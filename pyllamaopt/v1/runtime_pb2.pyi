@@ -106,7 +106,14 @@ class SessionInfo(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., n_tokens: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., kv_bytes: _Optional[int] = ..., approx_from: _Optional[int] = ..., generating: _Optional[bool] = ..., busy: _Optional[str] = ..., stats: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("session_id", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "grammar", "json_schema")
+    __slots__ = ("session_id", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "grammar", "json_schema", "logit_bias", "frequency_penalty", "presence_penalty", "repeat_penalty", "repeat_last_n")
+    class LogitBiasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +124,11 @@ class GenerateRequest(_message.Message):
     STOP_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    REPEAT_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    REPEAT_LAST_N_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     max_tokens: int
     temperature: float
@@ -127,7 +139,12 @@ class GenerateRequest(_message.Message):
     stop: _containers.RepeatedScalarFieldContainer[str]
     grammar: str
     json_schema: str
-    def __init__(self, session_id: _Optional[str] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., grammar: _Optional[str] = ..., json_schema: _Optional[str] = ...) -> None: ...
+    logit_bias: _containers.ScalarMap[int, float]
+    frequency_penalty: float
+    presence_penalty: float
+    repeat_penalty: float
+    repeat_last_n: int
+    def __init__(self, session_id: _Optional[str] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., grammar: _Optional[str] = ..., json_schema: _Optional[str] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ..., repeat_penalty: _Optional[float] = ..., repeat_last_n: _Optional[int] = ...) -> None: ...
 
 class Token(_message.Message):
     __slots__ = ("id", "text")

@@ -1,6 +1,7 @@
-"""memo on Gemma 3 270M: a model that copies from its context (a file quoted back) generates
-the same tokens, with bitwise the same logits, whether drafts of earlier output are checked in
-one batch or every token takes its own decode step."""
+"""memo on Gemma 3 270M (and its exactness on each model family and KV cache type,
+families.FAMILY_KV_TYPES): a model that copies from its context (a file quoted back) generates the
+same tokens, with bitwise the same logits, whether drafts of earlier output are checked in one
+batch or every token takes its own decode step."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,31 +9,40 @@ import pytest
 
 from pyllamaopt import Context, OptConfig
 
+from families import greedy_everywhere_seeded_on_f16
+
 pytestmark = pytest.mark.integration
 
 SOURCE = "\n".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(12))
 
 
-def copy_prompt(gemma):
-    return gemma.tokenize("<start_of_turn>user\nRepeat this file exactly:\n" + SOURCE +
-                          "<end_of_turn>\n<start_of_turn>model\n", special=True)
+TURN_MARKUP = {  # (before a user's message, after it up to the model's answer)
+    "gemma": ("<start_of_turn>user\n", "<end_of_turn>\n<start_of_turn>model\n"),
+    "chatml": ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n"),  # SmolLM2, Qwen2.5
+}
 
 
-def generate(gemma, memo, kv_type="f16", **sampling):
-    prompt = copy_prompt(gemma)
-    with Context(gemma, n_ctx=2048, n_threads=2, config=OptConfig(env={}, memo_enabled=memo, kv_type=kv_type)) as ctx:
+def copy_prompt(model):
+    before, after = TURN_MARKUP["chatml" if "<|im_start|>" in (model.chat_template or "") else "gemma"]
+    return model.tokenize(before + "Repeat this file exactly:\n" + SOURCE + after, special=True)
+
+
+def generate(model, memo, kv_type="f16", **sampling):
+    prompt = copy_prompt(model)
+    config = OptConfig(env={}, memo_enabled=memo, kv_type=kv_type)
+    with Context(model, n_ctx=2048, n_threads=2, config=config) as ctx:
         s = ctx.session()
         s.append(prompt)
         tokens = [t.id for t in s.generate(96, **sampling)]
         return tokens, s.logits(), s.stats
 
 
-# seeded sampling once: the quantized types add nothing to what it tests (the CI's time)
-@pytest.mark.parametrize("sampling,kv_type", [({}, "f16"), ({"temperature": 0.7, "seed": 5}, "f16"), ({}, "q8_0"),
-                                              ({}, "q4_0")], ids=["greedy", "seeded", "greedy-q8_0", "greedy-q4_0"])
-def test_memo_is_exact_on_gemma(gemma, sampling, kv_type):
-    tokens_off, logits_off, stats_off = generate(gemma, False, kv_type, **sampling)
-    tokens_on, logits_on, stats_on = generate(gemma, True, kv_type, **sampling)
+@pytest.mark.parametrize(("family_kv_path", "sampling"), greedy_everywhere_seeded_on_f16({"temperature": 0.7, "seed": 5}),
+                         indirect=["family_kv_path"])
+def test_memo_is_exact(family_kv_model, sampling):
+    model, kv_type = family_kv_model
+    tokens_off, logits_off, stats_off = generate(model, False, kv_type, **sampling)
+    tokens_on, logits_on, stats_on = generate(model, True, kv_type, **sampling)
     assert tokens_on == tokens_off
     np.testing.assert_array_equal(logits_on, logits_off)
     assert stats_on.memo_tokens_skipped > len(tokens_on) // 4  # it copies: most drafts hold

@@ -3,8 +3,10 @@ that the exactness contract stands on (../shared/DESIGN.md, docs/exactness.md). 
 llama.cpp or new CPU flags can change them; when one of these tests fails, the canonical
 schedule (cpp/engine/context.cpp, numerics_granularity) and docs/exactness.md must change.
 
-Gemma 3 270M, final logits compared bit for bit. Raw llama.cpp behaviour is probed with the
-"llama" schedule, where each append is computed as one chunk.
+Gemma 3 270M, final logits compared bit for bit; the rules the canonical schedule's exactness
+rests on also on each other model family (families.FAMILIES: other architectures, weight types and
+shapes take other kernel paths). Raw llama.cpp behaviour is probed with the "llama" schedule,
+where each append is computed as one chunk.
 """
 from __future__ import annotations
 
@@ -21,21 +23,32 @@ OFF = {"dedup_enabled": False, "diff_enabled": False}
 ON = {"dedup_enabled": True, "diff_enabled": True}
 
 
+def numerics_prompt(model) -> list[int]:
+    text = " ".join(f"Line {i}: the value of item {i} is {i * 7 % 13}." for i in range(60))
+    tokens = model.tokenize(text)[:512]
+    assert len(tokens) == 512
+    return tokens
+
+
 @pytest.fixture(scope="module")
 def prompt(gemma) -> list[int]:
-    text = " ".join(f"Line {i}: the value of item {i} is {i * 7 % 13}." for i in range(60))
-    return gemma.tokenize(text)[:512]
+    return numerics_prompt(gemma)
 
 
-def logits_after(gemma, prompt, splits=(), *, flash_attn=True, n_threads=2, cells_before=0,
+@pytest.fixture(scope="module")
+def family_prompt(family_model) -> list[int]:
+    return numerics_prompt(family_model)
+
+
+def logits_after(model, prompt, splits=(), *, flash_attn=True, n_threads=2, cells_before=0,
                  schedule="llama", config=OFF):
     """Logits after `prompt`, appended in pieces cut at `splits`, in a session whose KV cells
     start after `cells_before` cells held by another session."""
-    with Context(gemma, n_ctx=2048, n_batch=1024, n_threads=n_threads, flash_attn=flash_attn,
+    with Context(model, n_ctx=2048, n_batch=1024, n_threads=n_threads, flash_attn=flash_attn,
                  schedule=schedule, config=OptConfig(env={}, **config)) as ctx:
         other = ctx.session()  # kept open: its cells stay taken
         if cells_before:
-            other.append(gemma.tokenize("word " * cells_before, add_bos=False)[:cells_before])
+            other.append(model.tokenize("word " * cells_before, add_bos=False)[:cells_before])
         session = ctx.session()
         for start, stop in zip((0, *splits), (*splits, len(prompt))):
             session.append(prompt[start:stop])
@@ -88,14 +101,15 @@ def test_cache_position_of_a_session_matters_unless_aligned(gemma, prompt, flash
 
 
 @pytest.mark.parametrize("flash_attn", [True, False])
-def test_the_canonical_schedule_is_independent_of_history_and_placement(gemma, prompt, flash_attn):
+def test_the_canonical_schedule_is_independent_of_history_and_placement(family_model, family_prompt, flash_attn):
     """patches/0001 and the canonical schedule: however the history was appended and wherever
     other sessions' cells are, the logits are those of one llama.cpp chunk."""
-    reference = logits_after(gemma, prompt, flash_attn=flash_attn)
+    reference = logits_after(family_model, family_prompt, flash_attn=flash_attn)
     for splits, cells_before in [((), 0), ((), 33), ((500,), 1), ((10, 20, 300, 510), 100), ((64, 128), 16)]:
         for config in (OFF, ON):
-            assert same(logits_after(gemma, prompt, splits, flash_attn=flash_attn, cells_before=cells_before,
-                                     schedule="canonical", config=config), reference), (splits, cells_before, config)
+            assert same(logits_after(family_model, family_prompt, splits, flash_attn=flash_attn,
+                                     cells_before=cells_before, schedule="canonical", config=config),
+                        reference), (splits, cells_before, config)
 
 
 def ggml_setting(name: str, value: int):
@@ -139,11 +153,12 @@ DECODE_SPLIT = (511,)  # the last token alone: one query over 512+ cells, the de
 OTHER_CELLS = (64, 640, 1472)
 
 
-def test_a_decode_step_does_not_depend_on_other_sessions_cells(gemma, prompt):
+def test_a_decode_step_does_not_depend_on_other_sessions_cells(family_model, family_prompt):
     """patches/0003: the KV is reduced in fixed 64-cell tiles, whatever the cache holds."""
-    reference = logits_after(gemma, prompt, DECODE_SPLIT)
+    reference = logits_after(family_model, family_prompt, DECODE_SPLIT)
     for cells_before in OTHER_CELLS:
-        assert same(logits_after(gemma, prompt, DECODE_SPLIT, cells_before=cells_before), reference), cells_before
+        assert same(logits_after(family_model, family_prompt, DECODE_SPLIT, cells_before=cells_before),
+                    reference), cells_before
 
 
 def test_upstream_decode_attention_depends_on_other_sessions_cells(gemma, prompt, upstream_decode_attention):
@@ -155,19 +170,19 @@ def test_upstream_decode_attention_depends_on_other_sessions_cells(gemma, prompt
 ROW_INVARIANT_BATCH = 16  # LLAMA_OPT_ROW_INVARIANT_BATCH
 
 
-def steps_and_batch(gemma, prompt, n_rows, flash_attn=True):
+def steps_and_batch(model, prompt, n_rows, flash_attn=True):
     """The logits after the prompt's last n_rows tokens decoded one by one, and in one batch."""
     head = len(prompt) - n_rows
-    return (logits_after(gemma, prompt, tuple(range(head, len(prompt))), flash_attn=flash_attn),
-            logits_after(gemma, prompt, (head,), flash_attn=flash_attn))
+    return (logits_after(model, prompt, tuple(range(head, len(prompt))), flash_attn=flash_attn),
+            logits_after(model, prompt, (head,), flash_attn=flash_attn))
 
 
 @pytest.mark.parametrize("flash_attn", [True, False])
 @pytest.mark.parametrize("n_rows", [2, 3, 7, 8, 9, 16])
-def test_a_small_batch_computes_each_row_like_a_decode_step(gemma, prompt, n_rows, flash_attn):
+def test_a_small_batch_computes_each_row_like_a_decode_step(family_model, family_prompt, n_rows, flash_attn):
     """patches/0006: what lets the memo check a draft in one batch exactly (and what makes a
     grammar's forced tokens computable in one batch with the next step)."""
-    steps, batch = steps_and_batch(gemma, prompt, n_rows, flash_attn)
+    steps, batch = steps_and_batch(family_model, family_prompt, n_rows, flash_attn)
     assert same(steps, batch)
 
 

@@ -1,6 +1,7 @@
-"""The persistent KV cache on Gemma 3 270M (sliding-window layers included): a context saved by
-one Context is restored by another one on a freshly loaded model, in full and as a prefix of a
-longer prompt, with bitwise the logits and the greedy tokens of computing it from scratch."""
+"""The persistent KV cache on each model family and KV cache type (families.FAMILY_KV_TYPES;
+Gemma 3's sliding-window layers included): a context saved by one Context is restored by another
+one on a freshly loaded model, in full and as a prefix of a longer prompt, with bitwise the logits
+and the greedy tokens of computing it from scratch with the same KV cache type."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,30 +9,23 @@ import pytest
 
 from pyllamaopt import Context, Model, OptConfig
 
-from test_reuse_gemma import SYSTEM, TURNS
+from test_reuse_gemma import SYSTEM, TURNS, scratch
 
 pytestmark = pytest.mark.integration
 
 
-def scratch(model, tokens, kv_type):
-    config = OptConfig(env={}, dedup_enabled=False, diff_enabled=False, kv_type=kv_type)
-    with Context(model, n_ctx=4096, n_threads=2, config=config) as ctx:
-        s = ctx.session()
-        s.append(tokens)
-        return s.logits(), [t.id for t in s.generate(16)]
-
-
-def test_restored_context_equals_computing_it(gemma_path, tmp_path, kv_type):
+def test_restored_context_equals_computing_it(family_kv_path, tmp_path):
+    path, kv_type = family_kv_path
     config = OptConfig(env={}, persist_enabled=True, persist_dir=str(tmp_path), kv_type=kv_type)
-    saver = Model(gemma_path, progress=False)
+    saver = Model(path, progress=False)
     stored = saver.tokenize(SYSTEM + "".join(TURNS))
-    assert len(stored) > 1024  # beyond the sliding window
+    assert len(stored) > 1024  # beyond Gemma's sliding window
     with Context(saver, n_ctx=4096, n_threads=2, config=config) as ctx:
         s = ctx.session()
         s.append(stored)
         assert s.save() == len(stored) // 64 * 64
 
-    restarted = Model(gemma_path, progress=False)  # as after a restart: the model is hashed again
+    restarted = Model(path, progress=False)  # as after a restart: the model is hashed again
     longer = stored[:len(stored) - 200] + restarted.tokenize("User: And now the tests for mul, please.\nAgent:")
     for prompt in (stored, longer):
         expected_logits, expected_tokens = scratch(restarted, prompt, kv_type)

@@ -1,12 +1,16 @@
-"""Exact KV reuse on Gemma 3 270M (sliding-window layers included): a multi-turn agent
-conversation and interleaved sessions sharing a system prompt give the same tokens and
-bitwise the same logits as computing everything from scratch (reuse off)."""
+"""Exact KV reuse on Gemma 3 270M (sliding-window layers included) and, for the tests taking
+`family_kv_model`, on each model family and KV cache type (families.FAMILY_KV_TYPES): a multi-turn
+agent conversation, interleaved sessions sharing a system prompt and forks give the same tokens
+and bitwise the same logits as computing everything from scratch (reuse off) with the same KV
+cache type."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from pyllamaopt import Context, OptConfig
+
+from families import greedy_everywhere_seeded_on_f16
 
 pytestmark = pytest.mark.integration
 
@@ -27,16 +31,16 @@ def off(kv_type: str = "f16") -> OptConfig:
     return OptConfig(env={}, dedup_enabled=False, diff_enabled=False, kv_type=kv_type)
 
 
-def converse(gemma, config, sampling):
+def converse(model, config, sampling):
     """Replays the agent: every turn re-sends the whole transcript. Returns per turn the logits
     before generating and the generated tokens."""
     out = []
-    with Context(gemma, n_ctx=4096, n_threads=2, config=config) as ctx:
+    with Context(model, n_ctx=4096, n_threads=2, config=config) as ctx:
         session = ctx.session()
         transcript = SYSTEM
         for turn in TURNS:
             transcript += turn
-            session.sync(gemma.tokenize(transcript))
+            session.sync(model.tokenize(transcript))
             logits = session.logits()
             generation = session.generate(24, stop=["\nUser:", "\nTool"], **sampling)
             out.append((logits, [t.id for t in generation]))
@@ -45,13 +49,13 @@ def converse(gemma, config, sampling):
     return out, stats
 
 
-# seeded sampling once: the quantized types add nothing to what it tests (the CI's time)
-@pytest.mark.parametrize("sampling,kv_type", [({}, "f16"), ({"temperature": 0.8, "seed": 7}, "f16"), ({}, "q8_0"),
-                                              ({}, "q4_0")], ids=["greedy", "seeded", "greedy-q8_0", "greedy-q4_0"])
-def test_agent_conversation_with_reuse_equals_recomputing_everything(gemma, sampling, kv_type):
-    assert len(gemma.tokenize(SYSTEM)) > 1024  # twice the sliding window
-    reused, stats = converse(gemma, OptConfig(env={}, kv_type=kv_type), sampling)
-    baseline, baseline_stats = converse(gemma, off(kv_type), sampling)
+@pytest.mark.parametrize(("family_kv_path", "sampling"), greedy_everywhere_seeded_on_f16({"temperature": 0.8, "seed": 7}),
+                         indirect=["family_kv_path"])
+def test_agent_conversation_with_reuse_equals_recomputing_everything(family_kv_model, sampling):
+    model, kv_type = family_kv_model
+    assert len(model.tokenize(SYSTEM)) > 1024  # twice Gemma's sliding window
+    reused, stats = converse(model, OptConfig(env={}, kv_type=kv_type), sampling)
+    baseline, baseline_stats = converse(model, off(kv_type), sampling)
     for turn, ((logits, tokens), (ref_logits, ref_tokens)) in enumerate(zip(reused, baseline)):
         assert tokens == ref_tokens, f"turn {turn}"
         np.testing.assert_array_equal(logits, ref_logits, err_msg=f"turn {turn}")
@@ -59,16 +63,17 @@ def test_agent_conversation_with_reuse_equals_recomputing_everything(gemma, samp
     assert stats.diff_tokens_unchanged > 0
 
 
-def test_sessions_sharing_a_system_prompt_equal_isolated_sessions(gemma, kv_type):
-    system = gemma.tokenize(SYSTEM)
-    questions = [gemma.tokenize(t, add_bos=False) for t in TURNS[:4]]
+def test_sessions_sharing_a_system_prompt_equal_isolated_sessions(family_kv_model):
+    model, kv_type = family_kv_model
+    system = model.tokenize(SYSTEM)
+    questions = [model.tokenize(t, add_bos=False) for t in TURNS[:4]]
     isolated = []
     for q in questions:
-        with Context(gemma, n_ctx=2048, n_threads=2, config=off(kv_type)) as ctx:
+        with Context(model, n_ctx=2048, n_threads=2, config=off(kv_type)) as ctx:
             s = ctx.session()
             s.append(system + q)
             isolated.append((s.logits(), [t.id for t in s.generate(16)]))
-    with Context(gemma, n_ctx=8192, n_threads=2, config=OptConfig(kv_type=kv_type)) as ctx:
+    with Context(model, n_ctx=8192, n_threads=2, config=OptConfig(env={}, kv_type=kv_type)) as ctx:
         sessions = [ctx.session() for _ in questions]
         for s, q in zip(sessions, questions):
             s.append(system + q)
@@ -85,6 +90,43 @@ def test_sessions_sharing_a_system_prompt_equal_isolated_sessions(gemma, kv_type
     for i, (ref_logits, ref_tokens) in enumerate(isolated):
         np.testing.assert_array_equal(logits[i], ref_logits, err_msg=f"session {i}")
         assert generated[i] == ref_tokens, f"session {i}"
+
+
+def scratch(model, tokens, kv_type="f16", n_gen=16):
+    """The logits after `tokens` and the greedy tokens that follow, computed in a context of their own
+    with every reuse off."""
+    with Context(model, n_ctx=4096, n_threads=2, config=off(kv_type)) as ctx:
+        s = ctx.session()
+        s.append(tokens)
+        return s.logits(), [t.id for t in s.generate(n_gen)]
+
+
+def test_a_fork_equals_computing_its_history(family_kv_model):
+    """A fork shares its parent's KV, generated tokens included, and goes on as if its whole
+    history (prompt, the parent's answer, a new message) had been computed in a context of its own;
+    the parent, after the fork, too."""
+    model, kv_type = family_kv_model
+    prompt = model.tokenize(SYSTEM + TURNS[0])
+    follow_up = model.tokenize("\n" + TURNS[1], add_bos=False)
+    with Context(model, n_ctx=4096, n_threads=2, config=OptConfig(env={}, kv_type=kv_type)) as ctx:
+        parent = ctx.session()
+        parent.append(prompt)
+        parent.generate_text(24)
+        answered = parent.tokens
+        assert len(answered) > len(prompt)
+        used = ctx.kv_cells_used
+        twin = parent.fork()
+        assert ctx.kv_cells_used - used < 2 * ctx.block_size  # only the last chunk is its own
+        assert twin.tokens == answered
+        twin.append(follow_up)
+        got = [(twin.logits(), [t.id for t in twin.generate(16)])]
+        assert twin.stats.tokens_prefilled < len(answered) - len(prompt) + len(follow_up) + 2 * ctx.block_size
+        parent.append(follow_up[:5])
+        got.append((parent.logits(), [t.id for t in parent.generate(16)]))
+    for (logits, tokens), history in zip(got, (answered + follow_up, answered + follow_up[:5])):
+        expected_logits, expected_tokens = scratch(model, history, kv_type)
+        np.testing.assert_array_equal(logits, expected_logits)
+        assert tokens == expected_tokens
 
 
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])  # q4_0 is refused (test_kv_type_gemma.py)
@@ -146,26 +188,3 @@ def test_an_answer_that_meets_the_top_of_the_cache_moves_down_bit_for_bit(gemma,
     assert moved_tokens == tokens
     np.testing.assert_array_equal(moved_logits, logits)
     assert recomputed == len(prompt)  # it moved
-
-
-def test_a_fork_and_its_parent_each_equal_a_session_of_their_own(gemma, kv_type):
-    """A fork shares its parent's cells; after the fork each goes its own way, and each gives the
-    logits and tokens of a session computing its history alone, in a context of its own."""
-    history = gemma.tokenize(SYSTEM + TURNS[0])
-    turns = [gemma.tokenize(t, add_bos=False) for t in TURNS[1:3]]
-    results = []
-    with Context(gemma, n_ctx=4096, n_threads=2, config=OptConfig(env={}, kv_type=kv_type)) as ctx:
-        parent = ctx.session()
-        parent.append(history)
-        used = ctx.kv_cells_used
-        fork = parent.fork()
-        assert ctx.kv_cells_used - used < 2 * ctx.block_size  # only the last chunk is its own
-        for session, turn in zip((parent, fork), turns):
-            session.append(turn)
-            results.append((session.logits(), [t.id for t in session.generate(12)]))
-    for turn, (logits, tokens) in zip(turns, results):
-        with Context(gemma, n_ctx=2048, n_threads=2, config=off(kv_type)) as ctx:
-            s = ctx.session()
-            s.append(history + turn)
-            np.testing.assert_array_equal(logits, s.logits())
-            assert tokens == [t.id for t in s.generate(12)]

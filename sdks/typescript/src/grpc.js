@@ -295,5 +295,7 @@ function generateRequest(id, o) {
     stop: o.stop === undefined ? [] : typeof o.stop === "string" ? [o.stop] : o.stop,
     grammar: o.grammar,
     json_schema: o.jsonSchema === undefined ? undefined : JSON.stringify(o.jsonSchema),
+    logit_bias: o.logitBias, frequency_penalty: o.frequencyPenalty, presence_penalty: o.presencePenalty,
+    repeat_penalty: o.repeatPenalty, repeat_last_n: o.repeatLastN,
   };
 }

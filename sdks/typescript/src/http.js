@@ -146,6 +146,11 @@ function generateBody(o) {
   if (o.seed !== undefined) body.seed = o.seed;
   if (o.stop !== undefined) body.stop = o.stop;
   if (o.grammar !== undefined) body.grammar = o.grammar;
+  if (o.logitBias !== undefined) body.logit_bias = o.logitBias;
+  if (o.frequencyPenalty !== undefined) body.frequency_penalty = o.frequencyPenalty;
+  if (o.presencePenalty !== undefined) body.presence_penalty = o.presencePenalty;
+  if (o.repeatPenalty !== undefined) body.repeat_penalty = o.repeatPenalty;
+  if (o.repeatLastN !== undefined) body.repeat_last_n = o.repeatLastN;
   if (o.jsonSchema !== undefined) {
     body.response_format = { type: "json_schema", json_schema: { schema: o.jsonSchema } };
   }

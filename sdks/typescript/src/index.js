@@ -48,6 +48,11 @@
  * @property {string | string[]} [stop]
  * @property {string} [grammar]  GBNF with a root rule
  * @property {object | boolean} [jsonSchema]  a JSON Schema the output must match (true: any JSON value)
+ * @property {Record<number, number>} [logitBias]  token id -> bias in [-100, 100], added to its logit first
+ * @property {number} [frequencyPenalty]  in [-2, 2], default 0: less this per occurrence in the window
+ * @property {number} [presencePenalty]  in [-2, 2], default 0: less this once if in the window
+ * @property {number} [repeatPenalty]  > 0, default 1 (off): a repeated token's logit divided by it
+ * @property {number} [repeatLastN]  the penalties' window: the history's last N tokens (default 64; 0: off)
  * @property {AbortSignal} [signal]  aborting it cancels the generation
  */
 

@@ -5,7 +5,9 @@
 // these descriptions against the .proto's compiled descriptors and the bytes against Python's protobuf.
 
 /**
- * @typedef {"int32" | "int64" | "bool" | "string" | "float" | "map<string,int64>" | MessageType} FieldType
+ * @typedef {"int32" | "int64" | "bool" | "string" | "float"} ScalarType
+ * @typedef {"map<string,int64>" | "map<int32,float>"} MapType  a map's keys and values (a JS object's keys are strings)
+ * @typedef {ScalarType | MapType | MessageType} FieldType
  * @typedef {{ no: number, name: string, type: FieldType, repeated?: boolean, optional?: boolean }} Field
  *   optional: the field has presence (proto3 `optional`, or a member of a `oneof`): sent when set, even to 0
  * @typedef {{ name: string, fields: Field[] }} MessageType
@@ -79,6 +81,11 @@ export const MESSAGES = Object.fromEntries([
     { no: 8, name: "stop", type: "string", repeated: true },
     { no: 9, name: "grammar", type: "string", optional: true },      // oneof constraint
     { no: 10, name: "json_schema", type: "string", optional: true }, // oneof constraint
+    { no: 11, name: "logit_bias", type: "map<int32,float>" },
+    { no: 12, name: "frequency_penalty", type: "float", optional: true },
+    { no: 13, name: "presence_penalty", type: "float", optional: true },
+    { no: 14, name: "repeat_penalty", type: "float", optional: true },
+    { no: 15, name: "repeat_last_n", type: "int32", optional: true },
   ]),
   Token,
   Usage,
@@ -89,11 +96,20 @@ export const MESSAGES = Object.fromEntries([
   ]),
 ].map((m) => [m.name, m]));
 
-// a map<string, int64> is a repeated message of these
-const MAP_ENTRY = message("map entry", [
-  { no: 1, name: "key", type: "string" },
-  { no: 2, name: "value", type: "int64" },
-]);
+/** @param {FieldType} type @returns {type is MapType} */
+const isMap = (type) => typeof type === "string" && type.startsWith("map<");
+
+/**
+ * A map is a repeated message of these: its key and its value, both always sent (as protobuf writes
+ * a map's entries: a 0 too), so optional here.
+ * @param {MapType} type
+ * @returns {MessageType}
+ */
+function mapEntry(type) {
+  const [key, value] = /** @type {ScalarType[]} */ (type.slice(4, -1).split(","));
+  return message("map entry", [{ no: 1, name: "key", type: key, optional: true },
+    { no: 2, name: "value", type: value, optional: true }]);
+}
 
 const VARINT = 0, FIXED64 = 1, BYTES = 2, FIXED32 = 5;
 const utf8 = new TextEncoder();
@@ -159,12 +175,12 @@ function writeScalar(w, type, value) {
 
 /** @param {FieldType} type */
 const wireTypeOf = (type) =>
-  type === "float" ? FIXED32 : type === "string" || type === "map<string,int64>" || typeof type === "object" ? BYTES : VARINT;
+  type === "float" ? FIXED32 : type === "string" || isMap(type) || typeof type === "object" ? BYTES : VARINT;
 
 /** @param {FieldType} type @param {any} value */
 const isDefault = (type, value) =>
   value === undefined || value === null || value === 0 || value === 0n || value === false || value === "" ||
-  (Array.isArray(value) && value.length === 0) || (type === "map<string,int64>" && Object.keys(value).length === 0);
+  (Array.isArray(value) && value.length === 0) || (isMap(type) && Object.keys(value).length === 0);
 
 /**
  * The message's bytes; its fields by their .proto names (absent, null or undefined: not sent).
@@ -177,10 +193,11 @@ export function encode(type, value) {
   for (const field of type.fields) {
     const v = value[field.name];
     if (field.optional ? v === undefined || v === null : isDefault(field.type, v)) continue;
-    if (field.type === "map<string,int64>") {
+    if (isMap(field.type)) {
+      const entry = mapEntry(field.type);
       for (const [key, n] of Object.entries(v)) {
         w.tag(field.no, BYTES);
-        w.lengthDelimited(encode(MAP_ENTRY, { key, value: n }));
+        w.lengthDelimited(encode(entry, { key: entry.fields[0].type === "string" ? key : Number(key), value: n }));
       }
     } else if (field.repeated && wireTypeOf(field.type) !== BYTES) { // packed
       const packed = new Writer();
@@ -265,7 +282,7 @@ function readScalar(r, type) {
 function defaultOf(type) {
   if (type === "string") return "";
   if (type === "bool") return false;
-  if (type === "map<string,int64>") return {};
+  if (isMap(type)) return {};
   return typeof type === "object" ? null : 0;
 }
 
@@ -295,9 +312,11 @@ export function decode(type, bytes) {
     if (!packed && wireType !== wireTypeOf(field.type)) {
       throw new RangeError(`field ${field.name} of ${type.name} came with wire type ${wireType}`);
     }
-    if (field.type === "map<string,int64>") {
-      const entry = decode(MAP_ENTRY, r.take(Number(r.varint())));
-      out[field.name][entry.key] = entry.value;
+    if (isMap(field.type)) {
+      const entryType = mapEntry(field.type);
+      const entry = decode(entryType, r.take(Number(r.varint())));
+      const [key, value] = entryType.fields.map((f) => entry[f.name] ?? defaultOf(f.type)); // (absent: the default)
+      out[field.name][key] = value;
     } else if (field.type === "string") {
       const text = fromUtf8.decode(r.take(Number(r.varint())));
       if (field.repeated) out[field.name].push(text);

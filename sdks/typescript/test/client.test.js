@@ -164,6 +164,40 @@ for (const transport of TRANSPORTS) {
     await session.close();
   });
 
+  test(`${transport}: logit bias and penalties reach the server: the answer of /v1/completions`, async () => {
+    const client = new Client(urls[transport]);
+    const prompt = PROMPT.slice(0, 90);
+    const session = await client.createSession({ tokens: prompt });
+    /** @param {import("../src/index.js").GenerateOptions} options */
+    const generated = async (options) => {
+      await session.sync(prompt);
+      const g = session.generate(options);
+      for await (const _ of g); // eslint-disable-line no-unused-vars
+      return g;
+    };
+    const plain = await generated({ maxTokens: 16 });
+    const banned = [...new Set(plain.tokens.slice(0, 6))];
+    const logitBias = Object.fromEntries(banned.map((t) => [t, -100]));
+    for (const sampling of [{}, { temperature: 1.5, seed: 3 }]) {
+      const biased = await generated({ maxTokens: 16, logitBias, ...sampling });
+      assert.ok(!biased.tokens.some((t) => banned.includes(t)), `${biased.tokens} has one of ${banned}`);
+    }
+    const penalties = { frequencyPenalty: 1.5, presencePenalty: 0.5, repeatPenalty: 1.25, repeatLastN: 32 };
+    const penalized = await generated({ maxTokens: 24, ...penalties });
+    const completion = await (await fetch(`${urls.http}/v1/completions`, {
+      method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ prompt, max_tokens: 24, frequency_penalty: 1.5, presence_penalty: 0.5, repeat_penalty: 1.25,
+        repeat_last_n: 32 }),
+    })).json();
+    assert.equal(penalized.text, completion.choices[0].text);
+    assert.notEqual(penalized.text, (await generated({ maxTokens: 24 })).text); // the penalties changed it
+    await assert.rejects(generated({ maxTokens: 2, frequencyPenalty: 3 }),
+      (err) => err instanceof InvalidArgumentError && /frequency_penalty/.test(err.message));
+    await assert.rejects(generated({ maxTokens: 2, logitBias: { 5: 101 } }),
+      (err) => err instanceof InvalidArgumentError && /logit_bias/.test(err.message));
+    await session.close();
+  });
+
   test(`${transport}: cancelling mid-stream stops the generation; the session stays usable`, async () => {
     const client = new Client(urls[transport]);
     const session = await client.createSession({ tokens: PROMPT.slice(0, 40) });

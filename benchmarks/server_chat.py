@@ -1,0 +1,180 @@
+"""The agent trace through the chat route (issue 47): benchmarks/server.py --route chat.
+
+As a user's agent runs it: chat messages sent with the real `openai` client to
+/v1/chat/completions, each server rendering them with its own template (ours: the GGUF's through
+pyllamaopt's chat layer; llama-server: with --jinja), each server's own answers re-sent as the
+assistant messages of the next turns, greedy, streamed. Both servers are up at once with 2 threads
+each and take each turn in turn, the first engine rotating (wall: the sum of an engine's request
+times); llama-server has one slot and its prompt cache.
+
+Shapes: `append` (the conversation grows, nothing earlier changes) and `workspace` (a file shown
+near the start, as Aider does, after the system prompt, edited every 3rd turn: everything after it
+changes).
+
+Per engine: prompt tokens computed (ours: usage `pyllamaopt.computed_tokens`; llama-server:
+`timings.prompt_n`), wall time, and whether the answers of the last --check turns equal those of a
+cold server (a freshly started one, sent that turn's messages alone). --per-turn adds where each
+turn's time went, beside llama-server's own `timings`: render + tokenize of the conversation in
+Python (ours, measured in this process with the server's function), the prefill (ours: the
+server's `generate_prefill_duration_seconds`; its `prompt_ms`) per computed token, the rest of the
+time to first token (HTTP, rendering, queueing, the first step), and a generated token's time
+(ours: over the stream; its `predicted_ms` per token, and over the stream).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import agent_trace_data as data
+import openai
+from server import Server, running
+
+from pyllamaopt import Model
+from pyllamaopt.chat import ChatTemplate, prompt_tokens
+
+N_CTX = 8192
+CHAT_SHAPES = ("append", "workspace")
+
+
+@dataclass
+class ChatReply:
+    text: str
+    wall: float          # the request, from sending to the stream's end
+    ttft: float
+    generated: int
+    prompt: int          # prompt tokens (the server's rendering)
+    computed: int        # prompt tokens whose KV the server computed
+    prefill: float = 0.0  # the server's own prefill time (ours: its metric; llama-server: prompt_ms)
+    predicted: float = 0.0  # llama-server: predicted_ms (its generation, sampling included)
+
+
+def messages_at(shape: str, turn: int, answers: list[str]) -> list[dict[str, str]]:
+    """The conversation sent at `turn`: system prompt, (workspace,) earlier turns with this
+    engine's own answers, the new user message."""
+    turns = data.turns(turn + 1)
+    out = [{"role": "system", "content": data.system_prompt()}]
+    if shape == "workspace":  # Aider's shape: the files as a user message the assistant acknowledges
+        out += [{"role": "user", "content": "Files in the chat:\nmathkit/core.py\n```\n"
+                 f"{data.workspace_file(turn // 3)}```"},
+                {"role": "assistant", "content": "Ok, I will propose changes to these files."}]
+    for earlier, answer in zip(turns, answers):
+        out += [{"role": "user", "content": earlier.user}, {"role": "assistant", "content": answer}]
+    return out + [{"role": "user", "content": turns[turn].user}]
+
+
+def prometheus_sum(server: Server, name: str) -> float:
+    """A histogram's `_sum` (or a counter) in the server's /metrics."""
+    prefix = f"{name} "
+    for line in server.get("/metrics").decode().splitlines():
+        if line.startswith(prefix):
+            return float(line.split()[1])
+    return 0.0
+
+
+def ask_chat(server: Server, client: openai.OpenAI, messages: list[dict[str, str]], gen: int) -> ChatReply:
+    ours = server.engine.startswith("pyllamaopt")
+    prefill_before = prometheus_sum(server, "generate_prefill_duration_seconds_sum") if ours else 0.0
+    start = time.perf_counter()
+    stream = client.chat.completions.create(model="m", messages=messages, max_tokens=gen, temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    pieces: list[str] = []
+    first = None
+    reply = ChatReply("", 0.0, 0.0, 0, 0, 0)
+    for chunk in stream:
+        extras = chunk.model_extra or {}
+        text = "".join(choice.delta.content or "" for choice in chunk.choices)
+        if text:
+            first = first or time.perf_counter()
+            pieces.append(text)
+        if chunk.usage is not None:
+            reply.generated, reply.prompt = chunk.usage.completion_tokens, chunk.usage.prompt_tokens
+        if "pyllamaopt" in extras:
+            reply.computed = extras["pyllamaopt"]["computed_tokens"]
+        if extras.get("timings", {}).get("prompt_n") is not None:  # llama-server: its last chunks carry them
+            timings = extras["timings"]
+            reply.computed, reply.prefill = timings["prompt_n"], timings["prompt_ms"] / 1000
+            reply.predicted = timings["predicted_ms"] / 1000
+    end = time.perf_counter()
+    reply.text, reply.wall, reply.ttft = "".join(pieces), end - start, (first or end) - start
+    if ours:
+        reply.prefill = prometheus_sum(server, "generate_prefill_duration_seconds_sum") - prefill_before
+    return reply
+
+
+def render_seconds(model: Model, template: ChatTemplate, messages: list[dict[str, str]]) -> float:
+    """What our server does to a chat request's messages before its prefill: render, tokenize."""
+    start = time.perf_counter()
+    prompt_tokens(model, template, messages, template.render(messages))
+    return time.perf_counter() - start
+
+
+def cold_answer(engine: str, model: Model, server_bin: Path | None, messages: list[dict[str, str]], gen: int) -> str:
+    with running(engine, model, server_bin, N_CTX, jinja=True) as server:
+        return ask_chat(server, server.client(), messages, gen).text
+
+
+def bench_chat(shape: str, model: Model, server_bin: Path | None, engines: list[str], n_turns: int, gen: int,
+               check: int, per_turn: bool) -> None:
+    if shape not in CHAT_SHAPES:
+        raise SystemExit(f"the chat route runs the shapes {', '.join(CHAT_SHAPES)}, not {shape}")
+    template = ChatTemplate.for_model(model)
+    replies: dict[str, list[ChatReply]] = {e: [] for e in engines}
+    renders: list[float] = []
+    with contextlib.ExitStack() as stack:
+        servers = {e: stack.enter_context(running(e, model, server_bin, N_CTX, jinja=True)) for e in engines}
+        clients = {e: s.client() for e, s in servers.items()}
+        for turn in range(n_turns):
+            for engine in engines[turn % len(engines):] + engines[:turn % len(engines)]:
+                messages = messages_at(shape, turn, [r.text for r in replies[engine]])
+                replies[engine].append(ask_chat(servers[engine], clients[engine], messages, gen))
+                if engine.startswith("pyllamaopt"):
+                    renders.append(render_seconds(model, template, messages))
+        load = os.getloadavg()[0]
+    first = max(0, n_turns - check)
+    same = {e: sum(cold_answer(e, model, server_bin, messages_at(shape, t, [r.text for r in replies[e][:t]]), gen)
+                   == replies[e][t].text for t in range(first, n_turns)) for e in engines}
+    prompts = [r.prompt for r in replies[engines[0]]]
+    print(f"\n## chat route, shape {shape}: {n_turns} turns, prompts {prompts[0]}..{prompts[-1]} tokens "
+          f"({engines[0]}'s rendering); load {load:.1f} after the trace")
+    print(f"  {'engine':14} {'computed':>9} {'wall s':>7} {'TTFT med ms':>11} {'prefill s':>9} {'decode s':>8} "
+          f"{'answers = a cold server':>23}")
+    for engine, rs in replies.items():
+        ttfts = sorted(r.ttft for r in rs)
+        print(f"  {engine:14} {sum(r.computed for r in rs):>9} {sum(r.wall for r in rs):>7.1f} "
+              f"{ttfts[len(ttfts) // 2] * 1000:>11.0f} {sum(r.ttft for r in rs):>9.2f} "
+              f"{sum(r.wall - r.ttft for r in rs):>8.2f} {f'{same[engine]}/{n_turns - first}':>23}")
+    if "llama-server" in replies:
+        base = replies["llama-server"]
+        for engine, rs in replies.items():
+            if engine != "llama-server":
+                print(f"  {engine} / llama-server: wall {sum(r.wall for r in rs) / sum(r.wall for r in base):.3f}, "
+                      f"prompt tokens computed {sum(r.computed for r in rs)} / {sum(r.computed for r in base)}")
+        if per_turn and "pyllamaopt" in replies:
+            print_turns(replies["pyllamaopt"], base, renders)
+
+
+def print_turns(ours: list[ChatReply], its: list[ChatReply], renders: list[float]) -> None:
+    """Where each turn's time went, ours beside llama-server's (its own timings)."""
+    print(f"    {'turn':>4} {'prompt':>11} {'computed':>11} {'render+tok':>10} {'prefill ms':>13} "
+          f"{'ms/computed':>13} {'TTFT-prefill':>13} {'ms/gen token':>13} {'its predicted':>13}")
+    for i, (a, b) in enumerate(zip(ours, its)):
+        def per_token(r: ChatReply) -> float:
+            return (r.wall - r.ttft) / max(1, r.generated - 1) * 1000
+
+        print(f"    {i:>4} {a.prompt:>5}/{b.prompt:<5} {a.computed:>5}/{b.computed:<5} {renders[i] * 1000:>10.1f} "
+              f"{a.prefill * 1000:>6.0f}/{b.prefill * 1000:<6.0f} "
+              f"{a.prefill / max(1, a.computed) * 1000:>6.2f}/{b.prefill / max(1, b.computed) * 1000:<6.2f} "
+              f"{(a.ttft - a.prefill) * 1000:>6.0f}/{(b.ttft - b.prefill) * 1000:<6.0f} "
+              f"{per_token(a):>6.1f}/{per_token(b):<6.1f} {b.predicted / max(1, b.generated) * 1000:>13.1f}")
+    total = {k: (sum(getattr(r, k) for r in ours), sum(getattr(r, k) for r in its))
+             for k in ("prefill", "computed", "ttft", "wall", "generated")}
+    print(f"    totals: render+tokenize {sum(renders):.2f} s (ours, in Python); prefill {total['prefill'][0]:.2f} / "
+          f"{total['prefill'][1]:.2f} s for {total['computed'][0]} / {total['computed'][1]} computed tokens; "
+          f"TTFT outside the prefill {total['ttft'][0] - total['prefill'][0]:.2f} / "
+          f"{total['ttft'][1] - total['prefill'][1]:.2f} s; after the first token "
+          f"{total['wall'][0] - total['ttft'][0]:.2f} / {total['wall'][1] - total['ttft'][1]:.2f} s for "
+          f"{total['generated'][0]} / {total['generated'][1]} tokens "
+          f"(its predicted_ms {sum(r.predicted for r in its):.2f} s)")
