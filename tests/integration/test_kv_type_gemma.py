@@ -1,8 +1,9 @@
 """Quantized KV caches on Gemma 3 270M (kv_type, issue 46): the bytes a token takes, in the cache
 and on disk; the type is in effect (the logits change); the disk tier never restores an entry of
-another type; the methods that read K rows as F16 refuse a quantized cache. Reuse being exact
-relative to the same type is tested by the exactness tests, parametrized over kv_type
-(test_reuse_gemma.py, test_persist_gemma.py, test_memo_gemma.py)."""
+another type, and an f16 entry's identity is that of the builds before kv_type; the methods that
+read K rows as F16 refuse a quantized cache. Reuse being exact relative to the same type is tested
+by the exactness tests on (family, KV type) pairs (families.FAMILY_KV_TYPES: test_reuse_gemma.py,
+test_persist_gemma.py, test_memo_gemma.py, test_numerics.py) and test_swa_view_gemma.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -71,6 +72,24 @@ def test_the_disk_tier_never_restores_another_types_entry(gemma, tmp_path, saved
     assert len(list(tmp_path.glob("*.llkv"))) == 2  # side by side, one per type
     for kv_type in (saved, restored):  # each type's entry restores into its own type
         assert run(kv_type, persist=True)[1].persist_tokens_restored >= len(prompt) - 64
+
+
+def test_the_rotation_setting_is_in_a_quantized_entrys_identity_only(gemma, tmp_path, monkeypatch):
+    """llama.cpp rotates a quantized K and V (a Hadamard transform) before storing them unless
+    LLAMA_ATTN_ROT_DISABLE=1: the stored rows differ, so a quantized entry's compat hash records
+    which. An f16 entry's identity takes nothing of kv_type: entries written before kv_type existed
+    restore (checked against main's build: docs/persist-format.md)."""
+    def compat_hash(kv_type):
+        config = OptConfig(env={}, kv_type=kv_type, persist_enabled=True, persist_dir=str(tmp_path))
+        with Context(gemma, n_ctx=256, n_threads=2, config=config) as ctx:
+            return ctx.persist_layout["compat_hash"]
+
+    rotated = {kv_type: compat_hash(kv_type) for kv_type in ("f16", "q8_0", "q4_0")}
+    monkeypatch.setenv("LLAMA_ATTN_ROT_DISABLE", "1")
+    plain = {kv_type: compat_hash(kv_type) for kv_type in ("f16", "q8_0", "q4_0")}
+    assert plain["f16"] == rotated["f16"]
+    assert plain["q8_0"] != rotated["q8_0"] and plain["q4_0"] != rotated["q4_0"]
+    assert len(set(rotated.values())) == 3  # each type's entries are files of their own
 
 
 @pytest.mark.parametrize("option", [{"attn_prune_enabled": True}, {"spec_prefill_enabled": True}, {"h2o_enabled": True}])
