@@ -91,6 +91,22 @@ def speed_ratios(runs: dict[tuple, dict], base: dict[tuple, dict], lengths: list
     return prefill, quality.mean(runs[k]["decode_tok_s"] / base[k]["decode_tok_s"] for k in runs)
 
 
+def pass_figures(r: dict, base: dict, served: dict | None) -> str:
+    """One type's figures as soon as its pass ends (a run stopped midway keeps what it measured)."""
+    needles = r["needles"].values()
+    turns = list(zip(base["trace"], r["trace"]))
+    text = (f"recall {quality.mean(float(v['recall']) for v in needles):.2f}, prefill tok/s "
+            f"{quality.mean(v['prefill_tok_s'] for v in needles):.0f}, decode tok/s "
+            f"{quality.mean(v['decode_tok_s'] for v in needles):.1f}, trace KL vs f16 "
+            f"{quality.mean(quality.kl(b.logits, t.logits) for b, t in turns):.4f}, top-1 "
+            f"{quality.mean(float(b.logits.argmax() == t.logits.argmax()) for b, t in turns):.2f}")
+    if served:
+        text += (f"; llama-server recall {quality.mean(float(v['recall']) for v in served.values()):.2f}, prefill tok/s "
+                 f"{quality.mean(v['prefill_tok_s'] for v in served.values()):.0f}, decode tok/s "
+                 f"{quality.mean(v['decode_tok_s'] for v in served.values()):.1f}")
+    return text
+
+
 def agreement(a: list[int], b: list[int]) -> float:
     """Share of the generated tokens equal up to the first difference."""
     same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
@@ -137,7 +153,8 @@ def main() -> int:
         results[kv_type] = dict(bytes_per_token=bytes_per_token, needles=needles, trace=trace)
         if args.llama_server and cases:
             served[kv_type] = llama_server_needles(model, kv_type, cases, n_ctx, args.answer_tokens)
-        print(f"{kv_type}: {time.perf_counter() - t0:.0f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+        print(f"{kv_type}: {time.perf_counter() - t0:.0f} s, load {os.getloadavg()[0]:.1f}; "
+              f"{pass_figures(results[kv_type], results['f16'], served.get(kv_type))}", flush=True)
 
     base = results["f16"]
     budget = int(args.budget_gib * 2**30)
