@@ -565,7 +565,15 @@ class Context:
     def closed(self) -> bool:
         ...
     @property
+    def kv_bytes_per_token(self) -> int:
+        """
+        KV cache bytes of one token in this context's kv_type (K and V, all layers).
+        """
+    @property
     def kv_cells_used(self) -> int:
+        ...
+    @property
+    def kv_type(self) -> str:
         ...
     @property
     def pool_blocks(self) -> int:
@@ -842,7 +850,7 @@ def features() -> list[dict[str, typing.Any]]:
     """
 def fields() -> list[dict[str, typing.Any]]:
     """
-    The configurable values: name, variable, type, limits, help, compile-time default.
+    The configurable values: name, variable, type, limits, help, choices ("a|b": a text field taking one of them; "": any), compile-time default.
     """
 def hash_block(tokens: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> int:
     """

@@ -45,6 +45,7 @@ class Field:
     min: float
     max: float
     help: str
+    choices: str  # "a|b|c": a "str" field taking one of these; "": any text (a path)
     default: Any
 
 
@@ -76,7 +77,7 @@ def switches_without_effect(config: OptConfig) -> list[Feature]:
 
 
 _FIELDS = {f.name: f for f in fields()}
-_PATH_VARIABLES = {f.env for f in _FIELDS.values() if f.type == "str"}  # persist_dir, a draft model: "~/..."
+_PATH_VARIABLES = {f.env for f in _FIELDS.values() if f.type == "str" and not f.choices}  # persist_dir, a draft model: "~/..."
 
 
 def _config_error(message: str, variable: str) -> ConfigError:
@@ -122,7 +123,8 @@ def _as_text(field: Field, value: Any) -> str:
     elif isinstance(value, (str, os.PathLike)):
         text = os.fspath(value)
         if isinstance(text, str) and _is_text(text) and "\0" not in text:
-            return os.path.expanduser(text)  # both text options are paths: "~/kv" is the home's, as in a shell
+            # the other text options are paths: "~/kv" is the home's, as in a shell
+            return text if field.choices else os.path.expanduser(text)
         raise _config_error(f"{field.name}={value!r}: not valid UTF-8 text (or holds a NUL character)", field.name)
     raise _config_error(f"{field.name}={value!r}: expected a value of type {field.type}", field.name)
 

@@ -159,7 +159,7 @@ class Model:
     n_head_kv = property(lambda self: self._core.n_head_kv)
     n_swa = property(lambda self: self._core.n_swa, doc="sliding-window size, 0 if none")
     n_params = property(lambda self: self._core.n_params)
-    kv_bytes_per_token = property(lambda self: self._core.kv_bytes_per_token, doc="KV cache bytes of one token (F16 K and V, all layers)")
+    kv_bytes_per_token = property(lambda self: self._core.kv_bytes_per_token, doc="KV cache bytes of one token (F16 K and V, all layers; Context.kv_bytes_per_token: in its kv_type)")
     size_bytes = property(lambda self: self._core.size_bytes)
     bos_token = property(lambda self: self._core.bos)
     eos_token = property(lambda self: self._core.eos)

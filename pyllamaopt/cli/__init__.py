@@ -191,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
                    default=os.environ.get("LLAMA_OPT_SERVE_CHAT_TEMPLATE_FILE") or None,
                    help="render chats with this jinja template instead of the model's (as llama-server's option; "
                         "default: $LLAMA_OPT_SERVE_CHAT_TEMPLATE_FILE or the GGUF's own)")
+    p.add_argument("--kv-type", default=None, metavar="{f16,q8_0,q4_0}",
+                   help="how the KV cache stores K and V: f16 (default), or llama.cpp's quantized q8_0 (half the "
+                        "bytes: twice the sessions kept warm) or q4_0; reuse stays exact relative to the same type "
+                        "(default $LLAMA_OPT_KV_TYPE or f16; docs/exactness.md)")
     p.add_argument("--approximate-reuse", action="store_true",
                    help="Tier 2, off by default: after a change near a prompt's start, reuse the unchanged text "
                         "after it at its new position (approximate: answers say so; same as "

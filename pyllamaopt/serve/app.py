@@ -57,6 +57,7 @@ class ServeSettings:
     max_sessions: int = 16           # protocol sessions open at once; the least recently used idle one goes first
     session_ttl: float = 30 * 60.0   # seconds an idle protocol session is kept
     max_body_bytes: int = 16 << 20
+    kv_type: str | None = None       # OptConfig's kv_type (None: $LLAMA_OPT_KV_TYPE or f16)
     approximate_reuse: bool = False  # Tier 2: diff_reuse_shifted (service.py says how requests use it)
     sparse_tool_results: bool = False  # Tier 2: sparse_attn_enabled, the chat routes mark tool results
     json_whitespace: str = DEFAULT_JSON_WHITESPACE  # how response_format answers lay out JSON (grammar.WHITESPACE)
@@ -111,6 +112,8 @@ _REQUEST_SEQUENCES = 16
 def create_app(settings: ServeSettings, config: OptConfig | None = None) -> FastAPI:
     model = Model(settings.model, verbose=settings.verbose)
     config = config if config is not None else OptConfig()
+    if settings.kv_type is not None:
+        config.set("kv_type", settings.kv_type)
     if settings.approximate_reuse:
         config.set("diff_reuse_shifted", True)
     if settings.sparse_tool_results:

@@ -251,7 +251,7 @@ class Service:
         return result
 
     def _info(self, session_id: str, entry: ProtocolSession) -> dict[str, Any]:
-        return SessionRegistry.info(session_id, entry, self.model.kv_bytes_per_token)
+        return SessionRegistry.info(session_id, entry, self.context.kv_bytes_per_token)
 
     def _verify(self, session: Session, entry: ProtocolSession | None = None, *, grew_from: int | None = None) -> None:
         """The anomaly invariants (003 §2.8) after an operation: INV-1, the session's KV is what its
@@ -313,7 +313,7 @@ class Service:
         """On the scheduler thread, after each change: the gauges, and what /health says."""
         cells = self.context.kv_cells_used
         self.metrics.session_active.set(len(self._sessions))
-        self.metrics.session_kv_live_bytes.set(cells * self.model.kv_bytes_per_token)
+        self.metrics.session_kv_live_bytes.set(cells * self.context.kv_bytes_per_token)
         self.metrics.queue_depth.set(self.scheduler.queue_depth())
         self.metrics.follow_persist(self.context.stats)
         self._health = {"status": "ok", "sessions": len(self._sessions), "kv_cells_used": cells,
