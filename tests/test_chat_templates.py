@@ -70,7 +70,7 @@ def test_the_server_refuses_to_start_with_a_template_file_that_does_not_parse(ti
     path.write_text("{% for m in messages %}\n{{ m.content }\n{% endfor %}")
     run = subprocess.run([sys.executable, "-m", "pyllamaopt.cli", "serve", "--model", str(tiny_model_path),
                           "--port", str(free_port()), "--n-ctx", str(N_CTX), "--chat-template-file", str(path)],
-                         capture_output=True, text=True, timeout=120)
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)  # (not the source tree)
     assert run.returncode != 0
     assert f"--chat-template-file: invalid chat template {path}: line 2" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
