@@ -38,19 +38,25 @@ def serve(model: str, *args: str, log: Path) -> Iterator[Served]:
                                env={**os.environ, "PYTHONPATH": str(ROOT)})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if process.poll() is not None:
-                raise SystemExit(f"the server exited with {process.returncode}:\n{log.read_text()}")
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(url + "/health", timeout=5).close()
-                break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the server did not answer within 300 s:\n{log.read_text()}")
-            time.sleep(0.2)
+        wait_ready(process, url, log)
         yield Served(process, url, f"127.0.0.1:{grpc_port}")
     finally:
         stop(process)
+
+
+def wait_ready(process: subprocess.Popen, url: str, log: Path, seconds: float = 300) -> None:
+    """Returns once the server at `url` answers /health; a SystemExit with its log if it exits first
+    or does not answer within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited with {process.returncode}:\n{log.read_text()}")
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(url + "/health", timeout=5).close()
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the server did not answer within {seconds:g} s:\n{log.read_text()}")
+        time.sleep(0.2)
 
 
 def stop(process: subprocess.Popen) -> None:

@@ -84,6 +84,13 @@ class Server:
     engine: str
     port: int
     kv_bytes_per_token: int
+    pid: int = 0  # the server's process (0: not known)
+
+    def cpu_seconds(self) -> float:
+        """The CPU time the server's process has used so far (all its threads): a turn's work that
+        a loaded machine stretches less than its wall time."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="x", max_retries=0, timeout=600)
@@ -108,9 +115,9 @@ def free_port() -> int:
 
 
 def server_command(engine: str, path: Path, server_bin: Path | None, port: int, n_ctx: int,
-                   slots: int, jinja: bool = False) -> tuple[list[str], dict[str, str]]:
+                   slots: int, jinja: bool = False, extra: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of `engine` (`jinja`: llama-server renders chat messages
-    with the GGUF's template through its jinja engine)."""
+    with the GGUF's template through its jinja engine; `extra`: more of its arguments)."""
     env = dict(os.environ)  # PYTHONPATH included: the server runs the same pyllamaopt as this script
     if engine.startswith("pyllamaopt"):
         kind, _, share = engine.partition("@")
@@ -121,24 +128,24 @@ def server_command(engine: str, path: Path, server_bin: Path | None, port: int, 
         elif engine != "pyllamaopt":
             raise SystemExit(f"unknown engine {engine}")
         return [sys.executable, "-m", "pyllamaopt.cli", "serve", "--model", str(path), "--port", str(port),
-                "--n-ctx", str(n_ctx), "--threads", "2"], env
+                "--n-ctx", str(n_ctx), "--threads", "2", *extra], env
     speculation = {"llama-server": [], "llama-server-ngram": ["--spec-type", "ngram-mod"]}
     if engine not in speculation or server_bin is None:
         raise SystemExit(f"unknown engine {engine}")
     return [str(server_bin), "-m", str(path), "--port", str(port), "-c", str(n_ctx), "-t", "2", "-tb", "2",
             "-np", str(slots), "-fa", "on", "--swa-full", "--no-webui", "--metrics", *speculation[engine],
-            *(["--jinja"] if jinja else [])], env
+            *(["--jinja"] if jinja else []), *extra], env
 
 
 @contextlib.contextmanager
 def running(engine: str, model: Model, server_bin: Path | None, n_ctx: int, slots: int = 1,
-            jinja: bool = False) -> Iterator[Server]:
+            jinja: bool = False, extra: tuple[str, ...] = ()) -> Iterator[Server]:
     port = free_port()
-    command, env = server_command(engine, Path(model.path), server_bin, port, n_ctx, slots, jinja)
+    command, env = server_command(engine, Path(model.path), server_bin, port, n_ctx, slots, jinja, extra)
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-{engine}.log"
     # outside the checkout: its pyllamaopt/ (without the built extension) must not shadow the installed one
     process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=log.parent, env=env)
-    server = Server(engine, port, model.kv_bytes_per_token)
+    server = Server(engine, port, model.kv_bytes_per_token, process.pid)
     try:
         wait_ready(process, server, log)
         yield server

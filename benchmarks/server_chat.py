@@ -18,7 +18,9 @@ turn's time went, beside llama-server's own `timings`: render + tokenize of the 
 Python (ours, measured in this process with the server's function), the prefill (ours: the
 server's `generate_prefill_duration_seconds`; its `prompt_ms`) per computed token, the rest of the
 time to first token (HTTP, rendering, queueing, the first step), and a generated token's time
-(ours: over the stream; its `predicted_ms` per token, and over the stream).
+(ours: over the stream; its `predicted_ms` per token, and over the stream), and the server
+process's CPU time per request (all its threads: the work, which a loaded machine stretches less
+than the wall).
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ class ChatReply:
     computed: int        # prompt tokens whose KV the server computed
     prefill: float = 0.0  # the server's own prefill time (ours: its metric; llama-server: prompt_ms)
     predicted: float = 0.0  # llama-server: predicted_ms (its generation, sampling included)
+    cpu: float = 0.0     # the server process's CPU time during the request (all its threads)
 
 
 def messages_at(shape: str, turn: int, answers: list[str]) -> list[dict[str, str]]:
@@ -77,6 +80,7 @@ def prometheus_sum(server: Server, name: str) -> float:
 def ask_chat(server: Server, client: openai.OpenAI, messages: list[dict[str, str]], gen: int) -> ChatReply:
     ours = server.engine.startswith("pyllamaopt")
     prefill_before = prometheus_sum(server, "generate_prefill_duration_seconds_sum") if ours else 0.0
+    cpu_before = server.cpu_seconds()
     start = time.perf_counter()
     stream = client.chat.completions.create(model="m", messages=messages, max_tokens=gen, temperature=0, stream=True,
                                             stream_options={"include_usage": True})
@@ -98,6 +102,7 @@ def ask_chat(server: Server, client: openai.OpenAI, messages: list[dict[str, str
             reply.computed, reply.prefill = timings["prompt_n"], timings["prompt_ms"] / 1000
             reply.predicted = timings["predicted_ms"] / 1000
     end = time.perf_counter()
+    reply.cpu = server.cpu_seconds() - cpu_before
     reply.text, reply.wall, reply.ttft = "".join(pieces), end - start, (first or end) - start
     if ours:
         reply.prefill = prometheus_sum(server, "generate_prefill_duration_seconds_sum") - prefill_before
@@ -151,6 +156,7 @@ def bench_chat(shape: str, model: Model, server_bin: Path | None, engines: list[
         for engine, rs in replies.items():
             if engine != "llama-server":
                 print(f"  {engine} / llama-server: wall {sum(r.wall for r in rs) / sum(r.wall for r in base):.3f}, "
+                      f"server CPU time {sum(r.cpu for r in rs) / sum(r.cpu for r in base):.3f}, "
                       f"prompt tokens computed {sum(r.computed for r in rs)} / {sum(r.computed for r in base)}")
         if per_turn and "pyllamaopt" in replies:
             print_turns(replies["pyllamaopt"], base, renders)
@@ -159,7 +165,7 @@ def bench_chat(shape: str, model: Model, server_bin: Path | None, engines: list[
 def print_turns(ours: list[ChatReply], its: list[ChatReply], renders: list[float]) -> None:
     """Where each turn's time went, ours beside llama-server's (its own timings)."""
     print(f"    {'turn':>4} {'prompt':>11} {'computed':>11} {'render+tok':>10} {'prefill ms':>13} "
-          f"{'ms/computed':>13} {'TTFT-prefill':>13} {'ms/gen token':>13} {'its predicted':>13}")
+          f"{'ms/computed':>13} {'TTFT-prefill':>13} {'ms/gen token':>13} {'its predicted':>13} {'CPU s':>11}")
     for i, (a, b) in enumerate(zip(ours, its)):
         def per_token(r: ChatReply) -> float:
             return (r.wall - r.ttft) / max(1, r.generated - 1) * 1000
@@ -168,13 +174,15 @@ def print_turns(ours: list[ChatReply], its: list[ChatReply], renders: list[float
               f"{a.prefill * 1000:>6.0f}/{b.prefill * 1000:<6.0f} "
               f"{a.prefill / max(1, a.computed) * 1000:>6.2f}/{b.prefill / max(1, b.computed) * 1000:<6.2f} "
               f"{(a.ttft - a.prefill) * 1000:>6.0f}/{(b.ttft - b.prefill) * 1000:<6.0f} "
-              f"{per_token(a):>6.1f}/{per_token(b):<6.1f} {b.predicted / max(1, b.generated) * 1000:>13.1f}")
+              f"{per_token(a):>6.1f}/{per_token(b):<6.1f} {b.predicted / max(1, b.generated) * 1000:>13.1f} "
+              f"{a.cpu:>5.2f}/{b.cpu:<5.2f}")
     total = {k: (sum(getattr(r, k) for r in ours), sum(getattr(r, k) for r in its))
-             for k in ("prefill", "computed", "ttft", "wall", "generated")}
+             for k in ("prefill", "computed", "ttft", "wall", "generated", "cpu")}
     print(f"    totals: render+tokenize {sum(renders):.2f} s (ours, in Python); prefill {total['prefill'][0]:.2f} / "
           f"{total['prefill'][1]:.2f} s for {total['computed'][0]} / {total['computed'][1]} computed tokens; "
           f"TTFT outside the prefill {total['ttft'][0] - total['prefill'][0]:.2f} / "
           f"{total['ttft'][1] - total['prefill'][1]:.2f} s; after the first token "
           f"{total['wall'][0] - total['ttft'][0]:.2f} / {total['wall'][1] - total['ttft'][1]:.2f} s for "
           f"{total['generated'][0]} / {total['generated'][1]} tokens "
-          f"(its predicted_ms {sum(r.predicted for r in its):.2f} s)")
+          f"(its predicted_ms {sum(r.predicted for r in its):.2f} s); the server processes' CPU time "
+          f"{total['cpu'][0]:.2f} / {total['cpu'][1]:.2f} s")

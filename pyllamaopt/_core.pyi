@@ -18,7 +18,7 @@ import collections.abc
 import numpy
 import numpy.typing
 import typing
-__all__: list[str] = ['Context', 'DiffEngine', 'Hasher', 'Model', 'PersistStore', 'Sampling', 'Session', 'Settings', 'SpanKind', 'Stats', 'Step', 'build_info', 'default_persist_dir', 'features', 'fields', 'hash_block', 'hash_block_pos', 'hash_chain', 'prefetch_steps', 'segment', 'set_verbose']
+__all__: list[str] = ['ChatReplyParser', 'ChatTemplates', 'Context', 'DiffEngine', 'GrammarTrigger', 'Hasher', 'Model', 'PersistStore', 'RenderedChat', 'Sampling', 'Session', 'Settings', 'SpanKind', 'Stats', 'Step', 'build_info', 'default_persist_dir', 'features', 'fields', 'hash_block', 'hash_block_pos', 'hash_chain', 'prefetch_steps', 'segment', 'set_verbose']
 class _PersistLayout(typing.TypedDict):
     """
     A disk tier entry's layout (cpp/bindings/persist.cpp): what model, build and KV shape it is for.
@@ -363,6 +363,86 @@ class DiffEngine:
         """
         Tokens compared or hashed by the last compute().
         """
+class ChatReplyParser:
+    """
+    Parses a reply in the format of the prompt it answers (RenderedChat.parser).
+    """
+    def parse(self, text: str, is_partial: bool) -> str:
+        """
+        The reply as an OpenAI assistant message, JSON text (content, reasoning_content, tool_calls).
+        
+            parser.parse('<tool_call>{"name": "f", "arguments": {}}</tool_call>', is_partial=False)
+        """
+class RenderedChat:
+    """
+    A conversation rendered by llama.cpp's chat layer.
+    """
+    @property
+    def additional_stops(self) -> list[str]:
+        ...
+    @property
+    def format(self) -> str:
+        ...
+    @property
+    def generation_prompt(self) -> str:
+        ...
+    @property
+    def grammar(self) -> str:
+        ...
+    @property
+    def grammar_lazy(self) -> bool:
+        ...
+    @property
+    def grammar_triggers(self) -> list[tuple[str, str, int]]:
+        """
+        (kind, value, token) of each trigger: kind 'token', 'word', 'pattern' or 'pattern_full'.
+        """
+    @property
+    def parser(self) -> ChatReplyParser:
+        ...
+    @property
+    def preserved_tokens(self) -> list[str]:
+        ...
+    @property
+    def prompt(self) -> str:
+        ...
+    @property
+    def supports_thinking(self) -> bool:
+        ...
+    @property
+    def thinking_end_tags(self) -> list[str]:
+        ...
+    @property
+    def thinking_start_tag(self) -> str:
+        ...
+class ChatTemplates:
+    """
+    A model's chat templates, applied by llama.cpp's chat layer (common/chat) as llama-server does.
+    
+        t = ChatTemplates.from_source(source, "<s>", "</s>", "my.jinja")
+        r = t.apply('{"messages": [{"role": "user", "content": "hi"}]}')
+        r.prompt, r.format, r.grammar, r.parser.parse(reply_text, is_partial=False)
+    """
+    @staticmethod
+    def from_source(source: str, bos_token: str, eos_token: str, name: str) -> ChatTemplates:
+        ...
+    def apply(self, request_json: str) -> RenderedChat:
+        """
+        Renders a request (JSON text: messages, tools, tool_choice, parallel_tool_calls,
+        add_generation_prompt, enable_thinking, chat_template_kwargs, reasoning_format).
+        Raises ChatTemplateError naming the template (and the line, where known).
+        """
+    @property
+    def caps(self) -> dict[str, bool]:
+        """
+        What the template supports (supports_tools, supports_system_role, ...).
+        """
+    @property
+    def name(self) -> str:
+        ...
+    @property
+    def source(self) -> str:
+        ...
 class Model:
     """
     A loaded GGUF model (see pyllamaopt.Model).
@@ -485,12 +565,25 @@ class Context:
     def closed(self) -> bool:
         ...
     @property
+    def kv_bytes_per_token(self) -> int:
+        """
+        KV cache bytes of one token in this context's kv_type (K and V, all layers).
+        """
+    @property
     def kv_cells_used(self) -> int:
+        ...
+    @property
+    def kv_type(self) -> str:
         ...
     @property
     def pool_blocks(self) -> int:
         """
         Blocks in the dedup pool (0 without dedup).
+        """
+    @property
+    def pool_chains(self) -> list[int]:
+        """
+        The chained hash of every block in the dedup pool (the prefixes whose KV this context holds; empty without dedup).
         """
     @property
     def min_chunk(self) -> int:
@@ -514,6 +607,25 @@ class Context:
         """
     @property
     def settings(self) -> Settings:
+        ...
+class GrammarTrigger:
+    """
+    When a lazy grammar starts (Session.set_grammar's triggers), as llama.cpp's chat layer gives them:
+    kind 'word' or 'pattern' (found anywhere in the output), 'pattern_full' (the whole output matches)
+    or 'token' (that token id generated).
+    
+        GrammarTrigger("word", "<tool_call>")
+    """
+    def __init__(self, kind: str, value: str = '', token: typing.SupportsInt | typing.SupportsIndex = -1) -> None:
+        ...
+    @property
+    def kind(self) -> str:
+        ...
+    @property
+    def token(self) -> int:
+        ...
+    @property
+    def value(self) -> str:
         ...
 class Sampling:
     """
@@ -647,7 +759,7 @@ class Session:
         ...
     def score(self, tokens: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex], top_n: typing.SupportsInt | typing.SupportsIndex = 0) -> list[TokenLogprob]:
         ...
-    def set_grammar(self, gbnf: str, max_tokens: int = 0) -> None:
+    def set_grammar(self, gbnf: str, max_tokens: int = 0, triggers: collections.abc.Sequence[GrammarTrigger] = []) -> None:
         ...
     def set_sampling(self, sampling: Sampling) -> None:
         ...
@@ -738,7 +850,7 @@ def features() -> list[dict[str, typing.Any]]:
     """
 def fields() -> list[dict[str, typing.Any]]:
     """
-    The configurable values: name, variable, type, limits, help, compile-time default.
+    The configurable values: name, variable, type, limits, help, choices ("a|b": a text field taking one of them; "": any), compile-time default.
     """
 def hash_block(tokens: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> int:
     """

@@ -1,27 +1,26 @@
-"""Chat convenience: render a model's chat template with jinja2 and keep a conversation.
+"""Chat convenience: a model's chat template applied by llama.cpp's chat layer, and a conversation.
 
 Raw tokens remain the contract; this module only produces them from messages.
 """
 from __future__ import annotations
 
 import bisect
-import datetime
-import functools
 import itertools
+import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import jinja2
-import jinja2.sandbox
-
+from . import _core
+from .chat_formats import tool_format_name
 from .errors import ChatTemplateError
 
 if TYPE_CHECKING:
     from .model import Model
     from .session import Generation, Session
 
-Message = dict[str, str]
+Message = dict[str, Any]  # OpenAI's shape: role, content; an assistant's tool_calls, a tool's tool_call_id
 
 # Used when a GGUF file carries no template (Gemma 3 270M's does not): the published turn
 # format of the architecture's family.
@@ -49,100 +48,99 @@ BUILTIN_TEMPLATES: dict[str, str] = {
 }
 
 
-def _raise_exception(message: str) -> None:
-    raise ChatTemplateError(f"chat template: {message}")
-
-
-# The largest string or list a template may build with one operator or padding call: a chat
-# prompt is far smaller, and `'x' * 10**10` would take the memory of the machine.
-MAX_BUILT_SIZE = 1 << 24
-_PADDING_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs"})
-
-
-class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
-    """jinja2's immutable sandbox (no attribute starting with `_`, no mutation of the messages),
-    and a bound on the values a short template can blow up: repetition (`*`), powers (`**`) and
-    str padding methods. A template can still spend time (nested loops of jinja2's 100,000-item
-    ranges): it is a sandbox against escapes, not against its author's denial of service."""
-
-    intercepted_binops = frozenset({"*", "**"})
-
-    def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
-        if operator == "*":
-            for sequence, times in ((left, right), (right, left)):
-                if isinstance(sequence, (str, bytes, list, tuple)) and isinstance(times, int):
-                    _check_size(len(sequence) * times, "a repetition")
-        elif isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0:
-            _check_size(right * abs(left).bit_length() // 8, "a power")  # (in bytes)
-        return super().call_binop(context, operator, left, right)
-
-    def call(__self, __context: jinja2.runtime.Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
-        if getattr(__obj, "__name__", None) in _PADDING_METHODS and isinstance(getattr(__obj, "__self__", None), str):
-            for size in (*args, *kwargs.values()):
-                if isinstance(size, int):
-                    _check_size(size, f"str.{__obj.__name__}")
-        return super().call(__context, __obj, *args, **kwargs)
-
-
-def _check_size(size: int, what: str) -> None:
-    if size > MAX_BUILT_SIZE:
-        raise jinja2.sandbox.SecurityError(f"{what} of size {size} is more than a chat template may build "
-                                           f"({MAX_BUILT_SIZE})")
-
-
 class ChatTemplate:
-    """A jinja2 chat template (rendered in a sandbox, as llama-cpp-python does). Whatever goes
-    wrong in it, a sandbox escape refused included, is a ChatTemplateError."""
+    """A chat template, applied by llama.cpp's chat layer (common/chat and its jinja engine) as
+    llama-server applies it: the same prompt for the same messages, tools and arguments, and the
+    format of the model's replies (its tool calls, its reasoning). Whatever goes wrong in it is a
+    ChatTemplateError naming the template, and the line where llama.cpp tells it.
 
-    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
-        env = _Sandbox(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-        try:
-            self._template = env.from_string(source)
-        except jinja2.TemplateError as exc:
-            raise ChatTemplateError(f"invalid chat template: {exc}") from None
-        except Exception as exc:  # e.g. RecursionError on deeply nested expressions
-            raise ChatTemplateError(f"invalid chat template: {type(exc).__name__}: {exc}") from None
-        self.source = source
-        self.bos_token, self.eos_token = bos_token, eos_token
+    >>> ChatTemplate.from_file("qwen2.5.jinja").render([{"role": "user", "content": "Hi"}])
+    """
+
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "",
+                 name: str = "(given as a string)") -> None:
+        self._core = _core.ChatTemplates.from_source(source, bos_token, eos_token, name)
+        self._tool_format: str | None = None
 
     @classmethod
-    def for_model(cls, model: Model) -> ChatTemplate:
-        """The model's own template, else a built-in one for its architecture."""
-        source = model.chat_template or BUILTIN_TEMPLATES.get(model.architecture)
+    def from_file(cls, path: str | os.PathLike[str], *, model: Model | None = None) -> ChatTemplate:
+        """The template in a file (as llama-server's --chat-template-file); with `model`, its BOS
+        and EOS tokens are the model's."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                source = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ChatTemplateError(f"cannot read the chat template file {os.fspath(path)!r}: {exc}") from None
+        if not source:
+            raise ChatTemplateError(f"the chat template file {os.fspath(path)!r} is empty")
+        return cls(source, name=os.fspath(path), **({} if model is None else _special_texts(model)))
+
+    @classmethod
+    def for_model(cls, model: Model, *, file: str | os.PathLike[str] | None = None) -> ChatTemplate:
+        """The template in `file`, else the model's own, else a built-in one for its architecture."""
+        if file is not None:
+            return cls.from_file(file, model=model)
+        if model.chat_template:
+            return cls(model.chat_template, name=f"of {model.path}", **_special_texts(model))
+        source = BUILTIN_TEMPLATES.get(model.architecture)
         if source is None:
             raise ChatTemplateError(
                 f"model {model.path!r} has no chat template and none is built in for architecture "
-                f"{model.architecture!r}; pass template=ChatTemplate('...jinja...')")
-        special = lambda t: model.detokenize([t], special=True) if t >= 0 else ""  # noqa: E731
-        return cls(source, bos_token=special(model.bos_token), eos_token=special(model.eos_token))
+                f"{model.architecture!r}; pass template=ChatTemplate('...jinja...') or a template file")
+        return cls(source, name=f"built in for {model.architecture}", **_special_texts(model))
 
-    @functools.cached_property
+    @property
+    def source(self) -> str:
+        return self._core.source
+
+    @property
     def takes_tools(self) -> bool:
         """Whether the template renders tool definitions given as ``tools=[...]`` (Hugging Face's
-        convention): found by rendering a probe tool and looking for its name, as llama.cpp does."""
-        probe = "pyllamaopt_probe_tool"
-        tools = [{"type": "function", "function": {"name": probe, "description": "",
-                                                   "parameters": {"type": "object", "properties": {}}}}]
-        try:
-            return probe in self.render([{"role": "user", "content": "x"}], tools=tools)
-        except ChatTemplateError:
-            return False
+        convention): llama.cpp's capabilities of the template, found by rendering probes."""
+        return self._core.caps.get("supports_tools", False)
 
-    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = True, **extra: Any) -> str:
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise ChatTemplateError(f"message {i} must be a dict with str 'role' and 'content', got {m!r}")
+    @property
+    def native_tools(self) -> bool:
+        """Whether the template renders tool definitions and an assistant's calls in the model's own
+        syntax, so that llama.cpp's chat layer knows the format of its calls."""
+        caps = self._core.caps
+        return caps.get("supports_tools", False) and caps.get("supports_tool_calls", False)
+
+    @property
+    def tool_format(self) -> str:
+        """The name of the format of the template's tool calls, as users know it ("hermes", "llama3_json",
+        "mistral", ...: chat_formats.py, from the markup the template writes for a call), or "generic"
+        for a template without native tools (the server's own format)."""
+        if self._tool_format is None:
+            self._tool_format = tool_format_name(self) if self.native_tools else "generic"
+        return self._tool_format
+
+    def apply(self, request: Mapping[str, Any]) -> _core.RenderedChat:
+        """A chat request (``messages``, and as llama-server takes them ``tools``, ``tool_choice``,
+        ``parallel_tool_calls``, ``add_generation_prompt``, ``enable_thinking``,
+        ``chat_template_kwargs``) rendered: the prompt, the reply's format, grammar and parser."""
+        for i, m in enumerate(request.get("messages", ())):
+            content = m.get("content") if isinstance(m, dict) else None
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not (
+                    isinstance(content, (str, list)) or (content is None and m.get("tool_calls"))):
+                raise ChatTemplateError(f"message {i} must be a dict with a str 'role' and a 'content' (a str, or "
+                                        f"text parts) or 'tool_calls', got {m!r}")
         try:
-            return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token, eos_token=self.eos_token, **extra)
-        except ChatTemplateError:  # raise_exception(), the template's own message
-            raise
-        except jinja2.TemplateError as exc:  # a sandbox escape refused (SecurityError) among them
-            raise ChatTemplateError(f"chat template failed to render: {exc}") from None
-        except Exception as exc:  # the template's own bug: 1/0, a bad filter argument, recursion, ...
-            raise ChatTemplateError(f"chat template failed to render: {type(exc).__name__}: {exc}") from None
+            text = json.dumps(request, ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise ChatTemplateError(f"the chat request is not JSON: {exc}") from None
+        return self._core.apply(text)
+
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
+               tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: str | None = None,
+               parallel_tool_calls: bool | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
+               **kwargs: Any) -> str:
+        """The prompt of `messages`; `tools` in OpenAI's shape, `tool_choice` "auto", "required" or
+        "none"; other keyword arguments (and `chat_template_kwargs`) are the template's own:
+        ``enable_thinking=False``, ..."""
+        return self.apply(chat_request(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                       tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                                       chat_template_kwargs=chat_template_kwargs, **kwargs)).prompt
 
     def render_marked(self, messages: Sequence[Message], marks: Mapping[int, Sequence[tuple[int, int]]], *,
                       add_generation_prompt: bool = True, **extra: Any) -> tuple[str, list[tuple[int, int]]]:
@@ -162,6 +160,32 @@ class ChatTemplate:
             return text, []
         spans = _locate(skeleton, text, messages, marked)
         return text, spans if spans is not None else []
+
+
+def _special_texts(model: Model) -> dict[str, str]:
+    """The model's BOS and EOS tokens as the text a template writes (bos_token, eos_token)."""
+    special = lambda t: model.detokenize([t], special=True) if t >= 0 else ""  # noqa: E731
+    return {"bos_token": special(model.bos_token), "eos_token": special(model.eos_token)}
+
+
+def chat_request(messages: Sequence[Message], *, add_generation_prompt: bool = True,
+                 tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: str | None = None,
+                 parallel_tool_calls: bool | None = None, chat_template_kwargs: Mapping[str, Any] | None = None,
+                 **kwargs: Any) -> dict[str, Any]:
+    """ChatTemplate.render's arguments as the request ChatTemplate.apply takes (llama-server's fields)."""
+    kwargs = {**(chat_template_kwargs or {}), **kwargs}
+    request: dict[str, Any] = {"messages": list(messages), "add_generation_prompt": add_generation_prompt}
+    if tools:
+        request["tools"] = list(tools)
+    if tool_choice is not None:
+        request["tool_choice"] = tool_choice
+    if parallel_tool_calls is not None:
+        request["parallel_tool_calls"] = parallel_tool_calls
+    if kwargs:
+        request["chat_template_kwargs"] = kwargs
+        if isinstance(kwargs.get("enable_thinking"), bool):  # (as llama-server reads it)
+            request["enable_thinking"] = kwargs["enable_thinking"]
+    return request
 
 
 _PLACEHOLDER = "\ue000pyllamaopt-mark-{}\ue001"
@@ -206,11 +230,17 @@ def prompt_tokens(model: Model, template: ChatTemplate, messages: Sequence[Messa
     apart, as plain text (on a SentencePiece vocabulary that prefixes a space, each piece tokenized
     apart gains one). ChatTemplateError if the template changes such a content (other than by
     trimming it), which leaves no way to tell it from the markup."""
+    for m in messages:
+        for call in m.get("tool_calls") or ():
+            function = call.get("function") or {}
+            for part in (function.get("name"), function.get("arguments")):
+                if isinstance(part, str) and model.has_special_text(part):
+                    raise ChatTemplateError("a tool call's name or arguments contain the model's special-token text "
+                                            "(such as a turn's end), which the template would write as markup: "
+                                            "remove that text from the call")
     tokens = model.tokenize(text, add_bos=False, special=True)
     forged = {i: [(0, len(m["content"]))] for i, m in enumerate(messages)
-              if isinstance(m.get("content"), str) and m["content"] and
-              model.tokenize(m["content"], add_bos=False, special=True) !=
-              model.tokenize(m["content"], add_bos=False, special=False)}
+              if isinstance(m.get("content"), str) and m["content"] and model.has_special_text(m["content"])}
     if not forged:
         return tokens
     rendered, spans = template.render_marked(messages, forged, **render)

@@ -29,6 +29,7 @@ CLI_VARIABLES: dict[str, str] = {
     "LLAMA_OPT_SERVE_TLS_KEY": "PEM private key of LLAMA_OPT_SERVE_TLS_CERT",
     "LLAMA_OPT_SERVE_MAX_SESSIONS": "protocol sessions `pyllamaopt serve` keeps open (default: 16)",
     "LLAMA_OPT_SERVE_SESSION_TTL": "seconds an idle protocol session is kept (default: 1800)",
+    "LLAMA_OPT_SERVE_CHAT_TEMPLATE_FILE": "jinja chat template `pyllamaopt serve` renders chats with (default: the GGUF's)",
     "LLAMA_OPT_SERVE_JSON_WHITESPACE": "layout of `pyllamaopt serve`'s JSON answers: indented (default), spaced, "
                                        "compact or free",
 }
@@ -44,6 +45,7 @@ class Field:
     min: float
     max: float
     help: str
+    choices: str  # "a|b|c": a "str" field taking one of these; "": any text (a path)
     default: Any
 
 
@@ -75,7 +77,7 @@ def switches_without_effect(config: OptConfig) -> list[Feature]:
 
 
 _FIELDS = {f.name: f for f in fields()}
-_PATH_VARIABLES = {f.env for f in _FIELDS.values() if f.type == "str"}  # persist_dir, a draft model: "~/..."
+_PATH_VARIABLES = {f.env for f in _FIELDS.values() if f.type == "str" and not f.choices}  # persist_dir, a draft model: "~/..."
 
 
 def _config_error(message: str, variable: str) -> ConfigError:
@@ -94,7 +96,7 @@ def _is_text(value: str) -> bool:
     return True
 
 
-def _opt_variables(environment: Mapping[str, str]) -> dict[str, str]:
+def opt_variables(environment: Mapping[str, str]) -> dict[str, str]:
     """The LLAMA_OPT_* variables the engine reads (no others: the rest of the environment, secrets
     and the CLI's own variables included, never reaches it or its messages)."""
     chosen = {}
@@ -121,7 +123,8 @@ def _as_text(field: Field, value: Any) -> str:
     elif isinstance(value, (str, os.PathLike)):
         text = os.fspath(value)
         if isinstance(text, str) and _is_text(text) and "\0" not in text:
-            return os.path.expanduser(text)  # both text options are paths: "~/kv" is the home's, as in a shell
+            # the other text options are paths: "~/kv" is the home's, as in a shell
+            return text if field.choices else os.path.expanduser(text)
         raise _config_error(f"{field.name}={value!r}: not valid UTF-8 text (or holds a NUL character)", field.name)
     raise _config_error(f"{field.name}={value!r}: expected a value of type {field.type}", field.name)
 
@@ -141,7 +144,7 @@ class OptConfig:
         environment = os.environ if env is None else env
         # the engine's object, named _core as Model's, Context's and Session's are: the package's other
         # wrappers hand it to the engine (with the _core module, the only private names used across modules)
-        self._core = _core.Settings.from_env(_opt_variables(environment), list(CLI_VARIABLES))
+        self._core = _core.Settings.from_env(opt_variables(environment), list(CLI_VARIABLES))
         for name, value in values.items():
             self.set(name, value)
 

@@ -93,6 +93,16 @@ class Context:
         return "canonical" if self._core.canonical else "llama"
 
     @property
+    def kv_type(self) -> str:
+        """How the KV cache stores K and V: "f16", "q8_0" or "q4_0" (OptConfig's kv_type)."""
+        return self._core.kv_type
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes of one token in this context (K and V of all layers, in its kv_type)."""
+        return self._core.kv_bytes_per_token
+
+    @property
     def kv_cells_used(self) -> int:
         """KV cells in use; a cell shared by several sessions counts once."""
         return self._core.kv_cells_used
@@ -101,6 +111,12 @@ class Context:
     def pool_blocks(self) -> int:
         """Blocks in the dedup pool, the index of reusable KV (0 without dedup)."""
         return self._core.pool_blocks
+
+    @property
+    def pool_chains(self) -> list[int]:
+        """The chained hash (``segment(tokens, block_size)``'s) of every block in the dedup pool: the
+        prefixes whose KV this context holds now (what a router sends a prompt's next turn after)."""
+        return self._core.pool_chains
 
     @property
     def stats(self) -> Stats:

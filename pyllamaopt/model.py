@@ -1,6 +1,7 @@
 """Model: a loaded GGUF model, its tokenizer and metadata."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -11,6 +12,9 @@ from . import _core, models
 from .errors import InvalidTokenError
 
 _INT32_MAX = 2**31 - 1
+# How many texts `Model.has_special_text` remembers its answer for: the messages of several agents'
+# conversations, each re-sent every turn (a memo holds its texts: at most this many).
+SPECIAL_TEXT_MEMO = 1024
 
 
 def check_token_ids(tokens: Iterable[Any]) -> list[int]:
@@ -76,6 +80,14 @@ class Model:
         finally:
             if bar:
                 bar.close()
+        core = self._core  # (the memo refers to the engine's model, not to self: no cycle)
+
+        @functools.lru_cache(SPECIAL_TEXT_MEMO)
+        def has_special_text(text: str) -> bool:
+            scalars = _unicode_scalars(text)
+            return core.tokenize(scalars, False, True) != core.tokenize(scalars, False, False)
+
+        self._special_text_memo = has_special_text
 
     @classmethod
     def from_pretrained(cls, repo_id: str, filename: str, *, revision: str | None = None,
@@ -102,6 +114,15 @@ class Model:
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         """The bytes of one token (a token may hold part of a UTF-8 character)."""
         return self._core.token_piece(check_token_ids([token])[0], special)
+
+    def has_special_text(self, text: str) -> bool:
+        """Whether `text` tokenizes differently when special-token text is parsed (``special=True``):
+        it holds such text, e.g. ``<|im_end|>``. Remembered for the last SPECIAL_TEXT_MEMO texts
+        asked about: a chat re-sends its earlier messages every turn, and tokenizing each of them
+        twice per turn was most of a long conversation's tokenizing."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, not {type(text).__name__}")
+        return self._special_text_memo(text)
 
     def is_eog(self, token: int) -> bool:
         """Whether `token` ends generation (EOS, end-of-turn...)."""
@@ -138,7 +159,7 @@ class Model:
     n_head_kv = property(lambda self: self._core.n_head_kv)
     n_swa = property(lambda self: self._core.n_swa, doc="sliding-window size, 0 if none")
     n_params = property(lambda self: self._core.n_params)
-    kv_bytes_per_token = property(lambda self: self._core.kv_bytes_per_token, doc="KV cache bytes of one token (F16 K and V, all layers)")
+    kv_bytes_per_token = property(lambda self: self._core.kv_bytes_per_token, doc="KV cache bytes of one token (F16 K and V, all layers; Context.kv_bytes_per_token: in its kv_type)")
     size_bytes = property(lambda self: self._core.size_bytes)
     bos_token = property(lambda self: self._core.bos)
     eos_token = property(lambda self: self._core.eos)

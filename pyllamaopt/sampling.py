@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
 from . import _core
@@ -115,3 +115,34 @@ def output_grammar(grammar: str | None, json_schema: dict | bool | SchemaGrammar
 
         check_gbnf_limits(grammar)  # (the parser recurses: a deep one killed the process)
     return grammar or "", schema
+
+
+TRIGGER_KINDS = ("word", "pattern", "pattern_full", "token")
+
+
+def trigger_settings(triggers: Sequence[tuple[str, str | int]] | None, grammar: str,
+                     n_vocab: int) -> list[_core.GrammarTrigger]:
+    """A lazy grammar's triggers, (kind, value) pairs: ("word", text), ("pattern", regex),
+    ("pattern_full", regex) or ("token", token id); InvalidArgumentError naming a bad one, or for
+    triggers without a grammar (an invalid regex is the engine's GrammarError)."""
+    if not triggers:
+        return []
+    if not grammar:
+        raise InvalidArgumentError("grammar_triggers start a grammar: give one with grammar=")
+    out = []
+    for i, trigger in enumerate(triggers):
+        if not (isinstance(trigger, (tuple, list)) and len(trigger) == 2 and trigger[0] in TRIGGER_KINDS):
+            raise InvalidArgumentError(f"grammar_triggers[{i}] must be (kind, value) with kind one of "
+                                       f"{', '.join(TRIGGER_KINDS)}, got {trigger!r}")
+        kind, value = trigger
+        if kind == "token":
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n_vocab:
+                raise InvalidArgumentError(f"grammar_triggers[{i}]: a 'token' trigger's value is a token id of this "
+                                           f"model (0..{n_vocab - 1}), got {value!r}")
+            out.append(_core.GrammarTrigger("token", "", value))
+        elif not isinstance(value, str) or not value:
+            raise InvalidArgumentError(f"grammar_triggers[{i}]: a {kind!r} trigger's value is a non-empty string, "
+                                       f"got {value!r}")
+        else:
+            out.append(_core.GrammarTrigger(kind, value))
+    return out

@@ -14,7 +14,7 @@ from .config import OptConfig
 from .errors import ContextOverflowError, InvalidArgumentError, SessionClosedError, SessionEvictedError
 from .logprobs import check_top, from_core, score_prompt
 from .model import Model, check_token_ids
-from .sampling import budget, check_max_tokens, output_grammar, sampling_settings
+from .sampling import budget, check_max_tokens, output_grammar, sampling_settings, trigger_settings
 from .stats import Stats
 from .stop_strings import find_stop, held_back, stop_list
 from .tokens import Token, TokenLogprob
@@ -44,9 +44,10 @@ class Generation(Iterator[Token]):
 
     def __init__(self, session: Session, max_tokens: int | None, stop: Sequence[str],
                  sampling: _core.Sampling, on_finish: Callable[[Generation], None] | None = None, grammar: str = "",
-                 schema: SchemaGrammar | None = None) -> None:
+                 schema: SchemaGrammar | None = None, triggers: Sequence[_core.GrammarTrigger] = ()) -> None:
         self.session = session
         self._grammar = grammar
+        self._triggers = list(triggers)
         self.schema = schema
         self._check: SchemaCheck | None = None
         self._on_finish = on_finish
@@ -102,7 +103,7 @@ class Generation(Iterator[Token]):
             session._running = self._ref  # (the finally clears it, whatever fails from here)
             if session._configured_for is not self._tag:  # another generation of the session came between
                 core.set_sampling(sampling)
-                core.set_grammar(self._grammar, budget(max_tokens, core.room))
+                core.set_grammar(self._grammar, budget(max_tokens, core.room), self._triggers)
                 session._configured_for = self._tag
             if max_tokens == 0:
                 self.finish_reason = "length"
@@ -337,6 +338,7 @@ class Session:
                  logit_bias: Mapping[int, float] | None = None, frequency_penalty: float = 0.0,
                  presence_penalty: float = 0.0, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  stop: str | Sequence[str] | None = (), grammar: str | None = None,
+                 grammar_triggers: Sequence[tuple[str, str | int]] | None = None,
                  json_schema: dict | bool | SchemaGrammar | None = None, strict: bool = True,
                  logprobs: int | None = None, on_finish: Callable[[Generation], None] | None = None) -> Generation:
         """Stream generated tokens (greedy unless ``temperature`` > 0).
@@ -352,6 +354,13 @@ class Session:
                     divided by ``repeat_penalty`` (multiplied, if negative); 0, 0 and 1: off
         stop        strings that end generation; they are not part of the returned text
         grammar     a GBNF grammar (llama.cpp's format, a ``root`` rule) the output must match
+        grammar_triggers
+                    make ``grammar`` lazy, as llama.cpp applies a chat format's tool-call grammar:
+                    the output is free (the tokens and logits of no grammar) until one of these
+                    fires, then the grammar takes the output from the trigger's match on and
+                    constrains the rest. (kind, value) pairs: ("word", text) or ("pattern", regex)
+                    found anywhere in the output, ("pattern_full", regex) matching all of it (the
+                    grammar starts at its first capturing group that matched), ("token", token id)
         json_schema a JSON Schema the output must be an instance of (True: any JSON value), or
                     one compiled with ``pyllamaopt.grammar.compile_json_schema`` (reused as is);
                     the supported keywords: docs/structured-output.md
@@ -388,11 +397,15 @@ class Session:
             raise SessionClosedError("the session is closed (or its context is): open a new one")
         stops = stop_list(stop)
         gbnf, schema = output_grammar(grammar, json_schema, strict)
+        if grammar_triggers and schema is not None:
+            raise InvalidArgumentError("grammar_triggers make a grammar= lazy, not a json_schema (whose check is "
+                                       "of the whole output)")
+        triggers = trigger_settings(grammar_triggers, gbnf, self.context.model.n_vocab)
         self.end_generation_in_progress()
         # parsed now, once: a bad grammar fails before generating
-        self._core.set_grammar(gbnf, budget(max_tokens, self._core.room))
+        self._core.set_grammar(gbnf, budget(max_tokens, self._core.room), triggers)
         self._core.set_sampling(settings)
-        generation = Generation(self, max_tokens, stops, settings, on_finish, gbnf, schema)
+        generation = Generation(self, max_tokens, stops, settings, on_finish, gbnf, schema, triggers)
         self._configured_for = generation._tag
         return generation
 

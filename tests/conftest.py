@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import pyllamaopt
+from families import FAMILIES, FAMILY_KV_TYPES, pair_id
 from tinymodel import write_tiny_llama
 
 # tools/fuzz.sh: `pytest --hypothesis-profile=fuzz` runs the fuzz tests (those without their own
@@ -68,6 +69,12 @@ def smollm2_path() -> Path:
     return models.resolve("smollm2-135m")
 
 
+@pytest.fixture(params=["f16", "q8_0", "q4_0"])
+def kv_type(request) -> str:
+    """The KV cache types a Gemma-only exactness test runs with: reuse is exact relative to the same type."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
 def qwen_path() -> Path:
     """Qwen2.5-Coder 0.5B Instruct Q4_K_M: the third family (Qwen2 architecture, every layer full
@@ -85,13 +92,7 @@ def gemma(gemma_path) -> pyllamaopt.Model:
     return pyllamaopt.Model(gemma_path)
 
 
-# One model of each family the exactness tests run on (tests/integration/test_*_gemma.py), by the
-# name of its path fixture: sliding-window layers and Q5_0/Q8_0 weights (Gemma 3), the llama
-# architecture and Q4_1 (SmolLM2), the Qwen2 architecture and K-quants (Qwen2.5-Coder).
-FAMILIES = {"gemma3-270m": "gemma_path", "smollm2-135m": "smollm2_path", "qwen2.5-coder-0.5b": "qwen_path"}
-
-
-@pytest.fixture(scope="session", params=list(FAMILIES))
+@pytest.fixture(scope="session", params=list(FAMILIES))  # each family of families.FAMILIES, f16
 def family_path(request) -> Path:
     return request.getfixturevalue(FAMILIES[request.param])
 
@@ -99,3 +100,16 @@ def family_path(request) -> Path:
 @pytest.fixture(scope="session")
 def family_model(family_path, gemma_path, gemma) -> pyllamaopt.Model:
     return gemma if family_path == gemma_path else pyllamaopt.Model(family_path)
+
+
+@pytest.fixture(scope="session", params=FAMILY_KV_TYPES, ids=pair_id)
+def family_kv_path(request) -> tuple[Path, str]:
+    """A family's model path and the KV cache type to run it with (families.FAMILY_KV_TYPES)."""
+    family, kv_type = request.param
+    return request.getfixturevalue(FAMILIES[family]), kv_type
+
+
+@pytest.fixture(scope="session")
+def family_kv_model(family_kv_path, gemma_path, gemma) -> tuple[pyllamaopt.Model, str]:
+    path, kv_type = family_kv_path
+    return (gemma if path == gemma_path else pyllamaopt.Model(path)), kv_type

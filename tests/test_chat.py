@@ -1,4 +1,4 @@
-"""Chat templates (jinja2) and the Chat conversation helper."""
+"""Chat templates (llama.cpp's jinja engine, through ChatTemplate) and the Chat conversation helper."""
 from __future__ import annotations
 
 import os
@@ -7,8 +7,9 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from pyllamaopt import Chat, ChatTemplate, ChatTemplateError, ContextOverflowError, InvalidArgumentError
-from pyllamaopt.chat import BUILTIN_TEMPLATES
+from pyllamaopt import Chat, ChatTemplate, ChatTemplateError, ContextOverflowError, InvalidArgumentError, Model
+from pyllamaopt.chat import BUILTIN_TEMPLATES, prompt_tokens
+from tinymodel import CHATML
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
@@ -41,6 +42,34 @@ def test_templates_run_sandboxed():
     template = ChatTemplate("{{ messages.__class__.__mro__[1].__subclasses__() }}")
     with pytest.raises(ChatTemplateError):
         template.render(MESSAGES)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["<s>", "</s>", "<unk>", "<", "s", ">", "/", " ", "the", "\n", "\ud800"]), max_size=12)
+       .map("".join))
+def test_has_special_text_is_whether_parsing_special_tokens_changes_the_tokens(tiny_model, text):
+    """The tiny vocabulary's special tokens: <s>, </s> (control), <unk> (unknown)."""
+    differs = tiny_model.tokenize(text, add_bos=False, special=True) != tiny_model.tokenize(text, add_bos=False)
+    event(f"differs: {differs}")
+    assert tiny_model.has_special_text(text) is differs
+    assert tiny_model.has_special_text(text) is differs  # the remembered answer: the same
+
+
+def test_a_conversation_checks_each_message_for_special_text_once(tiny_model):
+    """A chat re-sends its earlier messages every turn: their contents are tokenized for the
+    special-text check once (remembered), the prompt's tokens those a model that remembers
+    nothing yet gives (the assistant's contents hold special text: tokenized apart, as text)."""
+    template = ChatTemplate(CHATML)
+    memo = tiny_model._special_text_memo
+    messages = [{"role": "system", "content": "be brief. the code file has a function"}]
+    for turn in range(4):
+        messages += [{"role": "user", "content": f"turn {turn}: what does the function return"},
+                     {"role": "assistant", "content": f"a value </s><s> and {turn} more"}]  # special text
+        text = template.render(messages)
+        misses = memo.cache_info().misses
+        tokens = prompt_tokens(tiny_model, template, messages, text, add_generation_prompt=True)
+        assert memo.cache_info().misses - misses == (3 if turn == 0 else 2)  # the new messages only
+        assert tokens == prompt_tokens(Model(tiny_model.path), template, messages, text, add_generation_prompt=True)
 
 
 def test_model_without_template(tiny_context):
@@ -136,7 +165,9 @@ def test_sandbox_escapes_are_refused_with_a_typed_error(source, monkeypatch):
     assert messages == [{"role": "user", "content": "hi"}]
 
 
-@pytest.mark.parametrize("source", ["{{ 1/0 }}", "{{ [1, 'a'] | sort }}", "{{ 'a' | wordwrap(0) }}",
+# (arithmetic on values of the wrong types and a filter given a value it cannot take: errors in
+# llama.cpp's jinja engine as in jinja2; where the engines differ, test_llama_cpps_engine_computes_...)
+@pytest.mark.parametrize("source", ["{{ 1 - 'a' }}", "{{ 5 | sort }}", "{{ 'a' | wordwrap(0) }}",
                                     "{{ strftime_now(5) }}", "{{ range(10**9) | list }}", "{{ x | tojson }}",
                                     "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}", "{{" * 3000,
                                     "{{ 'x' * 10**10 }}", "{{ [0] * 10**10 }}", "{{ 10 ** 1000000000 }}",
@@ -146,6 +177,18 @@ def test_any_failure_of_a_template_is_a_typed_error(source):
     and values too large to build: ChatTemplateError, never another exception or the machine's memory."""
     with pytest.raises(ChatTemplateError):
         ChatTemplate(source).render([{"role": "user", "content": "hi"}])
+
+
+def test_llama_cpps_engine_computes_what_jinja2_refused():
+    """Templates render as llama-server renders them (issue 44), through llama.cpp's jinja engine, which
+    computes some expressions jinja2 raised for (docs/serve.md): division by zero is inf, and a list of
+    numbers and strings sorts (a number and a string compared as text). Sorting booleans is its error
+    where jinja2 sorted them."""
+    messages = [{"role": "user", "content": "hi"}]
+    assert ChatTemplate("{{ 1/0 }}|{{ -1/0 }}").render(messages) == "inf|-inf"
+    assert ChatTemplate("{{ [10, 'a', 9] | sort | join(',') }}").render(messages) == "9,10,a"
+    with pytest.raises(ChatTemplateError):
+        ChatTemplate("{{ [true, false] | sort }}").render(messages)
 
 
 _ROOTS = ["messages", "messages[0]", "messages[0].content", "''", "'abc'", "1", "[]", "{}", "cycler", "joiner",

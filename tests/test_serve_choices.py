@@ -153,7 +153,8 @@ def test_each_choice_is_held_to_the_json_schema(server):
                                          **SAMPLED)
     for i, choice in enumerate(out.choices):
         jsonschema.validate(json.loads(choice.message.content), schema)
-        assert choice.model_extra["pyllamaopt"] == {"schema_valid": True, "schema_error": None}
+        # (each choice of a chat answer names its reply's format too, "none" without tools: issue 44)
+        assert choice.model_extra["pyllamaopt"] == {"schema_valid": True, "schema_error": None, "tool_format": "none"}
         alone = client.chat.completions.create(model="m", messages=ASK, max_tokens=80, response_format=response_format,
                                                temperature=1.5, seed=7 + i)
         assert choice.message.content == alone.choices[0].message.content

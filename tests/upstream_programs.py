@@ -28,6 +28,19 @@ def build_program(target: str, cmake_args: list[str] | None = None) -> Path:
     return build_upstream.build((target,), cmake_args) / target
 
 
+def pinned_tree() -> Path:
+    """The pinned, patched llama.cpp tree (tools/fetch_llama.py; already there after a build)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import fetch_llama
+
+    return fetch_llama.prepare()
+
+
+def templates_dir() -> Path:
+    """The chat templates of popular models that the pinned tree tests its chat layer with."""
+    return pinned_tree() / "models" / "templates"
+
+
 def cpu_flags() -> set[str]:
     cpuinfo = Path("/proc/cpuinfo")
     if platform.machine() not in ("x86_64", "AMD64") or not cpuinfo.exists():

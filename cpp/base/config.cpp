@@ -93,7 +93,9 @@ llama_opt_config llama_opt_config_default() {
 #define OPT_REAL(name, env, lo, hi, help) \
     { #name, env, llama_opt_value_kind::real, lo, hi, help, nullptr, nullptr, &llama_opt_config::name, nullptr }
 #define OPT_TEXT(name, env, help) \
-    { #name, env, llama_opt_value_kind::text, 0, 0, help, nullptr, nullptr, nullptr, &llama_opt_config::name }
+    { #name, env, llama_opt_value_kind::text, 0, 0, help, nullptr, nullptr, nullptr, &llama_opt_config::name, nullptr }
+#define OPT_CHOICE(name, env, choices, help) \
+    { #name, env, llama_opt_value_kind::text, 0, 0, help, nullptr, nullptr, nullptr, &llama_opt_config::name, choices }
 
 const std::vector<llama_opt_field> & llama_opt_fields() {
     static const std::vector<llama_opt_field> fields = {
@@ -151,6 +153,9 @@ const std::vector<llama_opt_field> & llama_opt_fields() {
         OPT_UINT(h2o_local_window,           "LLAMA_OPT_H2O_LOCAL_WINDOW",     1, 1u << 24,   "H2O recent-token window"),
         OPT_UINT(h2o_heavy_budget,           "LLAMA_OPT_H2O_HEAVY_BUDGET",     0, 1u << 24,   "H2O heavy-hitter budget"),
         OPT_UINT(h2o_chunk_size,             "LLAMA_OPT_H2O_CHUNK_SIZE",       1, 1u << 24,   "H2O prompt tokens per chunk (>= window + budget)"),
+        OPT_CHOICE(kv_type,                  "LLAMA_OPT_KV_TYPE",              LLAMA_OPT_KV_TYPES,
+                   "how the KV cache stores K and V: f16, or llama.cpp's quantized q8_0 (half the bytes) or q4_0 (about a "
+                   "quarter); reuse is exact relative to the same type (needs flash attention)"),
         OPT_BOOL(stats_enabled,              "LLAMA_OPT_STATS",                                "print per-turn statistics to stderr"),
     };
     return fields;
@@ -160,6 +165,7 @@ const std::vector<llama_opt_field> & llama_opt_fields() {
 #undef OPT_UINT
 #undef OPT_REAL
 #undef OPT_TEXT
+#undef OPT_CHOICE
 
 const llama_opt_field * llama_opt_find_field(const std::string & name) {
     for (const auto & f : llama_opt_fields()) {
@@ -215,6 +221,23 @@ static bool parse_bool(const std::string & text, bool & out) {
         return true;
     }
     return false;
+}
+
+// `text` if it is one of `choices` ("a|b|c", matched without regard to case); else fail() says which are.
+template <typename Fail>
+static std::string parse_choice(const std::string & text, const std::string & choices, Fail && fail) {
+    const std::string t = lower(text);
+    std::string allowed;
+    for (size_t b = 0, e; b <= choices.size(); b = e + 1) {
+        e = std::min(choices.find('|', b), choices.size());
+        const std::string choice = choices.substr(b, e - b);
+        if (t == choice) {
+            return choice;
+        }
+        allowed += (allowed.empty() ? "" : ", ") + choice;
+    }
+    fail("must be one of " + allowed);
+    return "";
 }
 
 void llama_opt_settings::set(const std::string & name, const std::string & text, llama_opt_source src) {
@@ -278,6 +301,10 @@ void llama_opt_settings::set(const std::string & name, const std::string & text,
             break;
         }
         case llama_opt_value_kind::text:
+            if (f->choices) {
+                config.*(f->as_text) = parse_choice(t, f->choices, fail);
+                break;
+            }
             config.*(f->as_text) = text;
             break;
     }

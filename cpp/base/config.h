@@ -32,6 +32,9 @@ const std::vector<llama_opt_feature> & llama_opt_features();
 // configuration
 //
 
+// The KV cache types kv_type takes (kv/kv-codec maps each to llama.cpp's type).
+constexpr const char * LLAMA_OPT_KV_TYPES = "f16|q8_0|q4_0";
+
 struct llama_opt_config {
     uint32_t block_size = 64;  // tokens per hashed block
 
@@ -102,6 +105,10 @@ struct llama_opt_config {
     uint32_t h2o_heavy_budget = 256;  // heavy-hitter tokens kept beyond the window
     uint32_t h2o_chunk_size   = 512;  // prompt tokens per H2O chunk (>= window + budget)
 
+    // How the KV cache stores K and V (kv/kv-codec): "f16" (llama.cpp's default), or llama.cpp's
+    // quantized cache types "q8_0" / "q4_0" for both. Reuse stays exact relative to the same type.
+    std::string kv_type = "f16";
+
     bool stats_enabled = false;  // print per-turn statistics to stderr
 };
 
@@ -123,6 +130,7 @@ struct llama_opt_field {
     uint32_t    llama_opt_config::* as_uint;
     float       llama_opt_config::* as_real;
     std::string llama_opt_config::* as_text;
+    const char *                    choices;  // a text field taking one of these ("a|b|c"); null: any text
 };
 
 const std::vector<llama_opt_field> & llama_opt_fields();

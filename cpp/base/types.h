@@ -22,6 +22,7 @@ enum class llama_opt_errc {
     decode_failed,        // llama_decode failed for another reason
     invalid_argument,     // any other bad argument
     grammar,              // invalid grammar
+    chat_template,        // a chat template that does not parse or render, a reply it cannot parse
 };
 
 struct llama_opt_error : std::runtime_error {

@@ -19,6 +19,7 @@ void register_session(py::module_ & m);
 void register_persist(py::module_ & m);
 void register_spec_prefill(py::module_ & m);
 void register_memo(py::module_ & m);
+void register_chat_templates(py::module_ & m);
 
 // A disk tier entry's layout (the model, build and KV shape it is for) as a dict: an entry is
 // usable by a context whose Context.persist_layout equals it (kv/disk-entry.h).

@@ -66,11 +66,12 @@ void register_config(py::module_ & m) {
             d["min"]  = f.min;
             d["max"]  = f.max;
             d["help"] = f.help;
+            d["choices"] = f.choices ? f.choices : "";
             d["default"] = typed_value(llama_opt_config_default(), f);
             out.append(d);
         }
         return out;
-    }, "The configurable values: name, variable, type, limits, help, compile-time default.");
+    }, "The configurable values: name, variable, type, limits, help, choices (\"a|b\": a text field taking one of them; \"\": any), compile-time default.");
 
     m.def("features", [] {
         py::list out;

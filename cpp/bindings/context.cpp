@@ -5,6 +5,8 @@
 #include "engine/context.h"
 #include "session/session.h"
 
+#include <pybind11/stl.h>
+
 // A read of the context's KV memory, under the context's lock.
 template <typename R> static auto memory_read(R (llama_opt_kv_memory::*read)() const) {
     return [read](const llama_opt_context & self) {
@@ -106,12 +108,20 @@ void register_context(py::module_ & m) {
                  std::lock_guard<std::recursive_mutex> lock(self.mutex());
                  return self.memory().pool() ? self.memory().pool()->size() : 0u;
              }, "Blocks in the dedup pool (0 without dedup).")
+        .def_property_readonly("pool_chains", [](llama_opt_context & self) {
+                 std::lock_guard<std::recursive_mutex> lock(self.mutex());
+                 return self.memory().pool() ? self.memory().pool()->hashes() : std::vector<uint64_t>();
+             }, "The chained hash of every block in the dedup pool (the prefixes whose KV this context holds; "
+                "empty without dedup).")
         .def_property_readonly("closed", &llama_opt_context::closed)
         .def_property_readonly("n_ctx", &llama_opt_context::n_ctx)
         .def_property_readonly("n_sessions", memory_read(&llama_opt_kv_memory::n_sessions))
         .def_property_readonly("n_cached", memory_read(&llama_opt_kv_memory::n_cached))
         .def_property_readonly("kv_cells_used", memory_read(&llama_opt_kv_memory::cells_used))
         .def_property_readonly("block_size", &llama_opt_context::block_size)
+        .def_property_readonly("kv_type", [](const llama_opt_context & self) { return self.kv_codec().name; })
+        .def_property_readonly("kv_bytes_per_token", &llama_opt_context::kv_bytes_per_token,
+                               "KV cache bytes of one token in this context's kv_type (K and V, all layers).")
         .def_property_readonly("min_chunk", &llama_opt_context::min_chunk)
         .def_property_readonly("canonical", &llama_opt_context::canonical)
         .def_property_readonly("settings", &llama_opt_context::settings)

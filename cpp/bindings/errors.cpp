@@ -24,6 +24,7 @@ static constexpr std::pair<llama_opt_errc, const char *> exception_names[] = {
     { llama_opt_errc::decode_failed,       "DecodeError" },
     { llama_opt_errc::invalid_argument,    "InvalidArgumentError" },
     { llama_opt_errc::grammar,             "GrammarError" },
+    { llama_opt_errc::chat_template,       "ChatTemplateError" },
 };
 static constexpr size_t n_exception_names = std::size(exception_names);
 

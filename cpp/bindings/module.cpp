@@ -20,6 +20,7 @@ PYBIND11_MODULE(_core, m) {
     register_diff(m);
     register_memo(m);
     register_model(m);
+    register_chat_templates(m);
     register_persist(m);  // before the context and the session: their signatures name these classes
     register_session(m);
     register_context(m);

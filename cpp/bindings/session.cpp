@@ -43,6 +43,23 @@ void register_session(py::module_ & m) {
                       [](llama_opt_sampling & s, int32_t v) { s.penalties.last_n = v; })
         .def_readwrite("logprobs", &llama_opt_sampling::logprobs);
 
+    py::class_<llama_opt_grammar_trigger>(m, "GrammarTrigger", R"doc(
+When a lazy grammar starts (Session.set_grammar's triggers), as llama.cpp's chat layer gives them:
+kind 'word' or 'pattern' (found anywhere in the output), 'pattern_full' (the whole output matches)
+or 'token' (that token id generated).
+
+    GrammarTrigger("word", "<tool_call>")
+)doc")
+        .def(py::init([](const std::string & kind, const std::string & value, llama_token token) {
+                 return llama_opt_grammar_trigger{ llama_opt_trigger_kind_from_name(kind), value, token };
+             }), py::arg("kind"), py::arg("value") = "", py::arg("token") = -1)
+        .def_property_readonly("kind", [](const llama_opt_grammar_trigger & t) {
+            static const char * names[] = { "token", "word", "pattern", "pattern_full" };
+            return names[(int) t.kind];
+        })
+        .def_readonly("value", &llama_opt_grammar_trigger::value)
+        .def_readonly("token", &llama_opt_grammar_trigger::token);
+
     py::class_<llama_opt_token_logprob>(m, "TokenLogprob",
                                         "A token's log-probability under the model's raw logits, and the most likely tokens there.")
         .def_readonly("token", &llama_opt_token_logprob::token)
@@ -100,7 +117,8 @@ void register_session(py::module_ & m) {
              py::call_guard<py::gil_scoped_release>())
         .def("fork", &llama_opt_session::fork, py::call_guard<py::gil_scoped_release>())
         .def("save", &llama_opt_session::save, py::call_guard<py::gil_scoped_release>())
-        .def("set_grammar", &llama_opt_session::set_grammar, py::arg("gbnf"), py::arg("max_tokens") = 0)
+        .def("set_grammar", &llama_opt_session::set_grammar, py::arg("gbnf"), py::arg("max_tokens") = 0,
+             py::arg("triggers") = std::vector<llama_opt_grammar_trigger>())
         .def("set_sampling", &llama_opt_session::set_sampling, py::arg("sampling"))
         .def("next_token", &llama_opt_session::next_token, py::call_guard<py::gil_scoped_release>())
         .def("step", &llama_opt_session::step, py::call_guard<py::gil_scoped_release>())

@@ -59,6 +59,23 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
             "the canonical schedule", "schedule");
     }
 
+    codec_ = llama_opt_kv_codec::from_name(cfg.kv_type);
+    codec_.check(*model_, params.flash_attn);
+    const bool scores_attention = cfg.attn_prune_enabled || (cfg.spec_prefill_enabled && cfg.spec_prefill_draft_model.empty());
+    if ((scores_attention || cfg.h2o_enabled) && !codec_.identity()) {
+        // attention scores read K rows as F16 (methods/attn-capture; llama.cpp stores a quantized K
+        // rotated); H2O's gathered attention (patches/0010) was built and measured on F16 rows only
+        throw llama_opt_error(llama_opt_errc::config,
+            "attention scores (attn_prune_enabled, spec_prefill_enabled without a draft model) and H2O "
+            "(h2o_enabled) read the KV cache's K rows as F16: use kv_type='f16' with them", "kv_type");
+    }
+    if (cfg.diff_reuse_shifted && codec_.type == GGML_TYPE_Q4_0) {  // (llama.cpp's K-shift quantizes K again)
+        throw llama_opt_error(llama_opt_errc::config,
+            "diff_reuse_shifted with kv_type='q4_0' is refused: its moved K rows, rotated and quantized again, "
+            "measured a KL of 0.11 against computing the edited history with q4_0 (q8_0: 0.004; f16: 0.002; "
+            "docs/exactness.md): use kv_type='q8_0' with it", "kv_type");
+    }
+
     const int32_t hw = (int32_t) std::max(1u, std::thread::hardware_concurrency());
     llama_context_params cp = llama_context_default_params();
     // llama.cpp pads n_ctx to a multiple of 256 but caps its batch at the n_ctx given: padded here, so
@@ -73,10 +90,12 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
     cp.n_threads_batch = params.n_threads_batch > 0 ? params.n_threads_batch : cp.n_threads;
     cp.flash_attn_type = params.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.swa_full        = params.swa_full;
+    cp.type_k          = codec_.type;
+    cp.type_v          = codec_.type;
     cp.kv_unified      = true;  // sessions share the KV cells of a common prefix
     cp.no_perf         = true;
     // Tier 2: observe queries (set only then: exact mode computes in one graph)
-    if (cfg.attn_prune_enabled || (cfg.spec_prefill_enabled && cfg.spec_prefill_draft_model.empty())) {
+    if (scores_attention) {
         attn_capture_    = std::make_unique<llama_opt_attn_capture>(model_->get(), cfg.attn_prune_queries);
         cp.cb_eval           = &llama_opt_attn_capture::callback;
         cp.cb_eval_user_data = attn_capture_.get();
@@ -124,6 +143,7 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
     mp.canonical  = params.canonical;
     mp.flash_attn = params.flash_attn;
     mp.swa_full   = params.swa_full;
+    mp.codec      = codec_;
     memory_ = std::make_unique<llama_opt_kv_memory>(mem, *model_, mp, cfg, stats_);
 }
 

@@ -19,6 +19,7 @@
 
 #include "methods/attn-capture.h"
 #include "methods/h2o-capture.h"
+#include "kv/kv-codec.h"
 #include "kv/memory.h"
 #include "engine/op-profile.h"
 #include "methods/memo.h"
@@ -104,6 +105,9 @@ public:
     llama_context *             get() const { return ctx_.get(); }  // null once closed
 
     const llama_opt_model &    model() const { return *model_; }
+    // How the cache stores K and V (kv_type), and the bytes one position takes in it, all layers.
+    const llama_opt_kv_codec & kv_codec() const { return codec_; }
+    uint64_t kv_bytes_per_token() const { return codec_.memory_bytes(*model_); }
     const llama_opt_settings & settings() const { return settings_; }
     uint32_t n_ctx() const { return n_ctx_; }
     uint32_t block_size() const { return block_; }
@@ -189,6 +193,7 @@ private:
     uint32_t                                 block_  = 0;
     uint32_t                                 align_  = 1;  // cell tile and minimum chunk (measured numerics rule)
     uint32_t                                 chunk_  = 0;  // canonical chunk: largest multiple of block_ <= n_batch
+    llama_opt_kv_codec                       codec_;
     llama_opt_stats                          stats_;       // its own work (before memory_, which counts its evictions here)
     std::vector<const llama_opt_stats *>     followed_;    // the statistics of its sessions
     llama_opt_stats                          gone_;        // of the sessions no longer followed

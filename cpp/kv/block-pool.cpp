@@ -63,3 +63,12 @@ const llama_opt_kv_block * llama_opt_block_pool::find(uint64_t id) const {
     const auto it = blocks_.find(id);
     return it == blocks_.end() ? nullptr : &it->second;
 }
+
+std::vector<uint64_t> llama_opt_block_pool::hashes() const {
+    std::vector<uint64_t> out;
+    out.reserve(blocks_.size());
+    for (const auto & kv : blocks_) {
+        out.push_back(kv.second.hash);
+    }
+    return out;
+}

@@ -56,6 +56,8 @@ public:
     uint64_t next_turn() { return ++turn_; }
     uint64_t turn() const { return turn_; }
     uint32_t size() const { return (uint32_t) blocks_.size(); }
+    // The chained hash of every block in the pool (each names a prefix whose KV is here).
+    std::vector<uint64_t> hashes() const;
     uint32_t capacity() const { return max_blocks_; }
 
 private:

@@ -7,6 +7,7 @@
 #include "engine/log.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 // how long closing waits for the background writer before dropping what is still queued
 static constexpr double CLOSE_FLUSH_S = 60;
@@ -30,6 +31,18 @@ llama_opt_kv_memory::llama_opt_kv_memory(llama_memory_t mem, const llama_opt_mod
     slots_.resize(params.n_seq);
 }
 
+// A quantized cache's type (in the compat hash too, which names entry files: entries of two types
+// for the same tokens live side by side), and what else decides the bits of its K rows:
+// llama.cpp rotates them (a Hadamard transform) before quantizing unless LLAMA_ATTN_ROT_DISABLE
+// is set when the cache is made. ("" for F16: the identity of F16 entries stays what it was.)
+static std::string quantized_kv_compat(const llama_opt_kv_codec & codec) {
+    if (codec.identity()) {
+        return "";
+    }
+    const char * rot_disable = std::getenv("LLAMA_ATTN_ROT_DISABLE");  // (read as llama.cpp reads it)
+    return "|kv_type=" + codec.name + "|kv_rot=" + std::string(rot_disable && std::atoi(rot_disable) ? "0" : "1");
+}
+
 void llama_opt_kv_memory::open_persist_store(const llama_opt_model & model, const llama_opt_config & cfg) {
     const size_t row = llama_memory_kv_bytes_per_pos(mem_);
     if (row == 0) {
@@ -40,7 +53,8 @@ void llama_opt_kv_memory::open_persist_store(const llama_opt_model & model, cons
     // and this context's numerics settings
     const std::string compat = std::string(LLAMA_OPT_BUILD_ID) + "|" + llama_print_system_info() +
         "|fa=" + std::to_string(params_.flash_attn) + "|swa_full=" + std::to_string(params_.swa_full) +
-        "|align=" + std::to_string(params_.align) + "|row_align=" + std::to_string(params_.row_align);
+        "|align=" + std::to_string(params_.align) + "|row_align=" + std::to_string(params_.row_align) +
+        quantized_kv_compat(params_.codec);
     const std::string dir  = cfg.persist_dir.empty() ? llama_opt_persist_default_dir() : cfg.persist_dir;
     const auto        dims = model.head_dims();
     std::string       why;
@@ -59,8 +73,8 @@ void llama_opt_kv_memory::open_persist_store(const llama_opt_model & model, cons
     persist_layout_.n_kv_heads      = (uint32_t) model.n_head_kv();
     persist_layout_.k_dim           = dims.first;
     persist_layout_.v_dim           = dims.second;
-    persist_layout_.k_type          = GGML_TYPE_F16;  // llama.cpp's default KV type, which we keep
-    persist_layout_.v_type          = GGML_TYPE_F16;
+    persist_layout_.k_type          = params_.codec.type;  // an entry of another type is never restored
+    persist_layout_.v_type          = params_.codec.type;
     persist_layout_.bytes_per_token = row;
     persist_ = std::make_unique<llama_opt_persist_store>(dir);
     if (cfg.persist_write_behind) {

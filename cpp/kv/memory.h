@@ -19,6 +19,7 @@
 #include "kv/block-pool.h"
 #include "kv/disk-store.h"
 #include "kv/disk-writer.h"
+#include "kv/kv-codec.h"
 #include "engine/model.h"
 #include "base/config.h"
 #include "base/stats.h"
@@ -67,6 +68,7 @@ struct llama_opt_kv_memory_params {
     bool     canonical  = true;  // aligned placement; false: llama.cpp's own, no reuse
     bool     flash_attn = true;  // (numerics: in the disk tier's identity)
     bool     swa_full   = true;
+    llama_opt_kv_codec codec;    // how the cells store K and V (in the disk tier's layout)
 };
 
 class llama_opt_kv_memory {

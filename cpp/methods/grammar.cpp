@@ -145,6 +145,15 @@ void llama_opt_grammar::accept(llama_token token) {
     budget_.spend_token();
 }
 
+bool llama_opt_grammar::accept_text(llama_token token, const std::string & text) {
+    try {
+        llama_grammar_accept_token(*grammar_, token, text);
+    } catch (const std::runtime_error &) {  // (no stack left: the grammar is at a dead end)
+        return false;
+    }
+    return true;
+}
+
 void llama_opt_grammar::set_budget(size_t tokens) {
     budget_.set(tokens);
 }

@@ -58,6 +58,10 @@ public:
     bool allows(llama_token token);
     // Advances the grammar by a token (which must be allowed); counts down the budget.
     void accept(llama_token token);
+    // Advances the grammar by part of a token's text (a lazy grammar's start: the text from its
+    // trigger on, methods/grammar-trigger), as llama.cpp's lazy sampler does; no budget spent.
+    // False if the grammar does not take it: then it allows nothing more.
+    bool accept_text(llama_token token, const std::string & text);
 
     // Ending within a budget (schema_fit_max_tokens, methods/grammar-budget): with `tokens`
     // left for the output, best() and top_allowed() take only tokens after which the grammar can

@@ -12,8 +12,9 @@ llama_opt_session_decode::llama_opt_session_decode(llama_opt_session_history & h
       room_(room),
       sampler_(history.ctx().model(), history.ctx().settings().config) {}
 
-void llama_opt_session_decode::set_grammar(const std::string & gbnf, uint32_t max_tokens) {
-    sampler_.set_grammar(gbnf, max_tokens);
+void llama_opt_session_decode::set_grammar(const std::string & gbnf, uint32_t max_tokens,
+                                           const std::vector<llama_opt_grammar_trigger> & triggers) {
+    sampler_.set_grammar(gbnf, max_tokens, triggers);
     output_budget_ = max_tokens;
 }
 
@@ -288,7 +289,7 @@ void llama_opt_session_decode::end_turn(bool open) {
     }
     generating_    = false;  // logits() after the turn computes the pending token alone
     output_budget_ = 0;      // the next generation passes its own (set_grammar)
-    if (sampler_.constrained()) {  // the generation it constrained is over
+    if (sampler_.has_grammar()) {  // the generation it constrained (or waited to) is over
         const llama_opt_sampler::grammar_report report = sampler_.end_generation();
         counters_.count(&llama_opt_stats::schema_check_us, report.check_us);
         counters_.count(&llama_opt_stats::schema_budget_picks, report.budget_picks);

@@ -20,8 +20,10 @@ public:
                              llama_opt_session_prefill & prefill, llama_opt_session_room & room);
 
     void set_sampling(const llama_opt_sampling & sampling);
-    // the grammar of the following steps; max_tokens: the output's budget (0: none)
-    void set_grammar(const std::string & gbnf, uint32_t max_tokens);
+    // the grammar of the following steps; max_tokens: the output's budget (0: none); with
+    // triggers, a lazy grammar (session/sampler)
+    void set_grammar(const std::string & gbnf, uint32_t max_tokens,
+                     const std::vector<llama_opt_grammar_trigger> & triggers);
     bool generating() const { return generating_; }
 
     // llama_opt_session::next_token

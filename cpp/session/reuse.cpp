@@ -116,7 +116,7 @@ void llama_opt_session_reuse::share_duplicate(size_t k, const llama_opt_kv_block
             ctx.memory().remove(seq, (llama_pos) start, (llama_pos) (start + B));
             ctx.memory().share(holder, seq, start, start + B);
             counters_.count(&llama_opt_stats::canon_entries_deduped, 1);
-            counters_.count(&llama_opt_stats::canon_bytes_saved, (uint64_t) B * ctx.model().kv_bytes_per_token());
+            counters_.count(&llama_opt_stats::canon_bytes_saved, (uint64_t) B * ctx.kv_bytes_per_token());
             return;
         }
     }

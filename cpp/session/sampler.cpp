@@ -37,11 +37,20 @@ void llama_opt_sampler::set_sampling(const llama_opt_sampling & s) {
     adjust_ = std::move(adjust);
 }
 
-void llama_opt_sampler::set_grammar(const std::string & gbnf, uint32_t max_tokens) {
-    grammar_ = gbnf.empty() ? nullptr : std::make_unique<llama_opt_grammar>(model_.grammar_vocab(), gbnf);
+void llama_opt_sampler::set_grammar(const std::string & gbnf, uint32_t max_tokens,
+                                    const std::vector<llama_opt_grammar_trigger> & triggers) {
+    if (gbnf.empty() && !triggers.empty()) {
+        throw llama_opt_error(llama_opt_errc::grammar, "grammar triggers without a grammar to start");
+    }
+    auto awaiting = triggers.empty() ? nullptr : std::make_unique<llama_opt_grammar_trigger_watch>(triggers);
+    grammar_   = gbnf.empty() ? nullptr : std::make_unique<llama_opt_grammar>(model_.grammar_vocab(), gbnf);
+    awaiting_  = std::move(awaiting);
+    budget_    = config_.schema_fit_max_tokens ? max_tokens : 0;
+    n_awaited_ = 0;
+    dead_end_  = false;
     inferred_queue_.clear();
-    if (grammar_ && config_.schema_fit_max_tokens && max_tokens > 0) {
-        grammar_->set_budget(max_tokens);
+    if (grammar_ && !awaiting_ && budget_ > 0) {
+        grammar_->set_budget(budget_);
     }
 }
 
@@ -51,13 +60,17 @@ llama_opt_sampler::grammar_report llama_opt_sampler::end_generation() {
         report = { grammar_->check_ns() / 1000, grammar_->budget_picks() };
     }
     grammar_.reset();
+    awaiting_.reset();
     inferred_queue_.clear();
     return report;
 }
 
 llama_token llama_opt_sampler::pick(const std::vector<float> & raw) {
     const float * logits = adjust_->apply(raw);
-    if (grammar_) {
+    if (constrained()) {
+        if (dead_end_) {
+            return -1;
+        }
         return greedy_ ? grammar_->best(logits, config_.schema_full_mask) : sample_allowed(logits);
     }
     if (greedy_) {
@@ -74,16 +87,41 @@ llama_token llama_opt_sampler::pick(const std::vector<float> & raw) {
 }
 
 void llama_opt_sampler::accept(llama_token token) {
-    if (grammar_) {
+    if (awaiting_) {
+        watch_trigger(token);
+    } else if (grammar_) {
         grammar_->accept(token);
     }
     adjust_->accept(token);
     llama_sampler_accept(chain_, token);
 }
 
+// As llama.cpp's lazy grammar sampler: the grammar takes the text from the trigger on (the
+// tokens that overlap it, the first one in part); its budget is what the output has left.
+void llama_opt_sampler::watch_trigger(llama_token token) {
+    ++n_awaited_;
+    std::vector<llama_opt_token_text> start;
+    if (!awaiting_->fires(token, model_.token_piece(token, true), start)) {
+        return;
+    }
+    awaiting_.reset();
+    for (const llama_opt_token_text & t : start) {
+        if (!grammar_->accept_text(t.token, t.text)) {
+            dead_end_ = true;  // a trigger the grammar does not start with (llama.cpp's sampler throws)
+            return;
+        }
+    }
+    if (budget_ > 0) {
+        grammar_->set_budget(budget_ > n_awaited_ ? budget_ - n_awaited_ : 1);
+    }
+}
+
 // Runs are queued: the tokens forced one after another (exact), or with jump-forward a forced
 // string's own tokens.
 llama_token llama_opt_sampler::next_inferred() {
+    if (dead_end_) {
+        return -2;
+    }
     if (inferred_queue_.empty()) {
         queue_jump_forward();
     }

@@ -4,11 +4,14 @@
 // grammar that constrains them. With schema_skip_enabled a token the grammar decides is taken
 // without logits (methods/grammar); with schema_jump_forward a forced string is taken as its
 // own tokens. Logit biases and repetition penalties adjust the logits first (session/logit-adjust).
+// A lazy grammar (with triggers) constrains nothing until a trigger fires (methods/grammar-trigger):
+// until then the picks are those of no grammar.
 
 #include "engine/model.h"
 #include "base/config.h"
 #include "base/types.h"
 #include "llama.h"
+#include "methods/grammar-trigger.h"
 #include "session/logit-adjust.h"
 
 #include <memory>
@@ -44,9 +47,13 @@ public:
     // A generation starts after `history` (the penalties look back over its end).
     void start_generation(const std::vector<llama_token> & history) { adjust_->start(history); }
     // Throws llama_opt_error(grammar) if `gbnf` does not parse; "": no grammar. max_tokens: the
-    // output's budget (0: none), which the grammar keeps to with schema_fit_max_tokens.
-    void set_grammar(const std::string & gbnf, uint32_t max_tokens = 0);
-    bool constrained() const { return grammar_ != nullptr; }
+    // output's budget (0: none), which the grammar keeps to with schema_fit_max_tokens. With
+    // `triggers` the grammar is lazy: it starts when one of them fires.
+    void set_grammar(const std::string & gbnf, uint32_t max_tokens = 0,
+                     const std::vector<llama_opt_grammar_trigger> & triggers = {});
+    // a grammar constrains the next pick (a lazy one only once triggered)
+    bool constrained() const { return grammar_ != nullptr && awaiting_ == nullptr; }
+    bool has_grammar() const { return grammar_ != nullptr; }
 
     // The next token the grammar decides, to be taken without logits: -1 when the model must
     // choose, -2 when the grammar allows nothing. Only with a grammar.
@@ -67,6 +74,7 @@ public:
 private:
     llama_token sample_allowed(const float * logits);  // seeded sampling under the grammar (adjusted logits)
     void        queue_jump_forward();                  // a forced string's own tokens, into inferred_queue_
+    void        watch_trigger(llama_token token);      // a lazy grammar's wait: starts it when `token` fires a trigger
 
     const llama_opt_model &            model_;
     const llama_opt_config &           config_;
@@ -75,6 +83,10 @@ private:
     int32_t                            top_k_  = 40;
     std::unique_ptr<llama_opt_logit_adjust> adjust_;
     std::unique_ptr<llama_opt_grammar> grammar_;
+    std::unique_ptr<llama_opt_grammar_trigger_watch> awaiting_;  // a lazy grammar not started yet
+    uint32_t                           budget_   = 0;  // set_grammar's max_tokens with schema_fit_max_tokens (0: none)
+    uint32_t                           n_awaited_ = 0;  // tokens taken before a lazy grammar started
+    bool                               dead_end_  = false;  // it started on text it does not take: it allows nothing
     std::vector<llama_token>           inferred_queue_;  // decided tokens still to take, last first
     std::vector<llama_token_data>      candidates_;      // sampling scratch, reused per step
 };

@@ -172,9 +172,10 @@ void llama_opt_session::set_sampling(const llama_opt_sampling & sampling) {
     decode_.set_sampling(sampling);
 }
 
-void llama_opt_session::set_grammar(const std::string & gbnf, uint32_t max_tokens) {
+void llama_opt_session::set_grammar(const std::string & gbnf, uint32_t max_tokens,
+                                    const std::vector<llama_opt_grammar_trigger> & triggers) {
     lock_t lock(ctx_->mutex());
-    decode_.set_grammar(gbnf, max_tokens);
+    decode_.set_grammar(gbnf, max_tokens, triggers);
 }
 
 llama_token llama_opt_session::next_token() {

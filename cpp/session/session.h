@@ -119,7 +119,11 @@ public:
     // grammar forces is taken without computing logits (methods/grammar). max_tokens: the
     // output's budget (0: none), which the grammar keeps to with schema_fit_max_tokens and memo
     // drafts stop at (rows past the output's last token would compute logits no one reads).
-    void set_grammar(const std::string & gbnf, uint32_t max_tokens = 0);
+    // With `triggers` the grammar is lazy, as llama.cpp applies a chat format's tool-call grammar:
+    // the output is free (the same tokens as without a grammar) until a trigger fires, then the
+    // grammar takes the text from the trigger on and constrains the rest (methods/grammar-trigger).
+    void set_grammar(const std::string & gbnf, uint32_t max_tokens = 0,
+                     const std::vector<llama_opt_grammar_trigger> & triggers = {});
 
     // Computes the KV of a pending (last sampled) token if any, then samples the next token
     // and adds it to the history as pending. Throws context_overflow when the history is full.

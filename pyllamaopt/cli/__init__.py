@@ -187,6 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "recently used idle one is closed)")
     p.add_argument("--session-ttl", type=float, default=None,
                    help="seconds an idle protocol session is kept (default: $LLAMA_OPT_SERVE_SESSION_TTL or 1800)")
+    p.add_argument("--chat-template-file", metavar="FILE",
+                   default=os.environ.get("LLAMA_OPT_SERVE_CHAT_TEMPLATE_FILE") or None,
+                   help="render chats with this jinja template instead of the model's (as llama-server's option; "
+                        "default: $LLAMA_OPT_SERVE_CHAT_TEMPLATE_FILE or the GGUF's own)")
+    p.add_argument("--kv-type", default=None, metavar="{f16,q8_0,q4_0}",
+                   help="how the KV cache stores K and V: f16 (default), or llama.cpp's quantized q8_0 (half the "
+                        "bytes: twice the sessions kept warm) or q4_0; reuse stays exact relative to the same type "
+                        "(default $LLAMA_OPT_KV_TYPE or f16; docs/exactness.md)")
     p.add_argument("--approximate-reuse", action="store_true",
                    help="Tier 2, off by default: after a change near a prompt's start, reuse the unchanged text "
                         "after it at its new position (approximate: answers say so; same as "
@@ -200,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how response_format answers may lay out JSON: indented (default: one line or a line break "
                         "and indentation, as models write it), spaced (one line, json.dumps's spacing), compact "
                         "(no whitespace) or free (any); default $LLAMA_OPT_SERVE_JSON_WHITESPACE or indented")
+    p.add_argument("--ray", action="store_true",
+                   help="serve with engine replicas on Ray Serve (pip install \"pyllamaopt[ray]\"): joins the cluster "
+                        "$RAY_ADDRESS names, else starts one here; docs/scale-out.md")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="--ray: engine replicas, each --threads CPUs (default 2)")
+    p.add_argument("--ray-router", choices=["affinity", "default"], default="affinity",
+                   help="--ray: place requests by prefix and session affinity (default), or with Ray Serve's "
+                        "default router (for comparison: sessions then work with one replica only)")
     p.set_defaults(func=commands.serve)
 
     p = sub.add_parser("info", help="build and model information")

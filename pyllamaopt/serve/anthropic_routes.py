@@ -12,13 +12,12 @@ from fastapi import APIRouter, Request
 
 from fastapi.responses import StreamingResponse
 
-from .chat_answer import answer_chat
+from .chat_answer import ChatRequest, answer_chat, render_chat
 from .chat_messages import ChoiceMode, Tool, ToolCall, ToolChoice, ToolResult, Turn, arguments_text, text_of
-from .chat_prompt import render_in_thread
 from .errors import BadRequest, ServiceError
 from .events import DoneEvent, Event, TokenEvent, Usage
 from .params import GenerateParams
-from .reply_parser import ArgumentsPiece, CallEnd, CallStart, Piece, TextPiece
+from .reply_parser import ArgumentsPiece, CallEnd, CallStart, Piece, ReasoningPiece, TextPiece
 from .schemas import AnthropicMessage, CountTokensRequest, MessagesRequest
 from .service import Service
 from .streaming import sse
@@ -27,7 +26,8 @@ router = APIRouter()
 
 _MODES: dict[str, ChoiceMode] = {"auto": "auto", "any": "required", "none": "none"}  # of tool_choice.type
 STOP_REASONS = {"eos": "end_turn", "grammar": "end_turn", "interrupted": "end_turn", "stop": "stop_sequence",
-                "length": "max_tokens", "context_full": "max_tokens", "repeated_call": "tool_use"}
+                "length": "max_tokens", "context_full": "max_tokens", "repeated_call": "tool_use",
+                "malformed_call": "end_turn"}
 
 
 def error_body(exc: ServiceError) -> dict[str, Any]:
@@ -47,6 +47,8 @@ def _turn(m: AnthropicMessage, where: str) -> Turn:
             if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, dict):
                 raise BadRequest(f"{at}: a tool_use block needs 'id' and 'name' (strings) and 'input' (an object)")
             turn.calls.append(ToolCall(call_id, name, arguments_text(arguments, f"{at}.input")))
+        elif kind in ("thinking", "redacted_thinking") and m.role == "assistant":
+            continue  # the model's reasoning: not rendered into the history (most templates drop it too)
         elif kind == "tool_result" and m.role == "user":
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str):
@@ -119,6 +121,9 @@ class _Blocks:
         if isinstance(piece, TextPiece):
             out = [] if self.open == "text" else self.start({"type": "text", "text": ""})
             return out + [self.delta({"type": "text_delta", "text": piece.text})]
+        if isinstance(piece, ReasoningPiece):  # (no signature: the thinking is not Anthropic's to sign)
+            out = [] if self.open == "thinking" else self.start({"type": "thinking", "thinking": "", "signature": ""})
+            return out + [self.delta({"type": "thinking_delta", "thinking": piece.text})]
         if isinstance(piece, CallStart):
             return self.start({"type": "tool_use", "id": piece.id, "name": piece.name, "input": {}})
         if isinstance(piece, ArgumentsPiece):
@@ -175,33 +180,39 @@ class _Message:
             return out
         return out + self.blocks.end() + [
             {"type": "message_delta", "delta": {"stop_reason": _stop_reason(event), "stop_sequence": event.stop_string},
-             "usage": _usage(event.usage), "pyllamaopt": event.usage.as_dict()},
+             "usage": _usage(event.usage), "pyllamaopt": event.extension()},
             {"type": "message_stop"}]
 
     def whole(self, dones: Sequence[DoneEvent]) -> dict[str, Any]:
         (done,) = dones  # (Anthropic's API has one choice)
         reply = done.reply
         assert reply is not None
-        content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text or not reply.calls else []
+        content: list[dict[str, Any]] = ([{"type": "thinking", "thinking": reply.reasoning, "signature": ""}]
+                                         if reply.reasoning else [])
+        content += [{"type": "text", "text": reply.text}] if reply.text or not reply.calls else []
         content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c)} for c in reply.calls]
         return {**self.message, "content": content, "stop_reason": _stop_reason(done), "stop_sequence": done.stop_string,
-                "usage": _usage(done.usage), "pyllamaopt": done.usage.as_dict()}
+                "usage": _usage(done.usage), "pyllamaopt": done.extension()}
+
+
+def chat_request(body: CountTokensRequest, n_ctx: int) -> ChatRequest:
+    """What the body asks, as rendering takes it (also the Ray gateway's, for routing by prefix)."""
+    params = body.params(n_ctx) if isinstance(body, MessagesRequest) else GenerateParams()
+    tools, choice = _tools(body)
+    return ChatRequest(_turns(body), tools, choice, params, continue_last=True)
 
 
 @router.post("/v1/messages")
 async def messages(body: MessagesRequest, request: Request) -> Any:
     service: Service = request.app.state.service
-    params = body.params(service.context.n_ctx)
-    tools, choice = _tools(body)
-    return await answer_chat(request, _Message(request.app.state.model_name), _turns(body), tools, choice, params,
-                             stream=bool(body.stream), continue_last=True)
+    return await answer_chat(request, _Message(request.app.state.model_name),
+                             chat_request(body, service.context.n_ctx), stream=bool(body.stream))
 
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, Any]:
     """The prompt's tokens as /v1/messages renders them (tools and the generic format included)."""
     service: Service = request.app.state.service
-    tools, choice = _tools(body)
-    _, tokens, _ = await render_in_thread(request.app.state.chat_template, service.model, _turns(body), tools, choice,
-                                          GenerateParams(), continue_last=True)
+    _, tokens, _ = await render_chat(request.app.state.chat_template, service.model,
+                                     chat_request(body, service.context.n_ctx))
     return {"input_tokens": len(tokens)}

@@ -57,10 +57,13 @@ class ServeSettings:
     max_sessions: int = 16           # protocol sessions open at once; the least recently used idle one goes first
     session_ttl: float = 30 * 60.0   # seconds an idle protocol session is kept
     max_body_bytes: int = 16 << 20
+    kv_type: str | None = None       # OptConfig's kv_type (None: $LLAMA_OPT_KV_TYPE or f16)
     approximate_reuse: bool = False  # Tier 2: diff_reuse_shifted (service.py says how requests use it)
     sparse_tool_results: bool = False  # Tier 2: sparse_attn_enabled, the chat routes mark tool results
     json_whitespace: str = DEFAULT_JSON_WHITESPACE  # how response_format answers lay out JSON (grammar.WHITESPACE)
+    chat_template_file: str | None = None  # the chat routes' template instead of the GGUF's (--chat-template-file)
     verbose: bool = False
+    session_id_prefix: str = ""      # leads every protocol session id (a Ray replica's own: pyllamaopt/ray)
 
     def check(self) -> None:
         """Refuses settings a server must not run with; the messages say what to change."""
@@ -109,6 +112,8 @@ _REQUEST_SEQUENCES = 16
 def create_app(settings: ServeSettings, config: OptConfig | None = None) -> FastAPI:
     model = Model(settings.model, verbose=settings.verbose)
     config = config if config is not None else OptConfig()
+    if settings.kv_type is not None:
+        config.set("kv_type", settings.kv_type)
     if settings.approximate_reuse:
         config.set("diff_reuse_shifted", True)
     if settings.sparse_tool_results:
@@ -119,7 +124,8 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
     scheduler = Scheduler(prefetch=Session.prefetch_steps)  # decode steps of concurrent generations batched
     metrics = Metrics()
     service = Service(context, scheduler, metrics, max_sessions=settings.max_sessions,
-                      session_ttl=settings.session_ttl, json_whitespace=settings.json_whitespace)
+                      session_ttl=settings.session_ttl, json_whitespace=settings.json_whitespace,
+                      session_id_prefix=settings.session_id_prefix)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -145,9 +151,11 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
     app.state.service = service
     app.state.model_name = Path(model.path).stem
     try:
-        app.state.chat_template = ChatTemplate.for_model(model)
-    except ChatTemplateError as exc:  # chat routes will say so; the rest works
-        app.state.chat_template = NoChatTemplate(str(exc))
+        app.state.chat_template = ChatTemplate.for_model(model, file=settings.chat_template_file)
+    except ChatTemplateError as exc:
+        if settings.chat_template_file:  # asked for: a file that cannot be used stops the server, saying why
+            raise SystemExit(f"pyllamaopt serve: --chat-template-file: {exc}") from None
+        app.state.chat_template = NoChatTemplate(str(exc))  # chat routes will say so; the rest works
 
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)
@@ -164,10 +172,7 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
         return Response(metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     def error_response(request: Request, exc: ServiceError) -> JSONResponse:
-        path = request.url.path
-        shape = (anthropic_routes.error_body if path.startswith("/v1/messages") else
-                 session_routes.error_body if path.startswith(("/v1/sessions", "/v1/tokenize")) else openai_routes.error_body)
-        return JSONResponse(shape(exc), status_code=exc.status)
+        return JSONResponse(error_body(request.url.path, exc), status_code=exc.status)
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
@@ -219,6 +224,13 @@ def create_app(settings: ServeSettings, config: OptConfig | None = None) -> Fast
     return app
 
 
+def error_body(path: str, exc: ServiceError) -> dict[str, Any]:
+    """The error in the shape of the protocol of the route at `path`."""
+    shape = (anthropic_routes.error_body if path.startswith("/v1/messages") else
+             session_routes.error_body if path.startswith(("/v1/sessions", "/v1/tokenize")) else openai_routes.error_body)
+    return shape(exc)
+
+
 class _Refused(ServiceError):
     """A request the guard refuses before any route, in the error shape of the route it was for."""
 
@@ -238,10 +250,13 @@ def _authorized(request: Request, key: str) -> bool:
 class NoChatTemplate:
     """Stands in for a model without a chat template: chat routes answer 400 with the reason."""
 
-    takes_tools = False
+    takes_tools = native_tools = False
 
     def __init__(self, why: str) -> None:
         self.why = why
+
+    def apply(self, *args: Any, **kwargs: Any) -> Any:
+        raise ChatTemplateError(self.why)
 
     def render(self, *args: Any, **kwargs: Any) -> str:
         raise ChatTemplateError(self.why)

@@ -34,6 +34,7 @@ class ToolCall:
     id: str
     name: str
     arguments: str  # JSON text of an object; in a reply, exactly as the model wrote it
+    sent: str | None = None  # in a request: the arguments' text as the client sent it (the native format's history)
 
 
 @dataclass(frozen=True)

@@ -18,23 +18,28 @@ llama.cpp's `llama-server` does for such templates; docs/serve.md):
   so that the next request's prompt starts with the previous prompt and reply, and the
   previous prompt's KV is reused.
 
-A template that renders ``tools=`` itself gets the definitions that way; the reply and the
-history keep the generic format (we parse no model-specific call syntax).
+A template that renders tools and calls itself (``ChatTemplate.native_tools``, llama.cpp's
+capabilities of it) gets them in the model's own format instead (native_prompt.py): the history as
+llama-server renders it, the reply read by llama.cpp's parser for the format (native_reply.py). A
+template that renders tool definitions but no calls gets the definitions that way (``tools=``), the
+reply and the history in the generic format.
 """
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..chat import ChatTemplate, Message, token_spans
+from ..chat import ChatTemplate, Message, chat_request, token_spans
 from ..chat import prompt_tokens as chat_prompt_tokens
 from ..errors import ChatTemplateError, InvalidArgumentError
 from ..model import Model
 from ..stop_strings import stop_list
 from .chat_messages import Tool, ToolChoice, Turn, compact
 from .errors import BadRequest
+from .native_prompt import native_messages, native_render_args
+from .native_prompt import reply_grammar as native_reply_grammar
 from .params import GenerateParams, ReplyFormat
 from .reply_grammar import reply_grammar
 
@@ -54,24 +59,33 @@ class ChatPrompt:
     template: ChatTemplate | None = None
     messages: list[Message] = field(default_factory=list)
     render_args: dict[str, Any] = field(default_factory=dict)
-    reply_grammar: str | None = None  # generic: the grammar of the reply (reply_grammar.py)
+    # with tools: the grammar of the reply (generic: reply_grammar.py; native: llama.cpp's, where it
+    # constrains the reply from its start)
+    reply_grammar: str | None = None
+    reply_triggers: tuple[tuple[str, str | int], ...] = ()  # native: a lazy grammar's triggers (tool_choice "auto")
+    native: Any = None  # the native format's reply parser (_core.ChatReplyParser)
+    tool_format: str = "none"  # "generic", the native format's name (ChatTemplate.tool_format), "none" (no tools)
+    stops: tuple[str, ...] = ()  # native: the format's own ends of a reply (llama.cpp's additional_stops)
 
     def generate_params(self, params: GenerateParams, call_id_prefix: str) -> GenerateParams:
         """The request's `params` as this prompt's reply needs them, a new value: with tools, the
         reply's grammar; the reply parsed as it streams (the service's events carry the parse), its
         calls' ids starting with `call_id_prefix`."""
-        grammar = self.reply_grammar if self.generic else params.grammar
-        return replace(params, grammar=grammar, reply=ReplyFormat(self.generic, call_id_prefix))
+        grammar = self.reply_grammar if self.tool_format != "none" else params.grammar
+        return replace(params, grammar=grammar, grammar_triggers=self.reply_triggers, stop=[*params.stop, *self.stops],
+                       reply=ReplyFormat(self.generic, call_id_prefix, self.native, self.tool_format))
 
 
 def render_prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool], choice: ToolChoice,
-                  params: GenerateParams, *, mark_tool_results: bool = False,
-                  continue_last: bool = False) -> ChatPrompt:
+                  params: GenerateParams, *, mark_tool_results: bool = False, continue_last: bool = False,
+                  template_kwargs: Mapping[str, Any] | None = None) -> ChatPrompt:
     """The rendered prompt (`params` is read, to refuse what cannot be combined with tools); with
     tools, its reply's grammar; with `mark_tool_results`, where the tool results' contents are in
     it (for sparse attention over tool results); with `continue_last`, a last assistant turn is
-    continued (Anthropic's prefill: its text ends the prompt, no new turn opened). Every error is
-    a BadRequest."""
+    continued (Anthropic's prefill: its text ends the prompt, no new turn opened);
+    `template_kwargs`: the template's own arguments (llama-server's chat_template_kwargs). Every
+    error is a BadRequest."""
+    kwargs = {"chat_template_kwargs": dict(template_kwargs)} if template_kwargs else {}
     _check_tools(tools)
     prefill = _text_to_continue(turns) if continue_last else None
     if prefill is not None and tools:
@@ -90,29 +104,34 @@ def render_prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence
             raise BadRequest(str(exc)) from None
     else:
         _check_choice_without_tools(choice)
-    native = generic and template.takes_tools
+    if generic and template.native_tools:
+        return _render_native(template, turns, tools, choice, mark_tool_results, kwargs)
+    definitions = generic and template.takes_tools  # (rendered by the template, the calls in the generic format)
     messages, results = _messages(turns, generic)
     if generic:
-        system = INSTRUCTION if native else system_text(tools)
+        system = INSTRUCTION if definitions else system_text(tools)
         if messages and messages[0]["role"] == "system":
             messages[0] = {"role": "system", "content": messages[0]["content"] + "\n\n" + system}
         else:
             messages.insert(0, {"role": "system", "content": system})
             results.insert(0, [])
-    extra: dict[str, Any] = {"tools": [{"type": "function", "function": _definition(t)} for t in tools]} if native else {}
+    extra: dict[str, Any] = {"tools": [{"type": "function", "function": _definition(t)} for t in tools]} if definitions else {}
     if prefill == "":  # nothing to continue: the reply is a new turn
         messages, results = messages[:-1], results[:-1]
     elif prefill:  # rendered with a mark after it, to find where it ends (not inside the end of its turn)
         messages[-1] = {**messages[-1], "content": prefill + _PREFILL_END}
     marked: list[tuple[int, int]] = []
-    render_args = {"add_generation_prompt": not prefill, **extra}
+    render_args = {"add_generation_prompt": not prefill, **extra, **kwargs}
     try:
+        rendered = template.apply(chat_request(messages, **render_args))
         if mark_tool_results:
-            text, marked = template.render_marked(messages, dict(enumerate(results)), **render_args)
-        else:
-            text = template.render(messages, **render_args)
+            marked = template.render_marked(messages, dict(enumerate(results)), **render_args)[1]
     except ChatTemplateError as exc:
         raise BadRequest(str(exc)) from None
+    text = rendered.prompt
+    # a reply that may think (<think>...</think> and the formats' equivalents) is read by llama.cpp's parser,
+    # its reasoning apart, as llama-server reads it; a generic reply's JSON, a continued one and text by ours
+    native = rendered.parser if rendered.supports_thinking and not generic and not prefill else None
     if prefill:
         end = text.find(_PREFILL_END)
         if end < 0 or not text[:end].endswith(prefill):
@@ -120,7 +139,29 @@ def render_prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence
                              "continue it; send the request without it")
         text = text[:end]  # what the template puts after the turn (its end) is left out
         marked = [(a, b) for a, b in marked if b <= len(text)]
-    return ChatPrompt(text, generic, marked, template, messages, render_args, grammar)
+    return ChatPrompt(text, generic, marked, template, messages, render_args, grammar, native=native,
+                      tool_format="generic" if generic else "none")
+
+
+def _render_native(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool], choice: ToolChoice,
+                   mark_tool_results: bool, kwargs: dict[str, Any]) -> ChatPrompt:
+    """The prompt in the model's own tool-calling format (native_prompt.py). Its grammar is
+    llama.cpp's, applied as llama.cpp applies it: from the reply's first token (a call required), or
+    lazily, from the format's opening tag on (tool_choice "auto": the reply is free until it begins
+    a call)."""
+    _call_names(turns)
+    messages, results = native_messages(turns)
+    render_args = {**native_render_args(tools, choice, add_generation_prompt=True), **kwargs}
+    try:
+        rendered = template.apply(chat_request(messages, **render_args))
+        marked = (template.render_marked(messages, results, **render_args)[1]
+                  if mark_tool_results and results else [])
+    except ChatTemplateError as exc:
+        raise BadRequest(str(exc)) from None
+    grammar, triggers = native_reply_grammar(rendered.grammar, rendered.grammar_lazy, rendered.grammar_triggers,
+                                             rendered.generation_prompt)
+    return ChatPrompt(rendered.prompt, False, marked, template, messages, render_args, grammar, triggers,
+                      native=rendered.parser, tool_format=template.tool_format, stops=tuple(rendered.additional_stops))
 
 
 _PREFILL_END = "\u2063pyllamaopt-prefill-end\u2063"  # (U+2063: text no message has, kept by any template)
@@ -141,12 +182,13 @@ def _text_to_continue(turns: Sequence[Turn]) -> str | None:
 
 async def render_in_thread(template: ChatTemplate, model: Model, turns: Sequence[Turn], tools: Sequence[Tool],
                            choice: ToolChoice, params: GenerateParams, *, mark_tool_results: bool = False,
-                           continue_last: bool = False) -> tuple[ChatPrompt, list[int], list[tuple[int, int]]]:
+                           continue_last: bool = False, template_kwargs: Mapping[str, Any] | None = None,
+                           ) -> tuple[ChatPrompt, list[int], list[tuple[int, int]]]:
     """`render_prompt` and `prompt_tokens`, off the event loop: a long history takes tens of
     milliseconds to render and tokenize, during which other connections' streams would stall."""
     def work() -> tuple[ChatPrompt, list[int], list[tuple[int, int]]]:
         rendered = render_prompt(template, turns, tools, choice, params, mark_tool_results=mark_tool_results,
-                                 continue_last=continue_last)
+                                 continue_last=continue_last, template_kwargs=template_kwargs)
         return (rendered, *prompt_tokens(model, rendered))
 
     return await asyncio.to_thread(work)
@@ -196,12 +238,9 @@ def _check_choice_without_tools(choice: ToolChoice) -> None:
         raise BadRequest("tool_choice requires a tool call, but the request has no tools")
 
 
-def _messages(turns: Sequence[Turn], generic: bool) -> tuple[list[Message], list[list[tuple[int, int]]]]:
-    """The turns as the template's messages: calls, results and (with tools) text answers in the
-    generic format; results merged with the user message that follows them. And for each
-    message, the [start, end) characters of its tool results' contents in its content."""
-    names: dict[str, str] = {}  # call id -> function name, of every call so far
-    merged: list[Turn] = []
+def _call_names(turns: Sequence[Turn]) -> dict[str, str]:
+    """Call id -> function name, of every call; a result for a call not made before it is a 400."""
+    names: dict[str, str] = {}
     for i, turn in enumerate(turns):
         for c in turn.calls:
             names[c.id] = c.name
@@ -209,6 +248,16 @@ def _messages(turns: Sequence[Turn], generic: bool) -> tuple[list[Message], list
             if r.call_id not in names:
                 raise BadRequest(f"messages[{i}]: a tool result for call {r.call_id!r}, but no earlier assistant "
                                  "message made that call")
+    return names
+
+
+def _messages(turns: Sequence[Turn], generic: bool) -> tuple[list[Message], list[list[tuple[int, int]]]]:
+    """The turns as the template's messages: calls, results and (with tools) text answers in the
+    generic format; results merged with the user message that follows them. And for each
+    message, the [start, end) characters of its tool results' contents in its content."""
+    names = _call_names(turns)
+    merged: list[Turn] = []
+    for turn in turns:
         last = merged[-1] if merged else None
         if last is not None and last.role == "user" == turn.role and last.results and not last.text:
             last.results = last.results + turn.results

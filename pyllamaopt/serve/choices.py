@@ -82,7 +82,7 @@ class ChoiceTally:
         return Usage(**summed, approximate=any(u.approximate for u in usages))
 
     def extension(self) -> dict[str, Any]:
-        """The answer's ``pyllamaopt`` field: the usage's counters; with one choice, its schema fields
-        too (each of several choices carries its own)."""
-        schema = self.dones[0].schema_fields() if self.n == 1 else {}
-        return {**self.usage.as_dict(), **schema}
+        """The answer's ``pyllamaopt`` field: the usage's counters; with one choice, its schema and
+        reply fields too (each of several choices carries its own)."""
+        fields = self.dones[0].answer_fields() if self.n == 1 else {}
+        return {**self.usage.as_dict(), **fields}

@@ -67,10 +67,26 @@ class DoneEvent:
         ``schema_error`` says why not); else nothing."""
         return {} if self.schema is None else {"schema_valid": self.schema.valid, "schema_error": self.schema.error}
 
+    def reply_fields(self) -> dict[str, Any]:
+        """A chat reply's format (``tool_format``: "generic", the native format's name: "hermes", "mistral", ..., or
+        "none"), and why a call it began could not be read (``malformed_call``), if so."""
+        if self.reply is None:
+            return {}
+        malformed = {"malformed_call": self.reply.malformed} if self.reply.malformed else {}
+        return {"tool_format": self.reply.tool_format, **malformed}
+
     def session_fields(self) -> dict[str, Any]:
         """The end of a session's generation over HTTP: as the gRPC ``Done`` message, with the schema fields."""
         return {"finish_reason": self.finish_reason, "usage": self.usage.as_dict(), "stop_string": self.stop_string,
                 **self.schema_fields()}
+
+    def answer_fields(self) -> dict[str, Any]:
+        """What a choice's end says beside its text: the schema fields and the reply's format."""
+        return {**self.schema_fields(), **self.reply_fields()}
+
+    def extension(self) -> dict[str, Any]:
+        """What a one-choice answer's ``pyllamaopt`` field says: the usage and the answer's fields."""
+        return {**self.usage.as_dict(), **self.answer_fields()}
 
 
 Event = TokenEvent | DoneEvent

@@ -13,6 +13,7 @@ from ..tokens import TokenLogprob
 from .errors import typed_errors
 from .events import DoneEvent, TokenEvent, Usage
 from .metrics import Metrics
+from .native_reply import NativeReplyParser
 from .params import GenerateParams
 from .pinning import pinned
 from .reply_parser import ReplyParser
@@ -34,8 +35,7 @@ class GenerationRunner:
         history = session.n_tokens
         self.metrics.session_history_tokens.observe(history)
         generation = None
-        reply = (None if params.reply is None else
-                 ReplyParser(params.reply.generic, params.reply.call_id_prefix, params.stop))
+        reply = _reply_parser(params)
         with pinned(session):
             try:
                 yield PENDING
@@ -71,14 +71,27 @@ class GenerationRunner:
                 check = None if schema is None else SchemaCheck(generation.schema_valid, generation.schema_error)
                 stop_string = reply.stop_string if ended_by and reply is not None else generation.stop_string
                 held = () if reply is None else tuple(reply.finish())
-                yield DoneEvent(ended_by or generation.finish_reason or "stop", usage, stop_string, check,
-                                None if reply is None else reply.result(), held, logprobs=tuple(logprobs))
+                parsed = None if reply is None else reply.result()
+                finish = ended_by or generation.finish_reason or "stop"
+                if parsed is not None and parsed.malformed and finish in ("eos", "stop"):
+                    finish = "malformed_call"  # the model ended a reply whose call does not parse
+                yield DoneEvent(finish, usage, stop_string, check, parsed, held, logprobs=tuple(logprobs))
             finally:
                 if generation is not None:
                     # a request cancelled mid-stream: the turn ends now (the session becomes evictable
                     # again), not when the garbage collector finds the generation (it is a cycle)
                     generation.close()
                 finished()
+
+
+def _reply_parser(params: GenerateParams) -> ReplyParser | NativeReplyParser | None:
+    """The parser of a chat reply: llama.cpp's for a native format, else ours (generic or text)."""
+    reply = params.reply
+    if reply is None:
+        return None
+    if reply.native is not None:
+        return NativeReplyParser(reply.native, reply.call_id_prefix, reply.tool_format)
+    return ReplyParser(reply.generic, reply.call_id_prefix, params.stop, reply.tool_format)
 
 
 def _usage(session: Session, before: Stats, prompt_tokens: int, completion_tokens: int) -> Usage:

@@ -1,6 +1,7 @@
 """OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions."""
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator, Sequence
@@ -12,13 +13,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from ..tokens import TokenLogprob
-from .chat_answer import answer_chat
+from .chat_answer import ChatRequest, answer_chat
+from .chat_prompt import render_prompt
 from .chat_messages import NO_PARAMETERS, Tool, ToolCall, ToolChoice, ToolResult, Turn, arguments_text, text_of
 from .choices import ChoiceTally
 from .errors import BadRequest, ServiceError
 from .events import DoneEvent, Event, TokenEvent, Usage
 from .logprob_shapes import CompletionLogprobs, TokenBytes, chat_content
-from .reply_parser import ArgumentsPiece, CallStart, Piece, TextPiece
+from .reply_parser import ArgumentsPiece, CallStart, Piece, ReasoningPiece, TextPiece
 from .schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, NamedToolChoice
 from .service import Service
 from .streaming import collect_choices, sse, started
@@ -26,7 +28,7 @@ from .streaming import collect_choices, sse, started
 router = APIRouter()
 
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "grammar": "stop", "length": "length", "context_full": "length",
-                  "interrupted": "stop", "repeated_call": "tool_calls"}
+                  "interrupted": "stop", "repeated_call": "tool_calls", "malformed_call": "stop"}
 
 
 def error_body(exc: ServiceError) -> dict[str, Any]:
@@ -42,8 +44,9 @@ def _usage(usage: Usage) -> dict[str, Any]:
 def _ending(head: dict[str, Any], choice: dict[str, Any], done: DoneEvent, tally: ChoiceTally,
             include_usage: bool) -> list[dict[str, Any]]:
     """A choice's last chunk in a stream: its finish reason (with a JSON Schema, whether its output is
-    valid); after the last choice's, (if the client asked) the usage of all."""
-    out = [{**head, "choices": [choice], **({"pyllamaopt": done.schema_fields()} if done.schema else {})}]
+    valid; a chat reply's format); after the last choice's, (if the client asked) the usage of all."""
+    fields = done.answer_fields()
+    out = [{**head, "choices": [choice], **({"pyllamaopt": fields} if fields else {})}]
     if tally.add(done) and include_usage:
         out.append({**head, "choices": [], "usage": _usage(tally.usage), "pyllamaopt": tally.extension()})
     return out
@@ -120,7 +123,8 @@ def _turns(messages: list[ChatMessage]) -> list[Turn]:
         if m.tool_calls and m.role != "assistant":
             raise BadRequest(f"{where}: only assistant messages carry tool_calls")
         calls = [ToolCall(c.id, c.function.name, arguments_text(c.function.arguments,
-                                                                f"{where}.tool_calls[{j}].function.arguments"))
+                                                                f"{where}.tool_calls[{j}].function.arguments"),
+                          c.function.arguments if isinstance(c.function.arguments, str) else None)
                  for j, c in enumerate(m.tool_calls or [])]
         # OpenAI's 'developer' messages are its newer name for system messages
         turns.append(Turn("system" if m.role == "developer" else m.role, text_of(m.content, where), calls))
@@ -141,6 +145,8 @@ def _tools(body: ChatCompletionRequest) -> tuple[list[Tool], ToolChoice]:
 def _delta(piece: Piece) -> dict[str, Any] | None:
     if isinstance(piece, TextPiece):
         return {"content": piece.text}
+    if isinstance(piece, ReasoningPiece):  # (as llama-server and vLLM stream it)
+        return {"reasoning_content": piece.text}
     if isinstance(piece, CallStart):
         return {"tool_calls": [{"index": piece.index, "id": piece.id, "type": "function",
                                 "function": {"name": piece.name, "arguments": ""}}]}
@@ -213,21 +219,44 @@ class _ChatCompletion:
             message = {"role": "assistant", "content": None, "tool_calls": [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 for c in reply.calls]}
-        # several choices: each says whether its output is valid (one: the answer's pyllamaopt says it)
-        schema = {"pyllamaopt": done.schema_fields()} if done.schema and self.tally.n > 1 else {}
+        if reply.reasoning:
+            message["reasoning_content"] = reply.reasoning
+        # several choices: each says its own fields (one: the answer's pyllamaopt says them)
+        fields = {"pyllamaopt": done.answer_fields()} if self.tally.n > 1 else {}
         return {"index": done.index, "message": message, "finish_reason": _finish_reason(done),
-                "logprobs": self._logprobs(done.logprobs), **schema}
+                "logprobs": self._logprobs(done.logprobs), **fields}
+
+
+def chat_request(body: ChatCompletionRequest, n_ctx: int) -> ChatRequest:
+    """What the body asks, as rendering takes it (also the Ray gateway's, for routing by prefix)."""
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    # (its 400s come first, as they always did)
+    params = replace(body.params(max_tokens, n_ctx, body.response_format), logprobs=body.alternatives())
+    tools, choice = _tools(body)
+    return ChatRequest(_turns(body.messages), tools, choice, params, n=body.n,
+                       template_kwargs=body.chat_template_kwargs)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     service = _service(request)
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    params = replace(body.params(max_tokens, service.context.n_ctx, body.response_format),
-                     logprobs=body.alternatives())
-    tools, choice = _tools(body)
+    chat = chat_request(body, service.context.n_ctx)
     surface = _ChatCompletion(request.app.state.model_name,
                               bool(body.stream_options and body.stream_options.include_usage), body.n,
-                              None if params.logprobs is None else service.model.token_bytes)
-    return await answer_chat(request, surface, _turns(body.messages), tools, choice, params, stream=bool(body.stream),
-                             n=body.n)
+                              None if chat.params.logprobs is None else service.model.token_bytes)
+    return await answer_chat(request, surface, chat, stream=bool(body.stream))
+
+
+@router.post("/apply-template")
+async def apply_template(body: ChatCompletionRequest, request: Request) -> dict[str, Any]:
+    """llama-server's route: the prompt a chat completion of this body would compute, rendered and
+    nothing generated (to compare a rendering with llama-server's). As llama-server shows it: for a
+    model whose tokenizer adds BOS, without the template's BOS text (the same tokens either way)."""
+    service = _service(request)
+    model = service.model
+    tools, choice = _tools(body)
+    params = body.params(body.max_tokens, service.context.n_ctx, body.response_format)
+    prompt = await asyncio.to_thread(render_prompt, request.app.state.chat_template, _turns(body.messages), tools,
+                                     choice, params, template_kwargs=body.chat_template_kwargs)
+    bos = model.detokenize([model.bos_token], special=True) if model.add_bos and model.bos_token >= 0 else ""
+    return {"prompt": prompt.text[len(bos):] if bos and prompt.text.startswith(bos) else prompt.text}

@@ -10,8 +10,10 @@ from typing import Any
 class ReplyFormat:
     """A chat reply, parsed once as it streams (ReplyParser, on the scheduler thread)."""
 
-    generic: bool  # the tool-calling format's JSON (chat_prompt.py), else plain text
+    generic: bool  # the tool-calling format's JSON (chat_prompt.py), else plain text or native
     call_id_prefix: str  # of the ids given to its calls ("call_", "toolu_")
+    native: Any = None  # the model's own format, read by llama.cpp's parser (_core.ChatReplyParser)
+    tool_format: str = "none"  # what the answer's pyllamaopt field names: "generic", a native format's name, "none"
 
 
 @dataclass
@@ -32,6 +34,8 @@ class GenerateParams:
     # call's text, or escapes)
     stop: list[str] = field(default_factory=list)
     grammar: str | None = None
+    # make `grammar` lazy (Session.generate's grammar_triggers): a native format's calls, tool_choice "auto"
+    grammar_triggers: tuple[tuple[str, str | int], ...] = ()
     json_schema: dict[str, Any] | bool | None = None
     # OpenAI's meaning: True, every constraint enforced by the grammar or a 400 naming the keyword;
     # False, what a grammar can enforce is, and the answer says whether the output is valid
@@ -50,4 +54,4 @@ class GenerateParams:
                 "seed": self.seed, "logit_bias": self.logit_bias, "frequency_penalty": self.frequency_penalty,
                 "presence_penalty": self.presence_penalty, "repeat_penalty": self.repeat_penalty,
                 "repeat_last_n": self.repeat_last_n, "stop": [] if self.generic_reply else self.stop,
-                "grammar": self.grammar, "logprobs": self.logprobs}
+                "grammar": self.grammar, "grammar_triggers": self.grammar_triggers, "logprobs": self.logprobs}

@@ -18,6 +18,11 @@ class TextPiece:
 
 
 @dataclass(frozen=True)
+class ReasoningPiece:
+    text: str  # the model's thinking (native formats: <think>...</think> and the like)
+
+
+@dataclass(frozen=True)
 class CallStart:
     index: int
     id: str
@@ -35,7 +40,7 @@ class CallEnd:
     index: int
 
 
-Piece = TextPiece | CallStart | ArgumentsPiece | CallEnd
+Piece = TextPiece | ReasoningPiece | CallStart | ArgumentsPiece | CallEnd
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,9 @@ class Reply:
     text: str
     calls: tuple[ToolCall, ...]
     complete: bool
+    reasoning: str = ""
+    tool_format: str = "none"  # ReplyFormat.tool_format
+    malformed: str | None = None  # native: why a call the reply began could not be read (it is then text)
 
     @property
     def called_tools(self) -> bool:
@@ -69,8 +77,9 @@ class ReplyParser:
     there (``stop_string``; the text before it kept), and an end of the text that may still become
     one is held back until it does not."""
 
-    def __init__(self, generic: bool, id_prefix: str, stop: Sequence[str] = ()) -> None:
+    def __init__(self, generic: bool, id_prefix: str, stop: Sequence[str] = (), tool_format: str = "none") -> None:
         self._id_prefix = id_prefix
+        self._tool_format = tool_format
         self._buf = ""
         self._pos = 0
         self._state = "start" if generic else "raw"
@@ -97,7 +106,7 @@ class ReplyParser:
         return "repeated_call" if self.repeated else "stop" if self.stop_string else None
 
     def result(self) -> Reply:
-        return Reply(self.text, tuple(self.calls), self.complete)
+        return Reply(self.text, tuple(self.calls), self.complete, tool_format=self._tool_format)
 
     def feed(self, text: str) -> list[Piece]:
         self._buf += text

@@ -176,6 +176,8 @@ class ChatCompletionRequest(Sampling, _Choices, ChatLogprobs, _OpenAIUntracked):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     modalities: list[Literal["text"]] | None = None  # text is what this server answers
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="llama-server's: the chat template's own arguments (enable_thinking, ...)")
 
 
 class CompletionRequest(Sampling, _Choices, _OpenAIUntracked):

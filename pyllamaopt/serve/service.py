@@ -52,13 +52,14 @@ from .session_registry import ProtocolSession, SessionRegistry
 
 class Service:
     def __init__(self, context: Context, scheduler: Scheduler, metrics: Metrics, *,
-                 max_sessions: int, session_ttl: float, json_whitespace: str = DEFAULT_JSON_WHITESPACE) -> None:
+                 max_sessions: int, session_ttl: float, json_whitespace: str = DEFAULT_JSON_WHITESPACE,
+                 session_id_prefix: str = "") -> None:
         self.context = context
         self.model = context.model
         self.scheduler = scheduler
         self.metrics = metrics
         self._sessions = SessionRegistry(metrics, max_sessions=max_sessions, session_ttl=session_ttl,
-                                         changed=self._update_gauges)
+                                         changed=self._update_gauges, id_prefix=session_id_prefix)
         self._idle = IdleRequestPool(context)
         self._prefills = PrefillCoordinator(context, scheduler, metrics)
         self._generations = GenerationRunner(metrics, json_whitespace)
@@ -250,7 +251,7 @@ class Service:
         return result
 
     def _info(self, session_id: str, entry: ProtocolSession) -> dict[str, Any]:
-        return SessionRegistry.info(session_id, entry, self.model.kv_bytes_per_token)
+        return SessionRegistry.info(session_id, entry, self.context.kv_bytes_per_token)
 
     def _verify(self, session: Session, entry: ProtocolSession | None = None, *, grew_from: int | None = None) -> None:
         """The anomaly invariants (003 §2.8) after an operation: INV-1, the session's KV is what its
@@ -312,7 +313,7 @@ class Service:
         """On the scheduler thread, after each change: the gauges, and what /health says."""
         cells = self.context.kv_cells_used
         self.metrics.session_active.set(len(self._sessions))
-        self.metrics.session_kv_live_bytes.set(cells * self.model.kv_bytes_per_token)
+        self.metrics.session_kv_live_bytes.set(cells * self.context.kv_bytes_per_token)
         self.metrics.queue_depth.set(self.scheduler.queue_depth())
         self.metrics.follow_persist(self.context.stats)
         self._health = {"status": "ok", "sessions": len(self._sessions), "kv_cells_used": cells,

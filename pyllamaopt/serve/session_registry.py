@@ -32,8 +32,9 @@ class SessionRegistry:
     """The open protocol sessions by id; `changed` runs after each change (the service's gauges)."""
 
     def __init__(self, metrics: Metrics, *, max_sessions: int, session_ttl: float,
-                 changed: Callable[[], None]) -> None:
+                 changed: Callable[[], None], id_prefix: str = "") -> None:
         self.metrics = metrics
+        self.id_prefix = id_prefix  # leads every id issued (a Ray replica's: its router sends the id back to it)
         self.max_sessions = max_sessions
         self.session_ttl = session_ttl
         self._changed = changed
@@ -47,7 +48,7 @@ class SessionRegistry:
 
     def add(self, session: Session, busy: str | None = None) -> tuple[str, ProtocolSession]:
         """Registers `session` under a new id (counted as created once `created` says so)."""
-        session_id = secrets.token_urlsafe(18)
+        session_id = self.id_prefix + secrets.token_urlsafe(18)
         entry = self._entries[session_id] = ProtocolSession(session, busy=busy)
         return session_id, entry
 

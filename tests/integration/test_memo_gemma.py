@@ -1,13 +1,15 @@
-"""memo on Gemma 3 270M (and its exactness on each model family, conftest.FAMILIES): a model that
-copies from its context (a file quoted back) generates the same tokens, with bitwise the same
-logits, whether drafts of earlier output are checked in one batch or every token takes its own
-decode step."""
+"""memo on Gemma 3 270M (and its exactness on each model family and KV cache type,
+families.FAMILY_KV_TYPES): a model that copies from its context (a file quoted back) generates the
+same tokens, with bitwise the same logits, whether drafts of earlier output are checked in one
+batch or every token takes its own decode step."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from pyllamaopt import Context, OptConfig
+
+from families import greedy_everywhere_seeded_on_f16
 
 pytestmark = pytest.mark.integration
 
@@ -25,19 +27,22 @@ def copy_prompt(model):
     return model.tokenize(before + "Repeat this file exactly:\n" + SOURCE + after, special=True)
 
 
-def generate(model, memo, **sampling):
+def generate(model, memo, kv_type="f16", **sampling):
     prompt = copy_prompt(model)
-    with Context(model, n_ctx=2048, n_threads=2, config=OptConfig(env={}, memo_enabled=memo)) as ctx:
+    config = OptConfig(env={}, memo_enabled=memo, kv_type=kv_type)
+    with Context(model, n_ctx=2048, n_threads=2, config=config) as ctx:
         s = ctx.session()
         s.append(prompt)
         tokens = [t.id for t in s.generate(96, **sampling)]
         return tokens, s.logits(), s.stats
 
 
-@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.7, "seed": 5}])
-def test_memo_is_exact(family_model, sampling):
-    tokens_off, logits_off, stats_off = generate(family_model, False, **sampling)
-    tokens_on, logits_on, stats_on = generate(family_model, True, **sampling)
+@pytest.mark.parametrize(("family_kv_path", "sampling"), greedy_everywhere_seeded_on_f16({"temperature": 0.7, "seed": 5}),
+                         indirect=["family_kv_path"])
+def test_memo_is_exact(family_kv_model, sampling):
+    model, kv_type = family_kv_model
+    tokens_off, logits_off, stats_off = generate(model, False, kv_type, **sampling)
+    tokens_on, logits_on, stats_on = generate(model, True, kv_type, **sampling)
     assert tokens_on == tokens_off
     np.testing.assert_array_equal(logits_on, logits_off)
     assert stats_on.memo_tokens_skipped > len(tokens_on) // 4  # it copies: most drafts hold

@@ -4,8 +4,9 @@ llama.cpp or new CPU flags can change them; when one of these tests fails, the c
 schedule (cpp/engine/context.cpp, numerics_granularity) and docs/exactness.md must change.
 
 Gemma 3 270M, final logits compared bit for bit; the rules the canonical schedule's exactness
-rests on also on each other model family (conftest.FAMILIES: other architectures, weight types and
-shapes take other kernel paths). Raw llama.cpp behaviour is probed with the "llama" schedule,
+rests on also on each other model family and with the quantized KV cache types
+(families.FAMILY_KV_TYPES: other architectures, weight types, shapes and K/V types take other
+kernel paths). Raw llama.cpp behaviour is probed with the "llama" schedule,
 where each append is computed as one chunk.
 """
 from __future__ import annotations
@@ -16,6 +17,8 @@ import numpy as np
 import pytest
 
 from pyllamaopt import Context, OptConfig, build_info
+
+from families import FAMILY_KV_TYPES, pair_id
 
 pytestmark = pytest.mark.integration
 
@@ -35,17 +38,12 @@ def prompt(gemma) -> list[int]:
     return numerics_prompt(gemma)
 
 
-@pytest.fixture(scope="module")
-def family_prompt(family_model) -> list[int]:
-    return numerics_prompt(family_model)
-
-
 def logits_after(model, prompt, splits=(), *, flash_attn=True, n_threads=2, cells_before=0,
-                 schedule="llama", config=OFF):
+                 schedule="llama", config=OFF, kv_type="f16"):
     """Logits after `prompt`, appended in pieces cut at `splits`, in a session whose KV cells
     start after `cells_before` cells held by another session."""
     with Context(model, n_ctx=2048, n_batch=1024, n_threads=n_threads, flash_attn=flash_attn,
-                 schedule=schedule, config=OptConfig(env={}, **config)) as ctx:
+                 schedule=schedule, config=OptConfig(env={}, kv_type=kv_type, **config)) as ctx:
         other = ctx.session()  # kept open: its cells stay taken
         if cells_before:
             other.append(model.tokenize("word " * cells_before, add_bos=False)[:cells_before])
@@ -100,15 +98,22 @@ def test_cache_position_of_a_session_matters_unless_aligned(gemma, prompt, flash
         assert equal == (cells_before in aligned), f"{cells_before} cells before"
 
 
-@pytest.mark.parametrize("flash_attn", [True, False])
-def test_the_canonical_schedule_is_independent_of_history_and_placement(family_model, family_prompt, flash_attn):
+# (family, KV cache type) pairs with flash attention on and, for f16, off (a quantized V needs it)
+FAMILY_KV_FLASH = [pytest.param(pair, flash_attn, id=f"{pair_id(pair)}-{'fa' if flash_attn else 'no-fa'}")
+                   for pair in FAMILY_KV_TYPES for flash_attn in (True, False) if flash_attn or pair[1] == "f16"]
+
+
+@pytest.mark.parametrize(("family_kv_path", "flash_attn"), FAMILY_KV_FLASH, indirect=["family_kv_path"])
+def test_the_canonical_schedule_is_independent_of_history_and_placement(family_kv_model, flash_attn):
     """patches/0001 and the canonical schedule: however the history was appended and wherever
     other sessions' cells are, the logits are those of one llama.cpp chunk."""
-    reference = logits_after(family_model, family_prompt, flash_attn=flash_attn)
+    model, kv_type = family_kv_model
+    prompt = numerics_prompt(model)
+    reference = logits_after(model, prompt, flash_attn=flash_attn, kv_type=kv_type)
     for splits, cells_before in [((), 0), ((), 33), ((500,), 1), ((10, 20, 300, 510), 100), ((64, 128), 16)]:
         for config in (OFF, ON):
-            assert same(logits_after(family_model, family_prompt, splits, flash_attn=flash_attn,
-                                     cells_before=cells_before, schedule="canonical", config=config),
+            assert same(logits_after(model, prompt, splits, flash_attn=flash_attn, cells_before=cells_before,
+                                     schedule="canonical", config=config, kv_type=kv_type),
                         reference), (splits, cells_before, config)
 
 
@@ -153,11 +158,14 @@ DECODE_SPLIT = (511,)  # the last token alone: one query over 512+ cells, the de
 OTHER_CELLS = (64, 640, 1472)
 
 
-def test_a_decode_step_does_not_depend_on_other_sessions_cells(family_model, family_prompt):
-    """patches/0003: the KV is reduced in fixed 64-cell tiles, whatever the cache holds."""
-    reference = logits_after(family_model, family_prompt, DECODE_SPLIT)
+def test_a_decode_step_does_not_depend_on_other_sessions_cells(family_kv_model):
+    """patches/0003: the KV is reduced in fixed 64-cell tiles, whatever the cache holds (a
+    quantized K: one row over the cells in order, docs/exactness.md)."""
+    model, kv_type = family_kv_model
+    prompt = numerics_prompt(model)
+    reference = logits_after(model, prompt, DECODE_SPLIT, kv_type=kv_type)
     for cells_before in OTHER_CELLS:
-        assert same(logits_after(family_model, family_prompt, DECODE_SPLIT, cells_before=cells_before),
+        assert same(logits_after(model, prompt, DECODE_SPLIT, cells_before=cells_before, kv_type=kv_type),
                     reference), cells_before
 
 
@@ -170,19 +178,20 @@ def test_upstream_decode_attention_depends_on_other_sessions_cells(gemma, prompt
 ROW_INVARIANT_BATCH = 16  # LLAMA_OPT_ROW_INVARIANT_BATCH
 
 
-def steps_and_batch(model, prompt, n_rows, flash_attn=True):
+def steps_and_batch(model, prompt, n_rows, flash_attn=True, kv_type="f16"):
     """The logits after the prompt's last n_rows tokens decoded one by one, and in one batch."""
     head = len(prompt) - n_rows
-    return (logits_after(model, prompt, tuple(range(head, len(prompt))), flash_attn=flash_attn),
-            logits_after(model, prompt, (head,), flash_attn=flash_attn))
+    return (logits_after(model, prompt, tuple(range(head, len(prompt))), flash_attn=flash_attn, kv_type=kv_type),
+            logits_after(model, prompt, (head,), flash_attn=flash_attn, kv_type=kv_type))
 
 
-@pytest.mark.parametrize("flash_attn", [True, False])
+@pytest.mark.parametrize(("family_kv_path", "flash_attn"), FAMILY_KV_FLASH, indirect=["family_kv_path"])
 @pytest.mark.parametrize("n_rows", [2, 3, 7, 8, 9, 16])
-def test_a_small_batch_computes_each_row_like_a_decode_step(family_model, family_prompt, n_rows, flash_attn):
+def test_a_small_batch_computes_each_row_like_a_decode_step(family_kv_model, n_rows, flash_attn):
     """patches/0006: what lets the memo check a draft in one batch exactly (and what makes a
     grammar's forced tokens computable in one batch with the next step)."""
-    steps, batch = steps_and_batch(family_model, family_prompt, n_rows, flash_attn)
+    model, kv_type = family_kv_model
+    steps, batch = steps_and_batch(model, numerics_prompt(model), n_rows, flash_attn, kv_type)
     assert same(steps, batch)
 
 

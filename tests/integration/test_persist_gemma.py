@@ -1,7 +1,7 @@
-"""The persistent KV cache on each model family (conftest.FAMILIES; Gemma 3's sliding-window
-layers included): a context saved by one Context is restored by another one on a freshly loaded
-model, in full and as a prefix of a longer prompt, with bitwise the logits and the greedy tokens
-of computing it from scratch."""
+"""The persistent KV cache on each model family and KV cache type (families.FAMILY_KV_TYPES;
+Gemma 3's sliding-window layers included): a context saved by one Context is restored by another
+one on a freshly loaded model, in full and as a prefix of a longer prompt, with bitwise the logits
+and the greedy tokens of computing it from scratch with the same KV cache type."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,9 +14,10 @@ from test_reuse_gemma import SYSTEM, TURNS, scratch
 pytestmark = pytest.mark.integration
 
 
-def test_restored_context_equals_computing_it(family_path, tmp_path):
-    config = OptConfig(env={}, persist_enabled=True, persist_dir=str(tmp_path))
-    saver = Model(family_path, progress=False)
+def test_restored_context_equals_computing_it(family_kv_path, tmp_path):
+    path, kv_type = family_kv_path
+    config = OptConfig(env={}, persist_enabled=True, persist_dir=str(tmp_path), kv_type=kv_type)
+    saver = Model(path, progress=False)
     stored = saver.tokenize(SYSTEM + "".join(TURNS))
     assert len(stored) > 1024  # beyond Gemma's sliding window
     with Context(saver, n_ctx=4096, n_threads=2, config=config) as ctx:
@@ -24,10 +25,10 @@ def test_restored_context_equals_computing_it(family_path, tmp_path):
         s.append(stored)
         assert s.save() == len(stored) // 64 * 64
 
-    restarted = Model(family_path, progress=False)  # as after a restart: the model is hashed again
+    restarted = Model(path, progress=False)  # as after a restart: the model is hashed again
     longer = stored[:len(stored) - 200] + restarted.tokenize("User: And now the tests for mul, please.\nAgent:")
     for prompt in (stored, longer):
-        expected_logits, expected_tokens = scratch(restarted, prompt)
+        expected_logits, expected_tokens = scratch(restarted, prompt, kv_type)
         with Context(restarted, n_ctx=4096, n_threads=2, config=config) as ctx:
             s = ctx.session()
             s.append(prompt)

@@ -1,13 +1,16 @@
 """Exact KV reuse on Gemma 3 270M (sliding-window layers included) and, for the tests taking
-`family_model`, on each model family (conftest.FAMILIES): a multi-turn agent conversation,
-interleaved sessions sharing a system prompt and forks give the same tokens and bitwise the same
-logits as computing everything from scratch (reuse off)."""
+`family_kv_model`, on each model family and KV cache type (families.FAMILY_KV_TYPES): a multi-turn
+agent conversation, interleaved sessions sharing a system prompt and forks give the same tokens
+and bitwise the same logits as computing everything from scratch (reuse off) with the same KV
+cache type."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from pyllamaopt import Context, OptConfig
+
+from families import greedy_everywhere_seeded_on_f16
 
 pytestmark = pytest.mark.integration
 
@@ -24,8 +27,8 @@ TURNS = [
 ]
 
 
-def off() -> OptConfig:
-    return OptConfig(env={}, dedup_enabled=False, diff_enabled=False)
+def off(kv_type: str = "f16") -> OptConfig:
+    return OptConfig(env={}, dedup_enabled=False, diff_enabled=False, kv_type=kv_type)
 
 
 def converse(model, config, sampling):
@@ -46,11 +49,13 @@ def converse(model, config, sampling):
     return out, stats
 
 
-@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "seed": 7}], ids=["greedy", "seeded"])
-def test_agent_conversation_with_reuse_equals_recomputing_everything(family_model, sampling):
-    assert len(family_model.tokenize(SYSTEM)) > 1024  # twice Gemma's sliding window
-    reused, stats = converse(family_model, OptConfig(env={}), sampling)
-    baseline, baseline_stats = converse(family_model, off(), sampling)
+@pytest.mark.parametrize(("family_kv_path", "sampling"), greedy_everywhere_seeded_on_f16({"temperature": 0.8, "seed": 7}),
+                         indirect=["family_kv_path"])
+def test_agent_conversation_with_reuse_equals_recomputing_everything(family_kv_model, sampling):
+    model, kv_type = family_kv_model
+    assert len(model.tokenize(SYSTEM)) > 1024  # twice Gemma's sliding window
+    reused, stats = converse(model, OptConfig(env={}, kv_type=kv_type), sampling)
+    baseline, baseline_stats = converse(model, off(kv_type), sampling)
     for turn, ((logits, tokens), (ref_logits, ref_tokens)) in enumerate(zip(reused, baseline)):
         assert tokens == ref_tokens, f"turn {turn}"
         np.testing.assert_array_equal(logits, ref_logits, err_msg=f"turn {turn}")
@@ -58,16 +63,17 @@ def test_agent_conversation_with_reuse_equals_recomputing_everything(family_mode
     assert stats.diff_tokens_unchanged > 0
 
 
-def test_sessions_sharing_a_system_prompt_equal_isolated_sessions(family_model):
-    system = family_model.tokenize(SYSTEM)
-    questions = [family_model.tokenize(t, add_bos=False) for t in TURNS[:4]]
+def test_sessions_sharing_a_system_prompt_equal_isolated_sessions(family_kv_model):
+    model, kv_type = family_kv_model
+    system = model.tokenize(SYSTEM)
+    questions = [model.tokenize(t, add_bos=False) for t in TURNS[:4]]
     isolated = []
     for q in questions:
-        with Context(family_model, n_ctx=2048, n_threads=2, config=off()) as ctx:
+        with Context(model, n_ctx=2048, n_threads=2, config=off(kv_type)) as ctx:
             s = ctx.session()
             s.append(system + q)
             isolated.append((s.logits(), [t.id for t in s.generate(16)]))
-    with Context(family_model, n_ctx=8192, n_threads=2) as ctx:
+    with Context(model, n_ctx=8192, n_threads=2, config=OptConfig(env={}, kv_type=kv_type)) as ctx:
         sessions = [ctx.session() for _ in questions]
         for s, q in zip(sessions, questions):
             s.append(system + q)
@@ -86,28 +92,31 @@ def test_sessions_sharing_a_system_prompt_equal_isolated_sessions(family_model):
         assert generated[i] == ref_tokens, f"session {i}"
 
 
-def scratch(model, tokens, n_gen=16):
+def scratch(model, tokens, kv_type="f16", n_gen=16):
     """The logits after `tokens` and the greedy tokens that follow, computed in a context of their own
     with every reuse off."""
-    with Context(model, n_ctx=4096, n_threads=2, config=off()) as ctx:
+    with Context(model, n_ctx=4096, n_threads=2, config=off(kv_type)) as ctx:
         s = ctx.session()
         s.append(tokens)
         return s.logits(), [t.id for t in s.generate(n_gen)]
 
 
-def test_a_fork_equals_computing_its_history(family_model):
+def test_a_fork_equals_computing_its_history(family_kv_model):
     """A fork shares its parent's KV, generated tokens included, and goes on as if its whole
     history (prompt, the parent's answer, a new message) had been computed in a context of its own;
     the parent, after the fork, too."""
-    prompt = family_model.tokenize(SYSTEM + TURNS[0])
-    follow_up = family_model.tokenize("\n" + TURNS[1], add_bos=False)
-    with Context(family_model, n_ctx=4096, n_threads=2, config=OptConfig(env={})) as ctx:
+    model, kv_type = family_kv_model
+    prompt = model.tokenize(SYSTEM + TURNS[0])
+    follow_up = model.tokenize("\n" + TURNS[1], add_bos=False)
+    with Context(model, n_ctx=4096, n_threads=2, config=OptConfig(env={}, kv_type=kv_type)) as ctx:
         parent = ctx.session()
         parent.append(prompt)
         parent.generate_text(24)
         answered = parent.tokens
         assert len(answered) > len(prompt)
+        used = ctx.kv_cells_used
         twin = parent.fork()
+        assert ctx.kv_cells_used - used < 2 * ctx.block_size  # only the last chunk is its own
         assert twin.tokens == answered
         twin.append(follow_up)
         got = [(twin.logits(), [t.id for t in twin.generate(16)])]
@@ -115,12 +124,13 @@ def test_a_fork_equals_computing_its_history(family_model):
         parent.append(follow_up[:5])
         got.append((parent.logits(), [t.id for t in parent.generate(16)]))
     for (logits, tokens), history in zip(got, (answered + follow_up, answered + follow_up[:5])):
-        expected_logits, expected_tokens = scratch(family_model, history)
+        expected_logits, expected_tokens = scratch(model, history, kv_type)
         np.testing.assert_array_equal(logits, expected_logits)
         assert tokens == expected_tokens
 
 
-def test_tier2_edit_keeps_other_sessions_exact_and_stays_close(gemma):
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])  # q4_0 is refused (test_kv_type_gemma.py)
+def test_tier2_edit_keeps_other_sessions_exact_and_stays_close(gemma, kv_type):
     """Tier 2 on Gemma 3 (both KV caches of the sliding-window model are moved and re-rotated):
     a session syncs a history edited in the middle; an exact session in the same context keeps
     bitwise-exact logits, and the edited session's next-token distribution stays close to
@@ -129,7 +139,7 @@ def test_tier2_edit_keeps_other_sessions_exact_and_stays_close(gemma):
     transcript = SYSTEM + "".join(TURNS)
     edited = transcript.replace("return a - b", "return a + b  # fixed")
     other = SYSTEM + TURNS[0] + " I will read math_utils.py first."
-    tier2 = OptConfig(env={}, diff_reuse_shifted=True)
+    tier2 = OptConfig(env={}, diff_reuse_shifted=True, kv_type=kv_type)
     with Context(gemma, n_ctx=4096, n_threads=2, config=tier2) as ctx:
         exact, approximate = ctx.session(), ctx.session()
         exact.sync(gemma.tokenize(SYSTEM + TURNS[0]))
@@ -139,7 +149,7 @@ def test_tier2_edit_keeps_other_sessions_exact_and_stays_close(gemma):
         got = approximate.logits()
         exact.sync(gemma.tokenize(other))
         exact_logits = exact.logits()
-    with Context(gemma, n_ctx=4096, n_threads=2, config=off()) as ctx:
+    with Context(gemma, n_ctx=4096, n_threads=2, config=off(kv_type)) as ctx:
         s = ctx.session()
         s.sync(gemma.tokenize(edited))
         expected = s.logits()
@@ -152,7 +162,7 @@ def test_tier2_edit_keeps_other_sessions_exact_and_stays_close(gemma):
     assert kl < 0.05  # measured 2e-3 on the agent trace (docs/benchmarks.md)
 
 
-def test_an_answer_that_meets_the_top_of_the_cache_moves_down_bit_for_bit(gemma):
+def test_an_answer_that_meets_the_top_of_the_cache_moves_down_bit_for_bit(gemma, kv_type):
     """tests/test_room.py's case on the real model, sliding-window layers included: a history with
     one free tile above it, cached blocks below, an answer of 300 tokens. It meets the top after
     64 tokens and moves down (history and answer computed again): the same tokens, and the same
@@ -161,7 +171,8 @@ def test_an_answer_that_meets_the_top_of_the_cache_moves_down_bit_for_bit(gemma)
     filler = gemma.tokenize(SYSTEM * 3)[:896]
     results = []
     for moved in (True, False):
-        with Context(gemma, n_ctx=1024, n_batch=256, n_seq_max=8, n_threads=2, config=OptConfig(env={})) as ctx:
+        with Context(gemma, n_ctx=1024, n_batch=256, n_seq_max=8, n_threads=2,
+                     config=OptConfig(env={}, kv_type=kv_type)) as ctx:
             below = ctx.session()
             if moved:
                 below.append(filler)  # tiles 0-13 of 16

@@ -2,9 +2,9 @@
 of the KV cache that starts at the first cell a token of the batch can see (rounded down to 256
 cells), not at cell 0, since llama.cpp's attention reads the mask of every cell it is given. Tested:
 the views are that long (the K views in the operation profile), and every result is the same bits
-as with llama.cpp's whole-cache view (`_set_swa_view(False)`), with flash attention and without:
-prefill far beyond the window, another session's cells in the cache, a shared prefix, decode
-steps."""
+as with llama.cpp's whole-cache view (`_set_swa_view(False)`), with flash attention and without,
+and with the quantized KV cache types: prefill far beyond the window, another session's cells in
+the cache, a shared prefix, decode steps."""
 from __future__ import annotations
 
 import random
@@ -13,7 +13,7 @@ import re
 import numpy as np
 import pytest
 
-from pyllamaopt import Context
+from pyllamaopt import Context, OptConfig
 
 pytestmark = pytest.mark.integration
 
@@ -52,10 +52,11 @@ def test_sliding_window_layers_read_only_the_cells_of_their_window(gemma):
     assert swa_layers == set(range(18)) - full_layers
 
 
-def run(gemma, on: bool, flash_attn: bool) -> list:
+def run(gemma, on: bool, flash_attn: bool, kv_type: str) -> list:
     """Logits after each step, and the generated tokens, of sessions that exercise the view."""
     out = []
-    with Context(gemma, n_ctx=8192, n_threads=2, flash_attn=flash_attn) as ctx:
+    with Context(gemma, n_ctx=8192, n_threads=2, flash_attn=flash_attn,
+                 config=OptConfig(env={}, kv_type=kv_type)) as ctx:
         ctx._core._set_swa_view(on)
         other = ctx.session()  # its cells lie below the others'
         other.append([gemma.bos_token] + random_tokens(700, seed=2))
@@ -74,9 +75,10 @@ def run(gemma, on: bool, flash_attn: bool) -> list:
     return out
 
 
-@pytest.mark.parametrize("flash_attn", [True, False])
-def test_the_window_view_gives_the_whole_cache_views_bits(gemma, flash_attn):
-    on, off = run(gemma, True, flash_attn), run(gemma, False, flash_attn)
+# a quantized cache (kv_type) takes flash attention's one-row path over the view (docs/exactness.md)
+@pytest.mark.parametrize("flash_attn,kv_type", [(True, "f16"), (False, "f16"), (True, "q8_0"), (True, "q4_0")])
+def test_the_window_view_gives_the_whole_cache_views_bits(gemma, flash_attn, kv_type):
+    on, off = run(gemma, True, flash_attn, kv_type), run(gemma, False, flash_attn, kv_type)
     for got, expected in zip(on, off):
         if isinstance(got, np.ndarray):
             np.testing.assert_array_equal(got, expected)

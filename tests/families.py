@@ -1,0 +1,28 @@
+"""The model families and KV cache types the exactness tests run on (tests/integration/test_*_gemma.py)."""
+from __future__ import annotations
+
+import pytest
+
+# One model of each family, by the name of its path fixture (conftest.py): sliding-window layers
+# and Q5_0/Q8_0 weights (Gemma 3), the llama architecture and Q4_1 (SmolLM2), the Qwen2
+# architecture and K-quants (Qwen2.5-Coder).
+FAMILIES = {"gemma3-270m": "gemma_path", "smollm2-135m": "smollm2_path", "qwen2.5-coder-0.5b": "qwen_path"}
+
+# The (family, KV cache type) pairs of the tests taking `family_kv_path` / `family_kv_model`: each
+# family with f16, the quantized types on Gemma 3 (its sliding-window view included) and q8_0 on
+# SmolLM2 (the smallest model; full attention only). Reuse is exact relative to the same type.
+FAMILY_KV_TYPES = [(family, "f16") for family in FAMILIES] + \
+    [("gemma3-270m", "q8_0"), ("gemma3-270m", "q4_0"), ("smollm2-135m", "q8_0")]
+
+
+def pair_id(pair: tuple[str, str]) -> str:
+    return "-".join(pair)
+
+
+def greedy_everywhere_seeded_on_f16(seeded: dict) -> list:
+    """Cases for parametrize(("family_kv_path", "sampling"), ..., indirect=["family_kv_path"]):
+    greedy sampling on every pair, seeded sampling on the f16 ones only (seeding adds nothing the
+    quantized types would test; the CI's time)."""
+    greedy = [pytest.param(pair, {}, id=f"{pair_id(pair)}-greedy") for pair in FAMILY_KV_TYPES]
+    return greedy + [pytest.param(pair, seeded, id=f"{pair_id(pair)}-seeded")
+                     for pair in FAMILY_KV_TYPES if pair[1] == "f16"]
