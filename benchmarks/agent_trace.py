@@ -5,6 +5,7 @@
   exact             pyllamaopt defaults: exact prefix reuse (diff), shared blocks (dedup) and
                     drafts of repeated output checked in one pass (memo)
   exact-no-memo     exact without memo
+  exact-no-gate     exact with every memo draft checked (memo_gate off: docs/memo.md)
   exact-own-memo    exact with drafts from each session's own history only (memo_shared off), not
                     also from the context's recent outputs of every session
   tier2[@SHARE]     exact + Tier-2 post-edit reuse (diff_reuse_shifted; SHARE for every edit, else the
@@ -17,7 +18,7 @@
   llama-server-ngram  the same, drafting from n-grams of its context (--spec-type ngram-mod)
 
     python benchmarks/agent_trace.py [--shapes append,reasoning,workspace,edits,header,shared,fresh] [--turns 22]
-                                     [--engines off,exact,exact-no-memo,exact-own-memo,tier2,tier2@0.1,
+                                     [--engines off,exact,exact-no-memo,exact-no-gate,exact-own-memo,tier2,tier2@0.1,
                                                  keep-generated,
                                                  llama-cpp-python,llama-server,llama-server-ngram]
                                      [--n-ctx 16384] [--per-turn]
@@ -326,6 +327,7 @@ def main() -> int:
         "off": lambda: Pyllamaopt(model, "off", n_ctx, dedup_enabled=False, diff_enabled=False, memo_enabled=False),
         "exact": lambda: Pyllamaopt(model, "exact", n_ctx),
         "exact-no-memo": lambda: Pyllamaopt(model, "exact-no-memo", n_ctx, memo_enabled=False),
+        "exact-no-gate": lambda: Pyllamaopt(model, "exact-no-gate", n_ctx, memo_gate=False),
         "exact-own-memo": lambda: Pyllamaopt(model, "exact-own-memo", n_ctx, memo_shared=False),
         "keep-generated": lambda: Pyllamaopt(model, "keep-generated", n_ctx, diff_reuse_generated=True),
         "llama-cpp-python": lambda: LlamaCppPython(path, n_ctx),
@@ -379,7 +381,7 @@ def main() -> int:
                 print(f"  {name}: {int(r.total('drafted'))} of {sum(len(t.generated) for t in r.turns)} generated "
                       f"tokens confirmed from drafts (memo); generation: {int(r.total('decode_passes'))} forward "
                       f"passes, {int(r.total('decode_rows'))} rows, {r.total('forward_decode'):.2f} s in them")
-        for other in ("exact-no-memo", "exact-own-memo"):
+        for other in ("exact-no-memo", "exact-no-gate", "exact-own-memo"):
             if "exact" in results and other in results:
                 decode = {name: results[name].total("wall") - results[name].total("ttft") for name in ("exact", other)}
                 print(f"  decode time {other} / exact: {decode[other] / decode['exact']:.3f}")

@@ -65,7 +65,7 @@ def assert_same(alone: Trace, together: Trace) -> None:
 
 @pytest.mark.parametrize("memo", [False, True])
 def test_batched_steps_equal_steps_alone(tiny_model, memo):
-    config = OptConfig(env={}, memo_enabled=memo)
+    config = OptConfig(env={}, memo_enabled=memo, memo_gate=False)
     together, passes, _ = step_together(tiny_model, PROMPTS, config, 12)
     assert_same(step_alone(tiny_model, PROMPTS, config, 12), together)
     if not memo:  # the first token follows the prompts' prefill; every later step is one shared pass
@@ -76,7 +76,7 @@ def test_the_memos_draft_checks_of_several_sessions_share_a_pass(tiny_model):
     """Generations that ran before (a request sent again): the sessions' steps check drafts (the
     pending token and the drafted tokens as rows); those of several sessions go through one
     batch, with the tokens and logits of each session alone (after confirmed drafted tokens too)."""
-    config = OptConfig(env={}, memo_enabled=True)
+    config = OptConfig(env={}, memo_enabled=True, memo_gate=False)
     together, passes, drafts = step_together(tiny_model, PROMPTS, config, 12, repeat=True)
     assert_same(step_alone(tiny_model, PROMPTS, config, 12), together)
     assert any(p == 1 and d >= 2 for p, d in zip(passes, drafts)), (passes, drafts)

@@ -115,7 +115,7 @@ def test_memo_drafts_stay_exact_with_penalties(tiny_model, sampling):
     """A drafted token is kept only if the penalized pick, made after the tokens before it were
     accepted, is that token: the same tokens as without the memo."""
     prompt = repetitive_prompt(tiny_model)
-    runs = [run(tiny_model, prompt, N_GEN, {"memo_enabled": memo}, logit_bias={7: -100}, **sampling)
+    runs = [run(tiny_model, prompt, N_GEN, {"memo_enabled": memo, "memo_gate": False}, logit_bias={7: -100}, **sampling)
             for memo in (False, True)]
     assert runs[1][0] == runs[0][0]
     assert runs[1][3].memo_tokens_skipped > 0  # drafts were confirmed under the penalties

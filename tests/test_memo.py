@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from test_reuse import context, ids, text_tokens
+from test_reuse import context as reuse_context
+from test_reuse import ids, text_tokens
 
 N_GEN = 48
 
@@ -17,6 +18,12 @@ def repetitive_prompt(model):
     """A passage, then its beginning again: continuing it repeats earlier tokens."""
     passage = text_tokens(model, 120, seed=3)
     return passage + passage[:40]
+
+
+def context(model, **config):
+    """A context whose memo checks every draft it finds: these tests count what the drafting
+    itself does (the gate, on by default, follows timings: docs/memo.md)."""
+    return reuse_context(model, **{"memo_gate": False, **config})
 
 
 def generate_with_logits(model, prompt, n=N_GEN, sampling=None, **config):

@@ -64,7 +64,8 @@ def words_encoder(model: Model):
 def run(model, prompts, persist_dir: Path, constraint: dict, n_threads: int, n_gen: int, **switches: bool):
     """Everything the trace computes: every generation's tokens and the logits after every
     prompt, and the statistics of both contexts."""
-    config = OptConfig(env={}, persist_dir=str(persist_dir), **switches)
+    # every memo draft checked (the gate follows timings: docs/memo.md), so that WORK is counted
+    config = OptConfig(env={}, persist_dir=str(persist_dir), memo_gate=False, **switches)
     outputs: list = []
     stats = []
 

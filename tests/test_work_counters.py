@@ -35,7 +35,9 @@ def counters(model: Model, prompts: dict[str, list[list[int]]], persist_dir: Pat
     of the entries stored on disk."""
     # the disk tier written on close, as recorded: written behind, what a background writer merges
     # depends on timing (tests/test_persist_write_behind.py)
-    config = OptConfig(env={}, persist_dir=str(persist_dir), persist_write_behind=False, **dict.fromkeys(SWITCHES, on))
+    # and every memo draft checked: the gate follows timings (docs/memo.md)
+    config = OptConfig(env={}, persist_dir=str(persist_dir), persist_write_behind=False, memo_gate=False,
+                       **dict.fromkeys(SWITCHES, on))
     total = dict.fromkeys(COUNTERS, 0)
     cells, pool = [], []
 

@@ -68,6 +68,7 @@ struct llama_opt_config {
     bool     memo_enabled   = false;
     uint32_t memo_draft_max = LLAMA_OPT_MEMO_MATCH_MAX;  // most drafted tokens checked per forward pass (methods/memo.h)
     bool     memo_shared    = true;  // drafts from the context's recent outputs too, not only the session's history
+    bool     memo_gate      = true;  // check drafts only while they pay here (methods/memo-gate)
 
     bool     attn_prune_enabled   = false;
     uint32_t attn_prune_window    = 10;      // turns below the threshold before a block is pruned

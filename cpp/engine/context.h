@@ -23,6 +23,7 @@
 #include "kv/memory.h"
 #include "engine/op-profile.h"
 #include "methods/memo.h"
+#include "methods/memo-gate.h"
 #include "engine/model.h"
 #include "methods/spec-prefill.h"
 #include "base/config.h"
@@ -126,6 +127,7 @@ public:
     // memo: its sessions' recent outputs, where each of them looks for drafts too (memo_shared)
     llama_opt_memo_outputs &       memo_outputs() { return memo_outputs_; }
     const llama_opt_memo_outputs & memo_outputs() const { return memo_outputs_; }
+    llama_opt_memo_gate &          memo_gate() { return memo_gate_; }  // whether drafts pay here
 
     // Statistics: each counter has one writer. A session counts its work in its own statistics
     // (session/counters), which the context follows and adds up, those of sessions that are gone
@@ -203,5 +205,6 @@ private:
     std::unique_ptr<llama_context, context_deleter> ctx_;  // (after the callbacks' observers: freed first)
     std::unique_ptr<llama_opt_kv_memory>     memory_;
     llama_opt_memo_outputs                   memo_outputs_;
+    llama_opt_memo_gate                      memo_gate_;
     mutable std::recursive_mutex             mutex_;
 };

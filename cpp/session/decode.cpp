@@ -1,6 +1,7 @@
 #include "session/decode.h"
 
 #include <algorithm>
+#include <chrono>
 
 llama_opt_session_decode::llama_opt_session_decode(llama_opt_session_history & history,
                                                    llama_opt_session_counters & counters,
@@ -74,6 +75,7 @@ llama_token llama_opt_session_decode::take(llama_token token) {
     history_.push(token);
     if (history_.draft_active() && history_.confirm_draft(token)) {  // its KV came with the check
         counters_.count(&llama_opt_stats::memo_tokens_skipped, 1);
+        history_.ctx().memo_gate().confirmed(draft_match_);
         if (history_.draft_shared()) {
             counters_.count(&llama_opt_stats::memo_shared_tokens_skipped, 1);
         }
@@ -113,14 +115,21 @@ void llama_opt_session_decode::compute_pending() {
             history_.computed(stop);
         }
     }
+    const bool one_row = history_.size() - history_.n_evaluated() == 1;
+    const auto start   = std::chrono::steady_clock::now();
     history_.compute(history_.n_evaluated(), history_.size(), &llama_opt_stats::tokens_decoded, true);
+    // a step's time: what a drafted token saves when it is confirmed (methods/memo-gate)
+    if (one_row && generating_ && history_.ctx().settings().config.memo_gate) {
+        history_.ctx().memo_gate().step((uint64_t) std::chrono::duration_cast<std::chrono::microseconds>(
+            std::chrono::steady_clock::now() - start).count());
+    }
     history_.computed(history_.size());
 }
 
-llama_opt_memo_draft llama_opt_session_decode::find_draft() const {
+std::optional<llama_opt_memo_draft> llama_opt_session_decode::find_draft() const {
     const llama_opt_config & cfg = history_.ctx().settings().config;
     if (!cfg.memo_enabled) {
-        return {};
+        return std::nullopt;
     }
     const std::vector<llama_token> & tokens = history_.tokens();
     auto max_tokens = (uint32_t) std::min<size_t>(cfg.memo_draft_max, history_.room());
@@ -130,11 +139,14 @@ llama_opt_memo_draft llama_opt_session_decode::find_draft() const {
         max_tokens = (uint32_t) std::min<size_t>(max_tokens, output_budget_ > generated + 1 ? output_budget_ - generated - 1 : 0);
     }
     if (max_tokens == 0) {
-        return {};
+        return llama_opt_memo_draft{};  // looked: no room for one
     }
     llama_opt_memo_draft draft = llama_opt_memo_find(tokens.data(), tokens.size(), max_tokens);
     if (cfg.memo_shared) {
         history_.ctx().memo_outputs().improve(tokens.data(), tokens.size(), max_tokens, draft);
+    }
+    if (!draft.tokens.empty() && cfg.memo_gate && !history_.ctx().memo_gate().open(draft.match)) {
+        return std::nullopt;  // drafts after such matches have cost more than they saved here
     }
     return draft;
 }
@@ -152,12 +164,13 @@ void llama_opt_session_decode::count_draft_hit(bool shared) {
 // drafted tokens one by one (take) as long as it picks them, exactly as plain decoding would have
 // gone on.
 bool llama_opt_session_decode::check_draft() {
-    llama_opt_context & ctx = history_.ctx();
-    if (!ctx.settings().config.memo_enabled) {
+    llama_opt_context &                 ctx   = history_.ctx();
+    std::optional<llama_opt_memo_draft> found = find_draft();
+    if (!found) {
         return false;
     }
     counters_.count(&llama_opt_stats::memo_lookups, 1);
-    llama_opt_memo_draft draft = find_draft();
+    llama_opt_memo_draft & draft = *found;
     if (draft.tokens.empty()) {
         return false;
     }
@@ -169,6 +182,9 @@ bool llama_opt_session_decode::check_draft() {
     }
     counters_.count_work(&llama_opt_stats::tokens_decoded, work);
     count_draft_hit(draft.shared);
+    // (the pending row's part of the pass: a step)
+    ctx.memo_gate().checked(draft.match, draft.tokens.size(), (double) work.us - ctx.memo_gate().step_us());
+    draft_match_ = draft.match;
     history_.start_draft(std::move(draft.tokens), draft.shared);
     history_.computed(history_.size());
     history_.take_logits(history_.draft_rows().data());
@@ -183,26 +199,32 @@ void llama_opt_session_decode::add_rows(const llama_opt_memo_draft & draft, std:
     }
 }
 
-bool llama_opt_session_decode::step_rows(std::vector<llama_opt_row> & rows, llama_opt_memo_draft & draft) const {
+bool llama_opt_session_decode::step_rows(std::vector<llama_opt_row> & rows,
+                                         std::optional<llama_opt_memo_draft> & draft) const {
     if (!generating_ || history_.n_evaluated() == 0 || history_.n_evaluated() + 1 != history_.size() ||
         !history_.logits_current() || sampler_.has_inferred() || history_.room() == 0) {
         return false;  // (a grammar that may force the next token: the row's logits may go unused, its KV not)
     }
     draft = find_draft();  // what check_draft() would check in the session's own step
-    add_rows(draft, rows);
+    add_rows(draft ? *draft : llama_opt_memo_draft{}, rows);
     return true;
 }
 
-void llama_opt_session_decode::take_rows(const float * logits, llama_opt_memo_draft draft, uint64_t us) {
-    const size_t n_vocab = history_.ctx().model().n_vocab();
-    const size_t n_rows  = 1 + draft.tokens.size();
+void llama_opt_session_decode::take_rows(const float * logits, std::optional<llama_opt_memo_draft> found,
+                                         uint64_t us) {
+    const size_t         n_vocab = history_.ctx().model().n_vocab();
+    llama_opt_memo_draft draft   = found ? std::move(*found) : llama_opt_memo_draft{};
+    const size_t         n_rows  = 1 + draft.tokens.size();
     // the context counted the batch's tokens, its one pass and its time
     counters_.count_share(&llama_opt_stats::tokens_decoded, { n_rows, 1, us });
-    if (history_.ctx().settings().config.memo_enabled) {  // as check_draft() counts its step
+    if (found) {  // as check_draft() counts its step
         counters_.count(&llama_opt_stats::memo_lookups, 1);
     }
     if (!draft.tokens.empty()) {
         count_draft_hit(draft.shared);
+        history_.ctx().memo_gate().checked(draft.match, draft.tokens.size(),
+                                           (double) us * draft.tokens.size() / n_rows);  // its rows' share
+        draft_match_ = draft.match;
         history_.draft_rows().assign(logits, logits + n_rows * n_vocab);
         history_.start_draft(std::move(draft.tokens), draft.shared);
     }
@@ -213,7 +235,7 @@ void llama_opt_session_decode::take_rows(const float * logits, llama_opt_memo_dr
 void llama_opt_session_decode::prefetch_steps(llama_opt_context & ctx,
                                               const std::vector<llama_opt_session_decode *> & decoders) {
     std::vector<llama_opt_session_decode *> takers;
-    std::vector<llama_opt_memo_draft>       drafts;     // each taker's draft (its rows after the first)
+    std::vector<std::optional<llama_opt_memo_draft>> drafts;  // each taker's draft (its rows after the first)
     std::vector<size_t>                     first_row;  // each taker's first row
     std::vector<llama_opt_row>              rows;
     std::vector<float>                      logits;
@@ -223,7 +245,7 @@ void llama_opt_session_decode::prefetch_steps(llama_opt_context & ctx,
         if (takers.size() > 1 && ctx.compute_rows(rows, logits, work)) {  // one step alone: its own is the same
             ctx.count_batch(work);  // the whole batch, once (each session keeps its share apart: take_rows)
             for (size_t i = 0; i < takers.size(); ++i) {
-                const size_t n_rows = 1 + drafts[i].tokens.size();
+                const size_t n_rows = 1 + (drafts[i] ? drafts[i]->tokens.size() : 0);
                 takers[i]->take_rows(logits.data() + first_row[i] * n_vocab, std::move(drafts[i]),
                                      work.us * n_rows / rows.size());
             }
@@ -234,8 +256,8 @@ void llama_opt_session_decode::prefetch_steps(llama_opt_context & ctx,
         rows.clear();
     };
     for (llama_opt_session_decode * d : decoders) {
-        std::vector<llama_opt_row> own;
-        llama_opt_memo_draft       draft;
+        std::vector<llama_opt_row>          own;
+        std::optional<llama_opt_memo_draft> draft;
         if (!d->step_rows(own, draft)) {
             continue;
         }

@@ -39,14 +39,16 @@ public:
     static void prefetch_steps(llama_opt_context & ctx, const std::vector<llama_opt_session_decode *> & decoders);
 
 private:
-    llama_opt_memo_draft find_draft() const;  // memo: a draft for the next step (none if memo is off)
+    // memo: a draft for the next step (empty: none found); nullopt: memo off, or a draft the gate
+    // refused (methods/memo-gate: drafts after such matches cost more than they saved here)
+    std::optional<llama_opt_memo_draft> find_draft() const;
     bool check_draft();                       // memo: the pending step and a draft in one batch; false: no draft
     // prefetch_steps: the rows of the next step if it is a decode step (the pending token, then the
     // memo's draft if there is one), appended to `rows`; false if the step is something else
     void add_rows(const llama_opt_memo_draft & draft, std::vector<llama_opt_row> & rows) const;  // the pending token's, the draft's
-    bool step_rows(std::vector<llama_opt_row> & rows, llama_opt_memo_draft & draft) const;
+    bool step_rows(std::vector<llama_opt_row> & rows, std::optional<llama_opt_memo_draft> & draft) const;
     // prefetch_steps: that step computed in a shared batch: its rows' logits, its share of the time
-    void take_rows(const float * logits, llama_opt_memo_draft draft, uint64_t us);
+    void take_rows(const float * logits, std::optional<llama_opt_memo_draft> found, uint64_t us);
     void count_draft_hit(bool shared);
     llama_token take(llama_token token);           // a token joins the history
     llama_token take_inferred(llama_token token);  // a token the grammar decided
@@ -61,5 +63,6 @@ private:
     size_t                       output_begin_  = 0;      // where the turn's generated tokens begin
     uint32_t                     output_budget_ = 0;      // set_grammar's max_tokens: the most this turn generates
     int32_t                      logprobs_      = -1;     // sampling.logprobs
+    uint32_t                     draft_match_   = 0;      // memo: the match the draft being confirmed came from
     std::optional<llama_opt_token_logprob> last_logprob_;
 };

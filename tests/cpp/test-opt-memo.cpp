@@ -3,6 +3,7 @@
 
 #include "check.h"
 #include "methods/memo.h"
+#include "methods/memo-gate.h"
 
 #include <vector>
 
@@ -138,7 +139,49 @@ static void test_outputs_are_bounded_oldest_first() {
     CHECK(outputs.size() == 0 && outputs.n_tokens() == 0);
 }
 
+// The gate lets drafts through until it has measured a step, and while the confirmed tokens of
+// drafts after a match of that length saved at least what their rows cost; otherwise one draft in
+// probe_every, and it opens again once confirmations make up for the cost. Lengths are apart.
+static void test_the_gate_closes_while_drafts_cost_more_than_they_save() {
+    llama_opt_memo_gate gate;
+    CHECK(gate.open(3) && gate.open(3));  // nothing measured yet
+    gate.step(1000);
+    CHECK(gate.step_us() == 1000);
+    gate.checked(3, 3, 3 * 800);  // 3 drafted rows at 0.8 of a step...
+    gate.confirmed(3);            // ...one confirmed: 1000 saved for 2400 spent
+    uint32_t let_through = 0;
+    for (uint32_t i = 0; i < 4 * llama_opt_memo_gate::probe_every; ++i) {
+        let_through += gate.open(3);
+    }
+    CHECK(let_through == 4);                 // probes only
+    CHECK(gate.open(8) && gate.open(8));     // another length: not measured, open
+    for (int i = 0; i < 3; ++i) {
+        gate.confirmed(3);  // 4000 saved by now
+    }
+    CHECK(gate.open(3) && gate.open(3));
+}
+
+// Old checks weigh less, and a check's noise (a row timed at more than a step) is not held against
+// it: drafts that pay reopen a gate closed by earlier ones.
+static void test_the_gate_forgets_old_checks_and_noise() {
+    llama_opt_memo_gate gate;
+    gate.step(1000);
+    gate.checked(5, 1, 100000);  // a preempted check: counted as one step, not 100
+    CHECK(!gate.open(5));
+    gate.confirmed(5);
+    CHECK(gate.open(5));
+    gate.checked(5, 4, 4000);  // four rows at a step each, none confirmed
+    CHECK(!gate.open(5));
+    for (int i = 0; i < 400; ++i) {  // then checks of 1 row at half a step, confirmed
+        gate.checked(5, 1, 500);
+        gate.confirmed(5);
+    }
+    CHECK(gate.open(5) && gate.open(5));
+}
+
 int main() {
+    test_the_gate_closes_while_drafts_cost_more_than_they_save();
+    test_the_gate_forgets_old_checks_and_noise();
     test_a_check_confirms_drafted_tokens_in_order();
     test_an_output_drafts_for_a_history_ending_like_its_prompt();
     test_the_history_wins_unless_an_output_matches_longer();

@@ -29,7 +29,7 @@ def test_gemma_draft_checks_of_several_sessions_batched_equal_steps_alone(gemma)
         "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
         "A list of ten animals: 1. cat 2.",
         "The capital of France is")]
-    config = OptConfig(env={}, memo_enabled=True)
+    config = OptConfig(env={}, memo_enabled=True, memo_gate=False)
     together, passes, drafts = step_together(gemma, prompts, config, 24, repeat=True)
     assert any(p == 1 and d >= 2 for p, d in zip(passes, drafts)), (passes, drafts)
     assert_same(step_alone(gemma, prompts, config, 24), together)

@@ -1,7 +1,8 @@
 """memo on Gemma 3 270M (and its exactness on each model family and KV cache type,
 families.FAMILY_KV_TYPES): a model that copies from its context (a file quoted back) generates the
 same tokens, with bitwise the same logits, whether drafts of earlier output are checked in one
-batch or every token takes its own decode step."""
+batch or every token takes its own decode step. Every draft found is checked (memo_gate off: the
+gate follows timings, and these tests count what drafting does)."""
 from __future__ import annotations
 
 import numpy as np
@@ -29,7 +30,7 @@ def copy_prompt(model):
 
 def generate(model, memo, kv_type="f16", **sampling):
     prompt = copy_prompt(model)
-    config = OptConfig(env={}, memo_enabled=memo, kv_type=kv_type)
+    config = OptConfig(env={}, memo_enabled=memo, memo_gate=False, kv_type=kv_type)
     with Context(model, n_ctx=2048, n_threads=2, config=config) as ctx:
         s = ctx.session()
         s.append(prompt)
@@ -55,7 +56,7 @@ def generate_beside_a_cached_sequence(gemma, n_ctx, memo, stop):
     at a stop string, not at max_tokens: drafts stop at max_tokens (the turn's last token), so only
     an output that ends otherwise has drafts reaching past the cells its tokens use."""
     prompt = copy_prompt(gemma)
-    with Context(gemma, n_ctx=n_ctx, n_threads=2, config=OptConfig(env={}, memo_enabled=memo)) as ctx:
+    with Context(gemma, n_ctx=n_ctx, n_threads=2, config=OptConfig(env={}, memo_enabled=memo, memo_gate=False)) as ctx:
         cached = ctx.session()
         cached.append(gemma.tokenize("word " * 500)[:448])
         cached.close()
@@ -90,7 +91,7 @@ def test_drafts_stop_at_the_end_of_the_context(gemma):
     prompt = copy_prompt(gemma)
     runs = []
     for memo in (False, True):
-        with Context(gemma, n_ctx=256, n_threads=2, config=OptConfig(env={}, memo_enabled=memo)) as ctx:
+        with Context(gemma, n_ctx=256, n_threads=2, config=OptConfig(env={}, memo_enabled=memo, memo_gate=False)) as ctx:
             s = ctx.session()
             s.append(prompt)
             runs.append(([t.id for t in s.generate(60)], len(s.tokens), s.stats.memo_tokens_skipped))
