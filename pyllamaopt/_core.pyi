@@ -46,6 +46,7 @@ class _PersistEntryInfo(typing.TypedDict):
     model_hash: int
     compat_hash: int
     layout: _PersistLayout
+    chain: list[int]
     problem: str
 class _BuildInfo(typing.TypedDict):
     """

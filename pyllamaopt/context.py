@@ -152,6 +152,14 @@ class Context:
         layout = self._core.persist_layout
         return None if layout is None else dict(layout)
 
+    @property
+    def persist_chains(self) -> set[int]:
+        """The chained hash of every block this context restores from its disk tier (its entries for
+        this model and build: ``PersistStore.restorable_chains``); empty without persistence. Reads
+        the entries' headers, not their rows."""
+        store, layout = self.persist, self.persist_layout
+        return set() if store is None or layout is None else store.restorable_chains(layout)
+
     def flush_persist(self, timeout: float | None = None) -> bool:
         """Wait until the KV queued for the persistent cache's background writer is on disk
         (``persist_write_behind``, on by default with ``persist_enabled``): each prompt's new

@@ -46,6 +46,8 @@ class PersistEntry:
     layout: Mapping[str, object] = field(default_factory=dict, compare=False)
     # an extension's first tokens, whose KV its parent entry holds (its file holds the rest): 0 if none
     base_tokens: int = 0
+    # the chained hash of each of its blocks (an extension's parents' blocks too)
+    chain: tuple[int, ...] = field(default=(), compare=False)
 
     @property
     def age(self) -> float:
@@ -65,6 +67,31 @@ class PersistEntry:
 
 _TMP_PREFIX = ".tmp-"   # kv-cache-persist's temporary files
 _MEMO = "file-hashes"  # kv-cache-persist's memo of model files' checksums
+
+
+def _whole_lineages(entries: list[PersistEntry], block_size: int) -> list[PersistEntry]:
+    """The entries whose parents (an extension's, its parent's...) are all among `entries`, each
+    agreeing with its child: exactly its base blocks, the same chained hashes (a parent is named by
+    its last block's)."""
+    by_last_block = {e.chain[-1]: e for e in entries if e.chain}
+    whole: dict[Path, bool] = {}
+    for entry in entries:
+        line: list[PersistEntry] = []
+        known: bool | None = None
+        node: PersistEntry | None = entry
+        while node is not None and known is None:
+            known = whole.get(node.path)
+            if known is None:
+                line.append(node)
+                base = node.base_tokens // block_size
+                if base == 0:
+                    known = True
+                else:
+                    parent = by_last_block.get(node.chain[base - 1])
+                    node = parent if parent is not None and parent.chain == node.chain[:base] else None
+        for member in line:
+            whole[member.path] = bool(known)
+    return [e for e in entries if whole[e.path]]
 
 
 def _unlink(path: Path) -> str:
@@ -106,12 +133,19 @@ class PersistStore:
 
     def entries(self) -> list[PersistEntry]:
         return [PersistEntry(Path(e["path"]), e["n_tokens"], e["size"], float(e["mtime"]), e["model_hash"], e["problem"],
-                             e["layout"], e["base_tokens"]) for e in self._core.list()]
+                             e["layout"], e["base_tokens"], tuple(e["chain"])) for e in self._core.list()]
 
     def foreign(self, layout: Mapping[str, object]) -> list[PersistEntry]:
         """The sound entries a context whose ``persist_layout`` is `layout` never restores: another
         model's or another build's (a restart on another model or version finds them, and misses)."""
         return [e for e in self.entries() if not e.problem and e.unusable_by(layout)]
+
+    def restorable_chains(self, layout: Mapping[str, object]) -> set[int]:
+        """The chained hash of every block a context whose ``persist_layout`` is `layout` restores from
+        here (a block names its whole prefix): its sound entries' blocks, an extension's only while its
+        parents are all there (the store restores nothing of an orphan)."""
+        usable = [e for e in self.entries() if not e.unusable_by(layout)]
+        return {chain for e in _whole_lineages(usable, cast(int, layout["block_size"])) for chain in e.chain}
 
     def refusal(self) -> str:
         """Why a Context with persistence would refuse this directory (another user's, writable by

@@ -25,6 +25,7 @@ static py::dict entry_dict(const llama_opt_persist_entry & e) {
     d["model_hash"]   = e.layout.model_hash;
     d["compat_hash"]  = e.layout.compat_hash;
     d["layout"]       = persist_layout_dict(e.layout);
+    d["chain"]        = e.chain;  // every block's chained hash (an extension's parents' blocks too)
     d["problem"]      = e.problem;
     return d;
 }

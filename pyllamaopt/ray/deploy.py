@@ -1,13 +1,12 @@
 """The application on Ray Serve (N engine replicas, the gateway in front, our router between them),
 what it needs from the cluster, and `pyllamaopt serve --ray`'s run: start or join the cluster, deploy,
-wait; a cluster that goes away ends the server with a message, not a hang."""
+wait; a cluster that goes away ends the server with a message, not a hang (cluster_watch)."""
 from __future__ import annotations
 
 import dataclasses
 import os
 import signal
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +18,6 @@ ROUTERS = ("affinity", "default")  # ours (router.py), or Ray Serve's default (p
 # requests one replica takes at once: its scheduler batches and queues them itself
 ENGINE_MAX_ONGOING = 64
 GATEWAY_MAX_ONGOING = 1024
-_WATCH_EVERY = 2.0  # seconds between two looks at the cluster's health
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,8 @@ def refuse_single_server_options(settings: ServeSettings) -> None:
 
 def serve_on_ray(settings: ServeSettings, options: RayOptions) -> None:
     """`pyllamaopt serve --ray`: joins the cluster RAY_ADDRESS names (else starts one on this machine),
-    deploys, and serves until Ctrl-C (or SIGTERM) or until the cluster goes away."""
+    deploys, and serves until Ctrl-C (or SIGTERM) or until the cluster goes away: then it says so and
+    exits with status 1 within seconds (cluster_watch)."""
     require_ray()
     options.check()
     settings.check()
@@ -103,37 +102,35 @@ def serve_on_ray(settings: ServeSettings, options: RayOptions) -> None:
     import ray
     from ray import serve
 
+    from .cluster_watch import ClusterWatch
+
     # no RAY_ADDRESS: a cluster of our own ("local"; ray.init() alone would join the one started last on
     # this machine, which may be someone else's, or gone: it then retries for minutes)
     ray.init(address=None if os.environ.get("RAY_ADDRESS") else "local", namespace=APP_NAME,
              log_to_driver=settings.verbose)
     signal.signal(signal.SIGTERM, _interrupt)  # stops as Ctrl-C does: Serve's replicas close their sessions
+    lost = ""
     try:
         check_placement(settings, options, ray.cluster_resources().get("CPU", 0.0))
         serve.start(http_options={"host": settings.host, "port": settings.port})
         serve.run(build_app(settings, options), name=APP_NAME, route_prefix="/")
+        watch = ClusterWatch.of_this_driver()
         export_ports = sorted({str(node["MetricsExportPort"]) for node in ray.nodes() if node.get("Alive")})
         print(f"pyllamaopt serve: {options.replicas} replicas ({options.router} routing) on Ray Serve, "
               f"http://{settings.host}:{settings.port}; the replicas' metrics in Ray's export (/metrics on port "
               f"{', '.join(export_ports)} of the nodes); Ctrl-C stops it", file=sys.stderr, flush=True)
-        _watch(serve)
+        lost = watch.wait_until_lost()
     except KeyboardInterrupt:
         serve.shutdown()
         print("pyllamaopt serve --ray: stopped", file=sys.stderr, flush=True)
     finally:
-        ray.shutdown()
+        if not lost:
+            ray.shutdown()
+    if lost:  # not ray.shutdown() nor Ray's exit handlers: they would wait on the lost cluster
+        watch.end()
+        print(f"pyllamaopt serve --ray: {lost}", file=sys.stderr, flush=True)
+        os._exit(1)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
-
-
-def _watch(serve: Any) -> None:
-    """Returns never; a cluster that went away is a SystemExit saying so."""
-    while True:
-        time.sleep(_WATCH_EVERY)
-        try:
-            serve.status()
-        except Exception as exc:  # (Ray raises several kinds when its cluster is gone)
-            raise SystemExit(f"pyllamaopt serve --ray: the Ray cluster went away ({type(exc).__name__}: {exc}); "
-                             "the server stopped") from None

@@ -46,13 +46,16 @@ class Engine:
 
     async def record_routing_stats(self) -> dict[str, Any]:
         """The replica's digest for the router (Ray calls this every request_routing_stats_period_s):
-        the chained hash of every block its pool holds, and how many protocol sessions it has open. (Its
-        metrics' export follows too: an idle replica's gauges move, sessions expire.)"""
+        the chained hash of every block its pool holds and of every block its disk tier restores, and
+        how many protocol sessions it has open. (Its metrics' export follows too: an idle replica's
+        gauges move, sessions expire.)"""
         service = self.app.state.service
+        context = service.context
         health = service.health()  # (and the queue's depth in the metrics, as the app's /metrics takes it)
         self.export.update()
-        chains = await asyncio.to_thread(lambda: service.context.pool_chains)  # (waits for the context's lock)
-        return {"replica": self.replica, "block_size": service.context.block_size, "chains": chains,
+        # (the pool's waits for the context's lock; the disk tier's reads the entries' headers)
+        pool, disk = await asyncio.to_thread(lambda: (context.pool_chains, context.persist_chains))
+        return {"replica": self.replica, "block_size": context.block_size, "chains": pool, "disk_chains": disk,
                 "sessions": health.get("sessions", 0)}
 
     async def __del__(self) -> None:

@@ -3,10 +3,12 @@ handle that sends: the gateway's):
 
 - a protocol session's call goes to the replica that created the session (its id names it); an id
   no live replica issued goes to any replica, which answers 404;
-- a prompt goes to the replica whose block pool holds the longest prefix of its block chain
-  (each replica's digest comes with its routing stats; the chains of what this router sent it
-  lately are added to it), unless that replica's queue is longer than the shortest by more than
-  `imbalanced_threshold`: then to the least loaded one (a fallback, counted);
+- a prompt goes to the replica that reuses the most of its block chain: the longest prefix its
+  block pool holds, then what its disk tier holds beyond it, worth a little less (a restore is cheaper
+  than a compute, dearer than a pool hit: affinity.DISK_BLOCK_WORTH). Each replica's digest of both
+  comes with its routing stats; the chains of what this router sent it lately are added to its pool's.
+  Unless that replica's queue is longer than the shortest by more than `imbalanced_threshold`: then
+  to the least loaded one (a fallback, counted);
 - a new protocol session: a replica with the fewest open sessions (by their digests);
 - anything else, and a prompt no replica holds a block of: the least loaded replica.
 """
@@ -19,7 +21,7 @@ from typing import Any
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from . import router_metrics as metrics
-from .affinity import Affinity
+from .affinity import Affinity, Held
 from .forwarding import ForwardedRequest
 
 # the chains of the latest requests routed to each replica, remembered beside its digest: a
@@ -45,19 +47,19 @@ class AffinityRouter(RequestRouter):
         if affinity.new_session:
             metrics.ROUTED.labels(reason="session_new").inc()
             return _fewest_sessions_first(candidate_replicas)
-        queues = {r.replica_id: self.replica_queue_len_cache.get(r.replica_id) for r in candidate_replicas}
-        matched = {r.replica_id: affinity.matched_blocks(self._held(r, affinity.block_size)) for r in candidate_replicas}
-        # the longest prefix; of equal ones (a system prompt every replica holds), the shortest queue
-        best = max(candidate_replicas, key=lambda r: (matched[r.replica_id], -(queues[r.replica_id] or 0)))
-        blocks = matched[best.replica_id]
-        if blocks == 0:
+        queues = [self.replica_queue_len_cache.get(r.replica_id) for r in candidate_replicas]
+        index, chosen = affinity.choose([self._held(r, affinity.block_size, queue)
+                                         for r, queue in zip(candidate_replicas, queues)])
+        best = candidate_replicas[index]
+        if chosen.worth == 0:
             metrics.ROUTED.labels(reason="no_prefix").inc()
             return [candidate_replicas]
-        if self._imbalanced(queues[best.replica_id], queues.values()):
+        if self._imbalanced(queues[index], queues):
             metrics.ROUTED.labels(reason="prefix_imbalanced").inc()
             return [candidate_replicas]
         metrics.ROUTED.labels(reason="prefix").inc()
-        metrics.MATCHED_BLOCKS.inc(blocks)
+        metrics.MATCHED_BLOCKS.inc(chosen.pool_blocks)
+        metrics.MATCHED_DISK_BLOCKS.inc(chosen.disk_blocks)
         return [[best], [r for r in candidate_replicas if r is not best]]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
@@ -70,12 +72,13 @@ class AffinityRouter(RequestRouter):
             while len(recent) > _RECENT_CHAINS:
                 recent.popitem(last=False)
 
-    def _held(self, replica: RunningReplica, block_size: int) -> set[int]:
-        """The blocks `replica` holds as far as this router knows: its last digest, and what was sent to
-        it lately."""
+    def _held(self, replica: RunningReplica, block_size: int, queue: int | None) -> Held:
+        """The blocks `replica` holds as far as this router knows, in its pool (its last digest, and
+        what was sent to it lately) and on its disk (its last digest)."""
         stats = replica.routing_stats or {}
-        reported = stats.get("chains", ()) if stats.get("block_size") == block_size else ()
-        return set(reported) | self._recent[replica.replica_id.unique_id].keys()
+        ours = stats.get("block_size") == block_size
+        pool = set(stats.get("chains", ()) if ours else ()) | self._recent[replica.replica_id.unique_id].keys()
+        return Held(pool, stats.get("disk_chains", set()) if ours else set(), queue)  # (a set: the engine's)
 
     def _imbalanced(self, queue: int | None, queues: Iterable[int | None]) -> bool:
         """Whether a replica with `queue` requests in flight has more than the least loaded one by more

@@ -10,6 +10,9 @@ ROUTED = Counter("pyllamaopt_router_requests", "Requests the router placed, by w
                  ["reason"], registry=REGISTRY)
 MATCHED_BLOCKS = Counter("pyllamaopt_router_matched_blocks", "Prompt blocks the chosen replica held, as far as the "
                          "router knew", registry=REGISTRY)
+MATCHED_DISK_BLOCKS = Counter("pyllamaopt_router_matched_disk_blocks", "Prompt blocks beyond its pool's that the "
+                              "chosen replica's disk tier held (it restores them), as far as the router knew",
+                              registry=REGISTRY)
 REASONS = ("session", "session_unknown", "session_new", "prefix", "prefix_imbalanced", "no_prefix", "other")
 for _reason in REASONS:
     ROUTED.labels(reason=_reason)

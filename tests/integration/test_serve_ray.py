@@ -11,6 +11,9 @@ carrying a file of its own (its content is most of its prompts: where a turn lan
 - A replica's actor killed mid-run: the run finishes, a request fails only as a 503 with Retry-After
   (the client retries), no answer differs, the moved conversations restore their blocks from the
   shared disk tier, and the dead replica's sessions are 404.
+- The cluster a server joined killed under it (a cluster of that test's own), and the GCS of a cluster
+  a server started itself: the server exits within 30 s with a line saying so and what to do, never
+  hangs, nor do its clients.
 
 The expensive parts are shared: one cluster for the module (each server joins it: a deployment costs
 seconds, a cluster tens of them), the single server's reference run once, our router's deployment
@@ -18,6 +21,7 @@ once (tests run in file order: the default router's deployment comes first, alon
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import importlib.util
 import logging
 import os
@@ -29,7 +33,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +42,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from test_serve import Server, free_port, start_server, stop_server
+from test_serve_crash import CUT_BY_THE_KILL
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]
 
@@ -52,6 +57,7 @@ QUESTIONS = ["What does this module do?", "Which function would you test first?"
 REPLICA_HEADER = "x-pyllamaopt-replica"
 RAY_EXPORT_WAIT = 90  # seconds for a value to reach Ray's metrics export (its processes report every 10 s)
 FIGURES: dict[str, Run] = {}  # the default router's run, reported beside ours
+CLUSTER_LOST_BOUND = 30  # seconds from a cluster's loss to the server's exit
 
 
 def document(i: int) -> str:
@@ -170,14 +176,14 @@ class Cluster:
                 "RAY_USAGE_STATS_ENABLED": "0"}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    """`ray start --head --block`: a local cluster of 2 CPUs for the module, ended by its process (never
+def start_cluster(directory: Path) -> Cluster:
+    """`ray start --head --block`: a local cluster of 2 CPUs, ended by its process (stop_cluster; never
     `ray stop`, which ends every cluster of this user on the machine)."""
     if importlib.util.find_spec("ray") is None:
         pytest.fail('these tests need Ray Serve: pip install ".[ray]"')
     port, metrics_port, agent_port, client_port = free_port(), free_port(), free_port(), free_port()
-    log = tmp_path_factory.mktemp("cluster") / "ray-start.log"
+    directory.mkdir(parents=True, exist_ok=True)
+    log = directory / "ray-start.log"
     token = uuid.uuid4().hex  # (not the user's ~/.ray/auth_token, which other clusters may use)
     process = subprocess.Popen(
         [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
@@ -192,24 +198,37 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
             os.killpg(process.pid, signal.SIGKILL)
             pytest.fail(f"ray start did not start a cluster:\n{log.read_text()[-4000:]}")
         time.sleep(0.5)
-    yield Cluster(f"127.0.0.1:{port}", metrics_port, process, log, token)
-    process.send_signal(signal.SIGTERM)
+    return Cluster(f"127.0.0.1:{port}", metrics_port, process, log, token)
+
+
+def stop_cluster(cluster: Cluster) -> None:
+    cluster.process.send_signal(signal.SIGTERM)
     try:
-        process.wait(timeout=60)
+        cluster.process.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        os.killpg(cluster.process.pid, signal.SIGKILL)
 
 
-def start_ray_server(model: Path, tmp_path: Path, cluster: Cluster, *args: str,
-                     env: dict[str, str] | None = None) -> Server:
-    """`pyllamaopt serve --ray` joining the cluster, as a process."""
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[Cluster]:
+    """The module's cluster, which each server joins (but those the last two tests lose a cluster under)."""
+    cluster = start_cluster(tmp_path_factory.mktemp("cluster"))
+    yield cluster
+    stop_cluster(cluster)
+
+
+def start_ray_server(model: Path, tmp_path: Path, cluster: Cluster | None, *args: str,
+                     env: dict[str, str] | None = None, replicas: int = 2) -> Server:
+    """`pyllamaopt serve --ray` joining the cluster, as a process (cluster None: with no RAY_ADDRESS, it
+    starts a cluster of its own)."""
     port = free_port()
     log = tmp_path / f"ray-{port}.log"
     process = subprocess.Popen(
-        [sys.executable, "-m", "pyllamaopt.cli", "serve", "--ray", "--replicas", "2", "--threads", "1",
+        [sys.executable, "-m", "pyllamaopt.cli", "serve", "--ray", "--replicas", str(replicas), "--threads", "1",
          "--model", str(model), "--port", str(port), "--n-ctx", str(N_CTX), *args],
         cwd=tmp_path, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, **cluster.environment(), **(env or {})})
+        env={**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "RAY_USAGE_STATS_ENABLED": "0",
+             **(cluster.environment() if cluster else {}), **(env or {})})
     server = Server(f"http://127.0.0.1:{port}", process, log)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -259,12 +278,16 @@ def on_ray(gemma_path, tmp_path_factory, cluster) -> Iterator[Server]:
     stop_ray_server(server)
 
 
-def router_counts(server: Server) -> dict[str, float]:
-    """The router's requests by reason (pyllamaopt_router_requests_total), from the gateway's /metrics/router."""
+def router_samples(server: Server) -> list:
+    """The router's counters, from the gateway's /metrics/router."""
     with urllib.request.urlopen(server.url + "/metrics/router", timeout=30) as r:
         text = r.read().decode()
-    return {s.labels["reason"]: s.value for family in text_string_to_metric_families(text)
-            for s in family.samples if s.name == "pyllamaopt_router_requests_total"}
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def router_counts(server: Server) -> dict[str, float]:
+    """The router's requests by reason (pyllamaopt_router_requests_total)."""
+    return {s.labels["reason"]: s.value for s in router_samples(server) if s.name == "pyllamaopt_router_requests_total"}
 
 
 def ray_export(cluster: Cluster, name: str) -> list[tuple[dict[str, str], float]]:
@@ -409,8 +432,14 @@ def test_a_replica_killed_mid_run(reference, on_ray, cluster, monkeypatch):
                 moved.append(after)
                 assert after.restored > 0, (i, after)
     assert moved
+    # the replicas' digests of their (shared) disk tier reached the router, which counted prompt blocks
+    # the chosen replica restores rather than computes (a moved conversation's: no pool held them)
+    disk_blocks = sum(s.value for s in router_samples(on_ray)
+                      if s.name == "pyllamaopt_router_matched_disk_blocks_total")
+    assert disk_blocks > 0
     print(f"\nkilled replica {victim}: {len(moved)} conversations moved, {len(run.retries)} requests answered 503 "
-          f"and retried, {sum(t.restored for t in moved)} prompt tokens restored from the shared disk tier")
+          f"and retried, {sum(t.restored for t in moved)} prompt tokens restored from the shared disk tier; the "
+          f"router placed {disk_blocks:g} prompt blocks by the disk tier's digests")
     # its sessions went with it; the other replica's did not
     for replica, sid in sessions.items():
         status, body = on_ray.request("GET", f"/v1/sessions/{sid}")
@@ -435,3 +464,91 @@ def test_what_ray_cannot_do_is_one_line_before_the_model_loads(tmp_path, cluster
                               env={**os.environ, **cluster.environment(), **env})
         last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
         assert done.returncode != 0 and message in last, (args, done.stderr[-2000:])
+
+
+
+def cluster_lost_under(server: Server, kill: Callable[[], object]) -> tuple[str, float, float]:
+    """`kill`s the server's cluster while an answer streams: the stream breaks off, never hangs; the
+    server exits with status 1 within CLUSTER_LOST_BOUND seconds; a request after it is refused at
+    once. Returns the server's last line and the seconds until the stream broke off and it exited."""
+    client = server.client(timeout=120)
+    messages = [{"role": "user", "content": "Count from 1 to 300, one number per line."}]
+    assert client.chat.completions.create(model="gemma", max_tokens=8, messages=messages).choices[0].message.content
+    chunks = iter(client.chat.completions.create(model="gemma", max_tokens=600, messages=messages, stream=True))
+    while not any(choice.delta.content for choice in next(chunks).choices):
+        pass  # until the answer streams
+    kill()
+    killed_at = time.monotonic()
+    with pytest.raises(CUT_BY_THE_KILL):
+        for _ in chunks:
+            pass
+    broke_off = time.monotonic() - killed_at
+    try:
+        server.process.wait(timeout=CLUSTER_LOST_BOUND)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the server still ran {CLUSTER_LOST_BOUND} s after its cluster went:\n"
+                    f"{server.log.read_text()[-4000:]}")
+    exited = time.monotonic() - killed_at
+    assert server.process.returncode == 1, server.log.read_text()[-4000:]
+    asked_at = time.monotonic()
+    with pytest.raises(openai.APIConnectionError):
+        client.chat.completions.create(model="gemma", max_tokens=8, messages=messages)
+    assert broke_off < CLUSTER_LOST_BOUND and time.monotonic() - asked_at < 5
+    last = server.log.read_text().strip().splitlines()[-1]
+    print(f"\nthe cluster killed: the stream broke off after {broke_off:.1f} s, the server exited after "
+          f"{exited:.1f} s: {last}")
+    return last, broke_off, exited
+
+
+def test_a_cluster_that_goes_away_ends_the_server_with_a_message(gemma_path, tmp_path):
+    """Every process of the cluster the server joined killed at once (SIGKILL, as `ray stop --force`
+    does; a cluster of this test's own, not the module's): the last line names the cluster and what
+    to do."""
+    cluster = start_cluster(tmp_path / "cluster")
+    try:
+        server = start_ray_server(gemma_path, tmp_path, cluster, replicas=1)
+        try:
+            last, _, _ = cluster_lost_under(server, lambda: os.killpg(cluster.process.pid, signal.SIGKILL))
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.process.pid, signal.SIGKILL)
+    finally:
+        stop_cluster(cluster)  # (its processes are gone: only the group's leader is waited for)
+    port = cluster.address.rpartition(":")[2]
+    assert last.startswith("pyllamaopt serve --ray: the Ray cluster at ") and f":{port} went away" in last, last
+    assert "ray start --head" in last and "RAY_ADDRESS" in last, last
+
+
+def process_group(pgid: int) -> dict[int, str]:
+    """The live processes of a process group: {pid: command name}."""
+    members = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # (gone meanwhile)
+            continue
+        state, _, group = text[text.rindex(")") + 2:].split()[:3]
+        if int(group) == pgid and state != "Z":
+            members[int(stat.parent.name)] = text[text.index("(") + 1:text.rindex(")")]
+    return members
+
+
+def test_a_cluster_of_its_own_that_loses_its_gcs_ends_the_server(gemma_path, tmp_path):
+    """The GCS of the cluster a server started itself (no RAY_ADDRESS) killed: the last line says
+    so, and no process of that cluster outlives the server (they are of its process group)."""
+    server = start_ray_server(gemma_path, tmp_path, None, replicas=1)
+    try:
+        gcs = [pid for pid, name in process_group(server.process.pid).items() if name == "gcs_server"]
+        assert len(gcs) == 1, process_group(server.process.pid)
+        last, _, _ = cluster_lost_under(server, lambda: os.kill(gcs[0], signal.SIGKILL))
+        deadline = time.monotonic() + 15
+        while process_group(server.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = process_group(server.process.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.process.pid, signal.SIGKILL)
+    assert last.startswith("pyllamaopt serve --ray: the Ray cluster this server started went away (its gcs_server "
+                           "process exited"), last
+    assert "start pyllamaopt serve --ray again" in last, last
+    assert not left, left
