@@ -87,9 +87,9 @@ class ChatTemplate:
         if file is not None:
             return cls.from_file(file, model=model)
         tool_use = model.metadata.get(TOOL_USE_KEY) or None
-        if model.chat_template or tool_use:
-            return cls(model.chat_template or tool_use, name=f"of {model.path}", tool_use=tool_use,
-                       **_special_texts(model))
+        own = model.chat_template or tool_use
+        if own:
+            return cls(own, name=f"of {model.path}", tool_use=tool_use, **_special_texts(model))
         source = BUILTIN_TEMPLATES.get(model.architecture)
         if source is None:
             raise ChatTemplateError(
