@@ -58,8 +58,12 @@ class ChatTemplate:
     """
 
     def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "",
-                 name: str = "(given as a string)") -> None:
+                 name: str = "(given as a string)", tool_use: str | None = None) -> None:
+        """`tool_use`: a second template for requests with tools, as a GGUF file may carry one
+        (``tokenizer.chat_template.tool_use``): llama.cpp renders a request that has tools with it."""
         self._core = _core.ChatTemplates.from_source(source, bos_token, eos_token, name)
+        self._tool_use = (_core.ChatTemplates.from_source(tool_use, bos_token, eos_token, f"{name} (tool_use)")
+                          if tool_use else None)
         self._tool_format: str | None = None
 
     @classmethod
@@ -77,11 +81,15 @@ class ChatTemplate:
 
     @classmethod
     def for_model(cls, model: Model, *, file: str | os.PathLike[str] | None = None) -> ChatTemplate:
-        """The template in `file`, else the model's own, else a built-in one for its architecture."""
+        """The template in `file`, else the model's own (with its tool_use variant, if the GGUF file
+        has one: as llama.cpp's common_chat_templates_init reads them, the variant standing in for a
+        missing default), else a built-in one for its architecture."""
         if file is not None:
             return cls.from_file(file, model=model)
-        if model.chat_template:
-            return cls(model.chat_template, name=f"of {model.path}", **_special_texts(model))
+        tool_use = model.metadata.get(TOOL_USE_KEY) or None
+        own = model.chat_template or tool_use
+        if own:
+            return cls(own, name=f"of {model.path}", tool_use=tool_use, **_special_texts(model))
         source = BUILTIN_TEMPLATES.get(model.architecture)
         if source is None:
             raise ChatTemplateError(
@@ -95,15 +103,17 @@ class ChatTemplate:
 
     @property
     def takes_tools(self) -> bool:
-        """Whether the template renders tool definitions given as ``tools=[...]`` (Hugging Face's
-        convention): llama.cpp's capabilities of the template, found by rendering probes."""
-        return self._core.caps.get("supports_tools", False)
+        """Whether the template (the tool_use variant, if there is one) renders tool definitions given as
+        ``tools=[...]`` (Hugging Face's convention): llama.cpp's capabilities of the template, found by
+        rendering probes."""
+        return self._with_tools.caps.get("supports_tools", False)
 
     @property
     def native_tools(self) -> bool:
-        """Whether the template renders tool definitions and an assistant's calls in the model's own
-        syntax, so that llama.cpp's chat layer knows the format of its calls."""
-        caps = self._core.caps
+        """Whether the template (the tool_use variant, if there is one) renders tool definitions and an
+        assistant's calls in the model's own syntax, so that llama.cpp's chat layer knows the format of
+        its calls."""
+        caps = self._with_tools.caps
         return caps.get("supports_tools", False) and caps.get("supports_tool_calls", False)
 
     @property
@@ -115,10 +125,16 @@ class ChatTemplate:
             self._tool_format = tool_format_name(self) if self.native_tools else "generic"
         return self._tool_format
 
+    @property
+    def _with_tools(self) -> _core.ChatTemplates:
+        """The template a request with tools is rendered with (llama.cpp's choice)."""
+        return self._tool_use or self._core
+
     def apply(self, request: Mapping[str, Any]) -> _core.RenderedChat:
         """A chat request (``messages``, and as llama-server takes them ``tools``, ``tool_choice``,
         ``parallel_tool_calls``, ``add_generation_prompt``, ``enable_thinking``,
-        ``chat_template_kwargs``) rendered: the prompt, the reply's format, grammar and parser."""
+        ``chat_template_kwargs``) rendered: the prompt, the reply's format, grammar and parser. A
+        request with tools is rendered with the tool_use variant, if there is one."""
         for i, m in enumerate(request.get("messages", ())):
             content = m.get("content") if isinstance(m, dict) else None
             if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not (
@@ -129,7 +145,7 @@ class ChatTemplate:
             text = json.dumps(request, ensure_ascii=False)
         except (TypeError, ValueError) as exc:
             raise ChatTemplateError(f"the chat request is not JSON: {exc}") from None
-        return self._core.apply(text)
+        return (self._with_tools if request.get("tools") else self._core).apply(text)
 
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = True,
                tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: str | None = None,
@@ -160,6 +176,9 @@ class ChatTemplate:
             return text, []
         spans = _locate(skeleton, text, messages, marked)
         return text, spans if spans is not None else []
+
+
+TOOL_USE_KEY = "tokenizer.chat_template.tool_use"  # a GGUF file's template for requests with tools
 
 
 def _special_texts(model: Model) -> dict[str, str]:
@@ -238,6 +257,9 @@ def prompt_tokens(model: Model, template: ChatTemplate, messages: Sequence[Messa
                     raise ChatTemplateError("a tool call's name or arguments contain the model's special-token text "
                                             "(such as a turn's end), which the template would write as markup: "
                                             "remove that text from the call")
+        if isinstance(m.get("reasoning_content"), str) and model.has_special_text(m["reasoning_content"]):
+            raise ChatTemplateError("an assistant message's reasoning contains the model's special-token text (such "
+                                    "as a turn's end), which the template would write as markup: remove that text")
     tokens = model.tokenize(text, add_bos=False, special=True)
     forged = {i: [(0, len(m["content"]))] for i, m in enumerate(messages)
               if isinstance(m.get("content"), str) and m["content"] and model.has_special_text(m["content"])}

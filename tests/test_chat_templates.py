@@ -12,7 +12,8 @@ import pytest
 
 from pyllamaopt import ChatTemplate, ChatTemplateError, Model
 from test_serve import N_CTX, free_port, start_server, stop_server
-from tinymodel import CHATML
+from tinymodel import CHATML, write_tiny_llama
+from upstream_programs import templates_dir
 
 RAISING = ("{% for m in messages %}\n"
            "{% if 'forbidden' in m.content %}\n"
@@ -93,3 +94,27 @@ def test_a_template_that_raises_for_a_request_is_a_400_naming_it(tiny_model_path
         assert status == 200, answer
     finally:
         stop_server(server)
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def test_a_gguf_files_tool_use_template_renders_the_requests_with_tools(tmp_path):
+    """A GGUF file with a second template for requests with tools (tokenizer.chat_template.tool_use), as
+    llama.cpp's common_chat_templates_init reads it: a request with tools is rendered with it, one
+    without with the default; tools are native as the variant's (its format's name); a file with the
+    variant alone has it as its default too."""
+    qwen = (templates_dir() / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text()
+    both = write_tiny_llama(tmp_path / "both.gguf", chat_template=[{"name": "default", "template": CHATML},
+                                                                   {"name": "tool_use", "template": qwen}])
+    template = ChatTemplate.for_model(Model(both))
+    ask = [{"role": "user", "content": "The weather in Paris?"}]
+    assert template.render(ask) == ChatTemplate(CHATML).render(ask)
+    with_tools = template.render(ask, tools=[WEATHER])
+    assert with_tools == ChatTemplate(qwen, bos_token="<s>", eos_token="</s>").render(ask, tools=[WEATHER])
+    assert "<tools>" in with_tools and template.native_tools and template.tool_format == "hermes"
+    assert not ChatTemplate(CHATML).takes_tools
+    alone = ChatTemplate.for_model(Model(write_tiny_llama(tmp_path / "alone.gguf",
+                                                          chat_template=[{"name": "tool_use", "template": qwen}])))
+    assert alone.render(ask) == ChatTemplate(qwen).render(ask) and alone.tool_format == "hermes"

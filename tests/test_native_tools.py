@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 
 from pyllamaopt import ChatTemplate
-from pyllamaopt.serve.chat_messages import ToolChoice, Turn
+from pyllamaopt.serve.anthropic_routes import _turn
+from pyllamaopt.serve.chat_messages import Tool, ToolChoice, ToolResult, Turn
 from pyllamaopt.serve.chat_prompt import render_prompt
 from pyllamaopt.serve.native_reply import NativeReplyParser
 from pyllamaopt.serve.params import GenerateParams
 from pyllamaopt.serve.reply_parser import CallStart, ReasoningPiece, TextPiece
+from pyllamaopt.serve.schemas import AnthropicMessage
 from tinymodel import CHATML
 from upstream_programs import templates_dir
 
@@ -157,3 +159,17 @@ def test_every_native_template_of_the_tree_has_a_name_beyond_llama_cpps():
     """llama.cpp's own names (peg-native, ...) are the fallback for a syntax chat_formats.py does not know."""
     names = {p.name: ChatTemplate.from_file(p).tool_format for p in templates_dir().glob("*.jinja")}
     assert not {t: n for t, n in names.items() if n.startswith("peg-")}, names
+
+
+def test_an_anthropic_thinking_block_sent_back_is_the_turns_reasoning():
+    """Qwen3's template renders the reasoning of an assistant turn after the last user message (a tool
+    loop): a thinking block sent back with the call is in the prompt, where the template puts it."""
+    said = _turn(AnthropicMessage.model_validate({"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "I should call it.", "signature": ""},
+        {"type": "tool_use", "id": "call_1", "name": "special_function", "input": {"arg1": 1}}]}), "messages[1]")
+    assert said.reasoning == "I should call it." and [c.name for c in said.calls] == ["special_function"]
+    turns = [Turn("user", "Call it."), said, Turn("user", results=[ToolResult("call_1", "done")])]
+    tools = [Tool("special_function", "I'm special", SPECIAL["function"]["parameters"])]
+    prompt = render_prompt(ChatTemplate.from_file(templates_dir() / "Qwen-Qwen3-0.6B.jinja"), turns, tools,
+                           ToolChoice(), GenerateParams())
+    assert "<|im_start|>assistant\n<think>\nI should call it.\n</think>\n\n<tool_call>" in prompt.text

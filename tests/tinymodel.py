@@ -44,10 +44,11 @@ def _vocab(characters: bool = True) -> tuple[list[str], list[float], list[int]]:
 
 def write_tiny_llama(path: Path, *, seed: int = 0, n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
                      n_head_kv: int = 2, n_ff: int = 128, n_ctx_train: int = 4096, characters: bool = True,
-                     chat_template: str | None = None) -> Path:
+                     chat_template: str | list[dict[str, str]] | None = None) -> Path:
     """Write a tiny llama model to `path` and return it. characters=False: a vocabulary of
     whole words only (no byte fallback), where a grammar can leave a single token.
-    chat_template: a jinja2 template in its metadata (default: none)."""
+    chat_template: a jinja2 template in its metadata (default: none), or named ones
+    ([{"name": "default" | "tool_use" | ..., "template": ...}], gguf's add_chat_template)."""
     rng = np.random.default_rng(seed)
     tokens, scores, types = _vocab(characters)
     n_vocab, head_dim = len(tokens), n_embd // n_head

@@ -47,8 +47,10 @@ def _turn(m: AnthropicMessage, where: str) -> Turn:
             if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, dict):
                 raise BadRequest(f"{at}: a tool_use block needs 'id' and 'name' (strings) and 'input' (an object)")
             turn.calls.append(ToolCall(call_id, name, arguments_text(arguments, f"{at}.input")))
-        elif kind in ("thinking", "redacted_thinking") and m.role == "assistant":
-            continue  # the model's reasoning: not rendered into the history (most templates drop it too)
+        elif kind == "thinking" and m.role == "assistant" and isinstance(block.get("thinking"), str):
+            turn.reasoning += block["thinking"]  # (rendered as the template renders reasoning: most drop it)
+        elif kind == "redacted_thinking" and m.role == "assistant":
+            continue  # (none of ours: its text is not known)
         elif kind == "tool_result" and m.role == "user":
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str):

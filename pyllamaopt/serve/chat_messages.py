@@ -53,6 +53,7 @@ class Turn:
     text: str = ""
     calls: list[ToolCall] = field(default_factory=list)
     results: list[ToolResult] = field(default_factory=list)
+    reasoning: str = ""  # assistant: its reasoning as sent back (OpenAI's reasoning_content, Anthropic's thinking)
 
 
 def compact(value: Any) -> str:

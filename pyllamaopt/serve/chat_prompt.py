@@ -146,9 +146,9 @@ def render_prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence
 def _render_native(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool], choice: ToolChoice,
                    mark_tool_results: bool, kwargs: dict[str, Any]) -> ChatPrompt:
     """The prompt in the model's own tool-calling format (native_prompt.py). Its grammar is
-    llama.cpp's, applied as llama.cpp applies it: from the reply's first token (a call required), or
-    lazily, from the format's opening tag on (tool_choice "auto": the reply is free until it begins
-    a call)."""
+    llama.cpp's, applied as llama.cpp applies it: from the reply's first token (a call required: the
+    reply opens with the call, native_prompt.reply_grammar), or lazily, from the format's opening tag
+    on (tool_choice "auto": the reply is free until it begins a call)."""
     _call_names(turns)
     messages, results = native_messages(turns)
     render_args = {**native_render_args(tools, choice, add_generation_prompt=True), **kwargs}
@@ -159,7 +159,7 @@ def _render_native(template: ChatTemplate, turns: Sequence[Turn], tools: Sequenc
     except ChatTemplateError as exc:
         raise BadRequest(str(exc)) from None
     grammar, triggers = native_reply_grammar(rendered.grammar, rendered.grammar_lazy, rendered.grammar_triggers,
-                                             rendered.generation_prompt)
+                                             rendered.generation_prompt, choice.parallel)
     return ChatPrompt(rendered.prompt, False, marked, template, messages, render_args, grammar, triggers,
                       native=rendered.parser, tool_format=template.tool_format, stops=tuple(rendered.additional_stops))
 
@@ -263,9 +263,10 @@ def _messages(turns: Sequence[Turn], generic: bool) -> tuple[list[Message], list
             last.results = last.results + turn.results
             last.text = turn.text
         else:
-            merged.append(Turn(turn.role, turn.text, list(turn.calls), list(turn.results)))
+            merged.append(Turn(turn.role, turn.text, list(turn.calls), list(turn.results), turn.reasoning))
     contents = [_content(t, names, generic) for t in merged]
-    return [{"role": t.role, "content": c} for t, (c, _) in zip(merged, contents)], [r for _, r in contents]
+    return [{"role": t.role, "content": c, **({"reasoning_content": t.reasoning} if t.reasoning and not generic else {})}
+            for t, (c, _) in zip(merged, contents)], [r for _, r in contents]
 
 
 def _content(turn: Turn, names: dict[str, str], generic: bool) -> tuple[str, list[tuple[int, int]]]:

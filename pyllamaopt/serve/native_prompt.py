@@ -23,12 +23,13 @@ def native_messages(turns: Sequence[Turn]) -> tuple[list[Message], dict[int, lis
         for r in turn.results:
             results[len(messages)] = [(0, len(r.content))]
             messages.append({"role": "tool", "tool_call_id": r.call_id, "content": r.content})
+        reasoning = {"reasoning_content": turn.reasoning} if turn.reasoning else {}
         if turn.calls:
-            messages.append({"role": "assistant", "content": turn.text or None, "tool_calls": [
+            messages.append({"role": "assistant", "content": turn.text or None, **reasoning, "tool_calls": [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.sent or c.arguments}}
                 for c in turn.calls]})
-        elif turn.text or not turn.results:
-            messages.append({"role": turn.role, "content": turn.text})
+        elif turn.text or turn.reasoning or not turn.results:
+            messages.append({"role": turn.role, "content": turn.text, **reasoning})
     return messages, results
 
 
@@ -52,27 +53,90 @@ Trigger = tuple[str, str | int]  # Session.generate's grammar_triggers: (kind, v
 
 
 def reply_grammar(grammar: str, lazy: bool, triggers: Sequence[tuple[str, str, int]],
-                  generation_prompt: str) -> tuple[str | None, tuple[Trigger, ...]]:
+                  generation_prompt: str, parallel: bool) -> tuple[str | None, tuple[Trigger, ...]]:
     """llama.cpp's grammar of a reply for the engine's grammar, and its triggers if it is lazy (as
     llama.cpp applies a format's call grammar with tool_choice "auto": from the format's opening
     tag on; RenderedChat.grammar_triggers as Session.generate takes them). A lazy grammar's root is
-    the calls alone. Otherwise llama.cpp's root rule starts with the generation prompt (the end of
-    the prompt, "<|im_start|>assistant\\n"), which its sampler feeds the grammar before the reply;
-    the engine's grammar starts at the reply, so that leading literal is taken out of the root rule.
-    A root that does not start so is used as it is unless it names the generation prompt elsewhere
-    (then None: the reply is free, and parsed)."""
+    the calls alone. Otherwise (a call required) llama.cpp's root rule starts with the generation
+    prompt (the end of the prompt, "<|im_start|>assistant\\n"), which its sampler feeds the grammar
+    before the reply; the engine's grammar starts at the reply, so that leading literal is taken out
+    of the root rule. A root that does not start so is used as it is unless it names the generation
+    prompt elsewhere or starts with a part of it (a template whose generation prompt opens the reply's
+    thinking, "...assistant\\n<think>\\n": the rest is inside the grammar's reasoning rule, which the
+    engine's grammar cannot be started in): then None, the reply is free, and parsed.
+
+    Two changes to the pinned tree's grammars, which only narrow what they allow:
+    - with a call required, its root lets text come before the calls (``until-N?``: any text up to
+      the format's opening tag), so a model that writes a call without its format's tags (Qwen2.5-Coder
+      0.5B writes bare JSON) writes text to max_tokens and never calls; that text is taken out, and
+      the reply opens with a call in the format's syntax (as llama.cpp's per-format handlers before
+      its automatic parser had it, and OpenAI's "required" means);
+    - with parallel_tool_calls false, its per-call JSON formats (Hermes' ``<tool_call>`` repeated)
+      still repeat the call (``tool-calls ::= (tool-call space)+``): one call.
+    A root of another shape (alternatives at its top, no text before the calls) is left as it is."""
     if not grammar:
         return None, ()
+    if not parallel:
+        grammar = _REPEATED_CALLS.sub(r"\1\2 space", grammar)
     if lazy:
         return grammar, tuple((kind, token if kind == "token" else value) for kind, value, token in triggers)
     root = re.search(r"^root ::= (.*)$", grammar, re.MULTILINE)
-    literal = '"' + "".join(_GBNF_ESCAPES.get(ch, ch) for ch in generation_prompt) + '"'
-    if root is None or not generation_prompt:
+    if root is None:
         return grammar, ()
-    if root.group(1).startswith(literal + " "):
-        start = root.start(1)
-        return grammar[:start] + grammar[start + len(literal) + 1:], ()
-    return (None if literal in root.group(1) else grammar), ()
+    body = root.group(1)
+    literal = '"' + "".join(_GBNF_ESCAPES.get(ch, ch) for ch in generation_prompt) + '"'
+    first = (_top_level_items(body) or [""])[0]
+    if generation_prompt and body.startswith(literal + " "):
+        body = body[len(literal) + 1:]
+    elif generation_prompt and (literal in body or (first.startswith('"') and literal.startswith(first[:-1]))):
+        return None, ()
+    return grammar[:root.start(1)] + _calls_first(body) + grammar[root.end(1):], ()
+
+
+# llama.cpp's names: the text before a format's calls (common_peg's until parser), the calls repeated
+_TEXT_BEFORE_CALLS = re.compile(r"until-\d+\??")
+_RULE_NAME = re.compile(r"[A-Za-z0-9-]+")
+_REPEATED_CALLS = re.compile(r"^(tool-calls ::= )\((tool-call\??) space\)\+$", re.MULTILINE)
+
+
+def _calls_first(root: str) -> str:
+    """A required call's root rule without the text before the calls: the item before its last (the
+    calls' rule), past any ``space``, if that item is text up to the format's opening tag."""
+    items = _top_level_items(root)
+    if not items or not _RULE_NAME.fullmatch(items[-1]):
+        return root
+    k = len(items) - 2
+    while k >= 0 and items[k] == "space":
+        k -= 1
+    if k < 0 or not _TEXT_BEFORE_CALLS.fullmatch(items[k]):
+        return root
+    return " ".join(items[:k] + items[k + 1:])
+
+
+def _top_level_items(body: str) -> list[str] | None:
+    """The items of a GBNF rule's body (a literal, a class, a group, a name, with its repetition mark),
+    None if it has alternatives at its top level."""
+    items: list[str] = []
+    item, depth, i = "", 0, 0
+    while i < len(body):
+        ch = body[i]
+        if ch in '"[':  # a literal or a class, up to its unescaped end
+            close, j = ('"' if ch == '"' else "]"), i + 1
+            while body[j] != close:
+                j += 2 if body[j] == "\\" else 1
+            item, i = item + body[i:j + 1], j + 1
+            continue
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and ch == "|":
+            return None
+        if depth == 0 and ch == " ":
+            if item:
+                items.append(item)
+            item = ""
+        else:
+            item += ch
+        i += 1
+    return [*items, item] if item else items
 
 
 _GBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}

@@ -127,7 +127,8 @@ def _turns(messages: list[ChatMessage]) -> list[Turn]:
                           c.function.arguments if isinstance(c.function.arguments, str) else None)
                  for j, c in enumerate(m.tool_calls or [])]
         # OpenAI's 'developer' messages are its newer name for system messages
-        turns.append(Turn("system" if m.role == "developer" else m.role, text_of(m.content, where), calls))
+        turns.append(Turn("system" if m.role == "developer" else m.role, text_of(m.content, where), calls,
+                          reasoning=m.reasoning_content or ""))
     return turns
 
 

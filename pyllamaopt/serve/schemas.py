@@ -121,6 +121,7 @@ class ChatMessage(_Body):
     role: str
     content: str | list[dict[str, Any]] | None = None
     tool_calls: list[ToolCallBody] | None = None  # assistant
+    reasoning_content: str | None = None           # assistant: its reasoning, as llama-server and vLLM return it
     tool_call_id: str | None = None               # tool
 
 

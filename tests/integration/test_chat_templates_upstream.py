@@ -1,9 +1,10 @@
 """Chat templates rendered as llama.cpp renders them (issue 44). With the same template file,
 `POST /apply-template` of our server and of llama-server (built from the pinned tree) give the same
-prompt, byte for byte, for a conversation with tools, a call, its result, markup and non-ASCII
-text; and for every template of the pinned tree's models/templates/, the prompt our chat routes
-compute (the request through our message model) is llama.cpp's rendering of the request as it
-came (the binding), or both refuse it: a ChatTemplateError / 400 naming the template."""
+prompt, byte for byte, for a conversation with tools, a call, its result, markup, non-ASCII text and
+an assistant's reasoning sent back; and for every template of the pinned tree's models/templates/,
+the prompt our chat routes compute (the request through our message model) is llama.cpp's rendering
+of the request as it came (the binding), or both refuse it: a ChatTemplateError / 400 naming the
+template."""
 from __future__ import annotations
 
 import json
@@ -37,6 +38,7 @@ CALL = {"role": "assistant", "content": None, "tool_calls": [
     {"id": "abc123DEF", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Zürich"}'}}]}
 RESULT = {"role": "tool", "tool_call_id": "abc123DEF", "content": "Sonnig, 21 °C, <i>leichter</i> Wind"}
 WITH_TOOLS = {"messages": [SYSTEM, ASK, CALL, RESULT], "tools": [WEATHER]}
+THOUGHT = "Der Nutzer fragt nach dem Wetter in <Zürich> — erst nachsehen, dann antworten."
 
 CONVERSATIONS = {
     "system": {"messages": [SYSTEM, ASK]},
@@ -45,6 +47,11 @@ CONVERSATIONS = {
     "tools": {"messages": [ASK], "tools": [WEATHER]},
     "tool-results": WITH_TOOLS,
     "no-thinking": {"messages": [ASK], "chat_template_kwargs": {"enable_thinking": False}},
+    # an assistant's reasoning sent back (reasoning_content): a past turn's (Qwen3 drops it), and one
+    # after the last user message, in a tool loop (Qwen3 renders it)
+    "thinking": {"messages": [SYSTEM, ASK, {"role": "assistant", "content": "Sonnig — 21 °C.", "reasoning_content": THOUGHT},
+                              {"role": "user", "content": "Und morgen? <tag>"}]},
+    "thinking-tool-loop": {"messages": [SYSTEM, ASK, {**CALL, "reasoning_content": THOUGHT}, RESULT], "tools": [WEATHER]},
 }
 UPSTREAM_CHECKED = ["Qwen-Qwen2.5-7B-Instruct.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja",
                     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja",

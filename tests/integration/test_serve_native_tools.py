@@ -34,9 +34,9 @@ def test_the_prompt_is_the_templates_own_tool_syntax(served):
 
 
 def test_a_reply_is_read_in_the_native_format_streamed_or_not(served):
-    """llama.cpp's required-call grammar lets content come before the call (its root: text until
-    "<tool_call>", then calls), and SmolLM2 135M writes text first: the reply is either a valid call
-    or text cut by max_tokens, never a malformed call; streamed and not, the same."""
+    """A call required: the reply opens with "<tool_call>" (the server's narrowing of llama.cpp's
+    grammar, native_prompt.reply_grammar); SmolLM2 135M's call is either whole (valid arguments) or
+    cut by max_tokens (then text), never a malformed call; streamed and not, the same."""
     client = served.client()
     reply = client.chat.completions.create(model="m", messages=ASK, tools=TOOLS, tool_choice="required",
                                            max_tokens=40)

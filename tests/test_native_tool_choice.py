@@ -1,0 +1,108 @@
+"""tool_choice "required" (and a named function) and parallel_tool_calls in the models' own tool-call
+formats: what the server's reply grammar allows (native_prompt.reply_grammar over llama.cpp's grammar
+of the format), checked with an independent GBNF recognizer and sampler (tests/gbnf_check.py), and
+read back by llama.cpp's parser of the format.
+
+A call required: the reply opens with a call in the format's syntax (the pinned tree's grammar lets
+any text come first: a model that writes a call without its tags never calls); parallel_tool_calls
+false: one call (the per-call JSON formats repeated the call anyway); true: more than one."""
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+
+from gbnf_check import Grammar, parse_gbnf
+from pyllamaopt import ChatTemplate
+from pyllamaopt.serve.chat_messages import Tool, ToolChoice, Turn
+from pyllamaopt.serve.chat_prompt import ChatPrompt, render_prompt
+from pyllamaopt.serve.params import GenerateParams
+from upstream_programs import templates_dir
+
+QWEN = "Qwen-Qwen2.5-7B-Instruct.jinja"
+WEATHER = Tool("get_weather", "The weather in a city", {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+ADD = Tool("add", "The sum of two integers", {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]})
+ASK = [Turn("system", "You are a helpful assistant."), Turn("user", "What is the weather in Paris and in London?")]
+
+
+def forced(template: str, choice: ToolChoice) -> tuple[Grammar, ChatPrompt]:
+    prompt = render_prompt(ChatTemplate.from_file(templates_dir() / template), ASK, [WEATHER, ADD], choice,
+                           GenerateParams())
+    assert prompt.reply_grammar is not None and not prompt.reply_triggers  # applied from the reply's start
+    return parse_gbnf(prompt.reply_grammar), prompt
+
+
+def hermes(name: str, arguments: dict[str, Any]) -> str:
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+
+
+PARIS, LONDON, SUM = hermes("get_weather", {"city": "Paris"}), hermes("get_weather", {"city": "London"}), \
+    hermes("add", {"a": 2, "b": 3})
+BARE = '{"name": "get_weather", "arguments": {"city": "Paris"}}'  # what Qwen2.5-Coder 0.5B writes
+
+
+def test_a_required_call_opens_the_reply_in_the_formats_syntax():
+    grammar, prompt = forced(QWEN, ToolChoice("required"))
+    assert grammar.matches(PARIS) and grammar.matches(SUM) and grammar.matches("\n" + PARIS)
+    for text in (BARE, BARE + "\n\n" + PARIS, "Sure! " + PARIS, "", "Paris is sunny."):
+        assert not grammar.matches(text), text
+    message = json.loads(prompt.native.parse(PARIS, False))
+    assert not message.get("content") and [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather"]
+
+
+def test_a_named_function_is_the_only_call_allowed():
+    grammar, _ = forced(QWEN, ToolChoice("required", "add"))
+    assert grammar.matches(SUM) and not grammar.matches(PARIS) and not grammar.matches(BARE)
+
+
+def test_parallel_tool_calls_false_allows_one_call_true_more():
+    two = PARIS + "\n" + LONDON
+    one, _ = forced(QWEN, ToolChoice("required", parallel=False))
+    assert one.matches(PARIS) and not one.matches(two) and not one.matches(PARIS + "\n" + SUM)
+    more, _ = forced(QWEN, ToolChoice("required", parallel=True))
+    assert more.matches(two) and more.matches(PARIS + "\n" + SUM + "\n" + LONDON)
+
+
+def test_parallel_tool_calls_false_also_caps_the_lazy_grammar_of_auto():
+    prompt = render_prompt(ChatTemplate.from_file(templates_dir() / QWEN), ASK, [WEATHER, ADD],
+                           ToolChoice("auto", parallel=False), GenerateParams())
+    assert prompt.reply_triggers == (("word", "<tool_call>\n"),)
+    grammar = parse_gbnf(prompt.reply_grammar)  # (from the trigger's match on)
+    assert grammar.matches(PARIS) and not grammar.matches(PARIS + "\n" + LONDON)
+
+
+# templates whose required grammar the server narrows, one or more of each format; every reply the
+# narrowed grammar allows is read by llama.cpp's parser as calls and no text (GLM-4.6's is left out: a
+# reasoning the pinned tree's grammar allows, "<think></x</</think>", its parser refuses)
+NARROWED = ["Qwen-Qwen2.5-7B-Instruct.jinja", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja",
+            "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "Qwen-Qwen3-0.6B.jinja", "ibm-granite-granite-4.0.jinja",
+            "meta-llama-Llama-3.1-8B-Instruct.jinja", "Qwen3-Coder.jinja", "ByteDance-Seed-OSS.jinja",
+            "moonshotai-Kimi-K2.jinja", "meetkai-functionary-medium-v3.1.jinja", "MiniMax-M1.jinja",
+            "unsloth-Apriel-1.5.jinja", "upstage-Solar-Open-100B.jinja", "GigaChat3.1-10B-A1.8B.jinja"]
+
+
+@pytest.mark.parametrize("template", NARROWED)
+@pytest.mark.parametrize("parallel", [True, False])
+def test_every_reply_the_required_grammar_allows_is_calls_only(template, parallel):
+    grammar, prompt = forced(template, ToolChoice("required", parallel=parallel))
+    rng = random.Random(44)
+    for _ in range(25):
+        text = grammar.sample(rng)
+        message = json.loads(prompt.native.parse(text, False))
+        calls = message.get("tool_calls") or []
+        assert calls and not (message.get("content") or "").strip(), (text, message)
+        assert parallel or len(calls) == 1, (text, message)
+
+
+@pytest.mark.parametrize("template", ["Qwen-QwQ-32B.jinja", "Qwen3.5-4B.jinja"])
+def test_a_generation_prompt_that_opens_the_thinking_leaves_the_reply_free(template):
+    """The generation prompt ends inside the grammar's reasoning rule ("<|im_start|>assistant\\n<think>\\n"):
+    the engine's grammar, which starts at the reply, cannot be started there; the reply is free and
+    parsed (not held to a root that makes it write the generation prompt again)."""
+    prompt = render_prompt(ChatTemplate.from_file(templates_dir() / template), ASK, [WEATHER], ToolChoice("required"),
+                           GenerateParams())
+    assert prompt.reply_grammar is None and prompt.native is not None
