@@ -211,7 +211,7 @@ def read_stream(stream: openai.Stream, t0: float) -> Reply:
             pieces.append(text)
         if chunk.usage is not None:
             generated = chunk.usage.completion_tokens
-        if "pyllamaopt" in extras:
+        if "computed_tokens" in extras.get("pyllamaopt", {}):  # the usage chunk's
             computed += extras["pyllamaopt"]["computed_tokens"]
             drafted += extras["pyllamaopt"]["drafted_tokens"]
             restored += extras["pyllamaopt"]["restored_tokens"]

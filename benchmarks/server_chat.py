@@ -95,7 +95,7 @@ def ask_chat(server: Server, client: openai.OpenAI, messages: list[dict[str, str
             pieces.append(text)
         if chunk.usage is not None:
             reply.generated, reply.prompt = chunk.usage.completion_tokens, chunk.usage.prompt_tokens
-        if "pyllamaopt" in extras:
+        if "computed_tokens" in extras.get("pyllamaopt", {}):  # the usage chunk's (a finish chunk's names the format)
             reply.computed = extras["pyllamaopt"]["computed_tokens"]
         if extras.get("timings", {}).get("prompt_n") is not None:  # llama-server: its last chunks carry them
             timings = extras["timings"]
