@@ -144,13 +144,17 @@ def bench_chat(shape: str, model: Model, server_bin: Path | None, engines: list[
     prompts = [r.prompt for r in replies[engines[0]]]
     print(f"\n## chat route, shape {shape}: {n_turns} turns, prompts {prompts[0]}..{prompts[-1]} tokens "
           f"({engines[0]}'s rendering); load {load:.1f} after the trace")
+    # decode per generated token: the engines' answers part at a near tie, and an answer that ends
+    # early (end of turn) leaves fewer tokens to generate, so totals alone compare unequal work
     print(f"  {'engine':14} {'computed':>9} {'wall s':>7} {'TTFT med ms':>11} {'prefill s':>9} {'decode s':>8} "
-          f"{'answers = a cold server':>23}")
+          f"{'generated':>9} {'ms/gen token':>12} {'answers = a cold server':>23}")
     for engine, rs in replies.items():
         ttfts = sorted(r.ttft for r in rs)
+        decode, generated = sum(r.wall - r.ttft for r in rs), sum(r.generated for r in rs)
+        after_first = sum(max(1, r.generated - 1) for r in rs)  # the tokens streamed after the first
         print(f"  {engine:14} {sum(r.computed for r in rs):>9} {sum(r.wall for r in rs):>7.1f} "
-              f"{ttfts[len(ttfts) // 2] * 1000:>11.0f} {sum(r.ttft for r in rs):>9.2f} "
-              f"{sum(r.wall - r.ttft for r in rs):>8.2f} {f'{same[engine]}/{n_turns - first}':>23}")
+              f"{ttfts[len(ttfts) // 2] * 1000:>11.0f} {sum(r.ttft for r in rs):>9.2f} {decode:>8.2f} "
+              f"{generated:>9} {decode / after_first * 1000:>12.1f} {f'{same[engine]}/{n_turns - first}':>23}")
     if "llama-server" in replies:
         base = replies["llama-server"]
         for engine, rs in replies.items():
