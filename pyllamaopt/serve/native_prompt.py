@@ -223,7 +223,8 @@ def _alternatives(body: str) -> list[str]:
 
 def _split(body: str, separator: str) -> list[str]:
     """A GBNF body cut where `separator` stands at its top level (outside groups, literals, classes)."""
-    parts, depth, i, start = [], 0, 0, 0
+    parts: list[str] = []
+    depth, i, start = 0, 0, 0
     while i < len(body):
         if body[i] in '"[':  # a literal or a class, up to its unescaped end
             close, i = ('"' if body[i] == '"' else "]"), i + 1
