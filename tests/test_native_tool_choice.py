@@ -16,8 +16,10 @@ import pytest
 
 from gbnf_check import Grammar, parse_gbnf
 from pyllamaopt import ChatTemplate
+from pyllamaopt.chat import chat_request
 from pyllamaopt.serve.chat_messages import Tool, ToolChoice, Turn
 from pyllamaopt.serve.chat_prompt import ChatPrompt, render_prompt
+from pyllamaopt.serve.native_prompt import narrowed_grammar, native_messages, native_render_args
 from pyllamaopt.serve.params import GenerateParams
 from upstream_programs import templates_dir
 
@@ -82,7 +84,12 @@ NARROWED = ["Qwen-Qwen2.5-7B-Instruct.jinja", "NousResearch-Hermes-2-Pro-Llama-3
             "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", "Qwen-Qwen3-0.6B.jinja", "ibm-granite-granite-4.0.jinja",
             "meta-llama-Llama-3.1-8B-Instruct.jinja", "Qwen3-Coder.jinja", "ByteDance-Seed-OSS.jinja",
             "moonshotai-Kimi-K2.jinja", "meetkai-functionary-medium-v3.1.jinja", "MiniMax-M1.jinja",
-            "unsloth-Apriel-1.5.jinja", "upstage-Solar-Open-100B.jinja", "GigaChat3.1-10B-A1.8B.jinja"]
+            "unsloth-Apriel-1.5.jinja", "upstage-Solar-Open-100B.jinja", "GigaChat3.1-10B-A1.8B.jinja",
+            # a response section before the calls (Command R+), text before and after them (Ling 3), an
+            # alternative of text then calls (Functionary v3.2, whose calls repeat whatever
+            # parallel_tool_calls says)
+            "CohereForAI-c4ai-command-r-plus-tool_use.jinja", "inclusionai-ling-3.0-flash.jinja",
+            "meetkai-functionary-medium-v3.2.jinja"]
 
 
 @pytest.mark.parametrize("template", NARROWED)
@@ -106,3 +113,42 @@ def test_a_generation_prompt_that_opens_the_thinking_leaves_the_reply_free(templ
     prompt = render_prompt(ChatTemplate.from_file(templates_dir() / template), ASK, [WEATHER], ToolChoice("required"),
                            GenerateParams())
     assert prompt.reply_grammar is None and prompt.native is not None
+
+
+
+def test_command_r7b_loses_its_response_section_before_the_call():
+    """(Not sampled as the others: llama.cpp's call grammar for Command R7B lets a call's object open
+    with a comma where its optional id is left out, `{,"tool_name": ...}`, which its parser refuses.)"""
+    grammar, prompt = forced("CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", ToolChoice("required"))
+    call = ('<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris"}}]'
+            '<|END_ACTION|>')
+    thought = "<|START_THINKING|>The user wants the weather.<|END_THINKING|>"
+    assert grammar.matches(call) and grammar.matches(thought + call)
+    assert not grammar.matches("<|START_RESPONSE|>Let me look.<|END_RESPONSE|>" + call)
+    message = json.loads(prompt.native.parse(thought + call, False))
+    assert not message.get("content") and [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather"]
+
+
+@pytest.mark.parametrize("template", ["deepseek-ai-DeepSeek-V3.2.jinja", "Kimi-K3.jinja"])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_a_grammar_that_starts_before_the_thinking_is_narrowed_too(template, parallel):
+    """Narrowed as llama.cpp builds the grammar, its root from the generation prompt on (what an engine
+    that feeds the grammar the generation prompt first applies), where the generation prompt opens the
+    thinking: DeepSeek V3.2's root lets text come after the thinking, before the calls; Kimi K3's a
+    response section (and its calls repeat whatever parallel_tool_calls says). Every reply that
+    continues the generation prompt is reasoning and calls, no text."""
+    rendered = ChatTemplate.from_file(templates_dir() / template).apply(chat_request(
+        native_messages(ASK)[0], **native_render_args([WEATHER, ADD], ToolChoice("required", parallel=parallel), True)))
+    grammar = parse_gbnf(narrowed_grammar(rendered.grammar, True, parallel,
+                                          (rendered.thinking_start_tag, *rendered.thinking_end_tags)))
+    rng, replies, tries = random.Random(44), 0, 0
+    while replies < 20:
+        text, tries = grammar.sample(rng), tries + 1
+        assert tries < 500
+        if not text.startswith(rendered.generation_prompt):
+            continue  # (a reply to another generation prompt: thinking off)
+        replies += 1
+        message = json.loads(rendered.parser.parse(text[len(rendered.generation_prompt):], False))
+        calls = message.get("tool_calls") or []
+        assert calls and not (message.get("content") or "").strip(), (text, message)
+        assert parallel or len(calls) == 1, (text, message)

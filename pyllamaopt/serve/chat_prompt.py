@@ -159,7 +159,8 @@ def _render_native(template: ChatTemplate, turns: Sequence[Turn], tools: Sequenc
     except ChatTemplateError as exc:
         raise BadRequest(str(exc)) from None
     grammar, triggers = native_reply_grammar(rendered.grammar, rendered.grammar_lazy, rendered.grammar_triggers,
-                                             rendered.generation_prompt, choice.parallel)
+                                             rendered.generation_prompt, choice.parallel,
+                                             (rendered.thinking_start_tag, *rendered.thinking_end_tags))
     return ChatPrompt(rendered.prompt, False, marked, template, messages, render_args, grammar, triggers,
                       native=rendered.parser, tool_format=template.tool_format, stops=tuple(rendered.additional_stops))
 

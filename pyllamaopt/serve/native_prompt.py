@@ -53,90 +53,189 @@ Trigger = tuple[str, str | int]  # Session.generate's grammar_triggers: (kind, v
 
 
 def reply_grammar(grammar: str, lazy: bool, triggers: Sequence[tuple[str, str, int]],
-                  generation_prompt: str, parallel: bool) -> tuple[str | None, tuple[Trigger, ...]]:
-    """llama.cpp's grammar of a reply for the engine's grammar, and its triggers if it is lazy (as
-    llama.cpp applies a format's call grammar with tool_choice "auto": from the format's opening
-    tag on; RenderedChat.grammar_triggers as Session.generate takes them). A lazy grammar's root is
-    the calls alone. Otherwise (a call required) llama.cpp's root rule starts with the generation
-    prompt (the end of the prompt, "<|im_start|>assistant\\n"), which its sampler feeds the grammar
-    before the reply; the engine's grammar starts at the reply, so that leading literal is taken out
-    of the root rule. A root that does not start so is used as it is unless it names the generation
-    prompt elsewhere or starts with a part of it (a template whose generation prompt opens the reply's
-    thinking, "...assistant\\n<think>\\n": the rest is inside the grammar's reasoning rule, which the
-    engine's grammar cannot be started in): then None, the reply is free, and parsed.
-
-    Two changes to the pinned tree's grammars, which only narrow what they allow:
-    - with a call required, its root lets text come before the calls (``until-N?``: any text up to
-      the format's opening tag), so a model that writes a call without its format's tags (Qwen2.5-Coder
-      0.5B writes bare JSON) writes text to max_tokens and never calls; that text is taken out, and
-      the reply opens with a call in the format's syntax (as llama.cpp's per-format handlers before
-      its automatic parser had it, and OpenAI's "required" means);
-    - with parallel_tool_calls false, its per-call JSON formats (Hermes' ``<tool_call>`` repeated)
-      still repeat the call (``tool-calls ::= (tool-call space)+``): one call.
-    A root of another shape (alternatives at its top, no text before the calls) is left as it is."""
+                  generation_prompt: str, parallel: bool, thinking: Sequence[str] = (),
+                  ) -> tuple[str | None, tuple[Trigger, ...]]:
+    """llama.cpp's grammar of a reply for the engine's grammar (narrowed: ``narrowed_grammar``), and
+    its triggers if it is lazy (as llama.cpp applies a format's call grammar with tool_choice "auto":
+    from the format's opening tag on; RenderedChat.grammar_triggers as Session.generate takes them). A
+    lazy grammar's root is the calls alone. Otherwise (a call required) llama.cpp's root rule starts
+    with the generation prompt (the end of the prompt, "<|im_start|>assistant\\n"), which its sampler
+    feeds the grammar before the reply; the engine's grammar starts at the reply, so that leading
+    literal is taken out of the root rule. A root that does not start so is used as it is unless it
+    names the generation prompt elsewhere or starts with a part of it (a template whose generation
+    prompt opens the reply's thinking, "...assistant\\n<think>\\n": the rest is inside the grammar's
+    reasoning rule, which the engine's grammar cannot be started in): then None, the reply is free,
+    and parsed. `thinking`: the format's thinking tags (RenderedChat's thinking_start_tag and
+    thinking_end_tags)."""
     if not grammar:
         return None, ()
-    if not parallel:
-        grammar = _REPEATED_CALLS.sub(r"\1\2 space", grammar)
+    grammar = narrowed_grammar(grammar, not lazy, parallel, thinking)
     if lazy:
         return grammar, tuple((kind, token if kind == "token" else value) for kind, value, token in triggers)
     root = re.search(r"^root ::= (.*)$", grammar, re.MULTILINE)
     if root is None:
         return grammar, ()
     body = root.group(1)
-    literal = '"' + "".join(_GBNF_ESCAPES.get(ch, ch) for ch in generation_prompt) + '"'
+    literal = _gbnf_literal(generation_prompt)
     first = (_top_level_items(body) or [""])[0]
     if generation_prompt and body.startswith(literal + " "):
         body = body[len(literal) + 1:]
     elif generation_prompt and (literal in body or (first.startswith('"') and literal.startswith(first[:-1]))):
         return None, ()
-    return grammar[:root.start(1)] + _calls_first(body) + grammar[root.end(1):], ()
+    return grammar[:root.start(1)] + body + grammar[root.end(1):], ()
 
 
-# llama.cpp's names: the text before a format's calls (common_peg's until parser), the calls repeated
-_TEXT_BEFORE_CALLS = re.compile(r"until-\d+\??")
+def narrowed_grammar(grammar: str, required: bool, parallel: bool, thinking: Sequence[str] = ()) -> str:
+    """llama.cpp's grammar of a reply (its root starting with the generation prompt, as llama.cpp
+    builds it) with two changes that only narrow what it allows:
+    - `required` (a call required, the grammar applied from the reply's first token): the pinned
+      tree's roots let free text come before the calls — text up to the format's opening tag
+      (``until-N?``: the automatic parser's, Ling 3's), a response section (Command R7B's
+      ``<|START_RESPONSE|>...<|END_RESPONSE|>``, Command R+'s, Kimi K3's ``<|open|>response<|sep|>``),
+      text in one of the root's alternatives (Functionary v3.2's ``>>>all\\n``, DeepSeek V3.2's after
+      its thinking) — so a model that writes a call without its format's tags (Qwen2.5-Coder 0.5B
+      writes bare JSON) writes text to max_tokens and never calls; that text is taken out, and the
+      reply opens with a call in the format's syntax, after its reasoning if any (a block that one of
+      the format's `thinking` tags opens, closes or follows is kept; where the response section's
+      opener was the parser's way out of a reasoning left open, Kimi K3's, the reasoning's end tag is
+      required), as OpenAI's "required" means. Text after the calls (Ling 3's) goes too;
+    - not `parallel`: formats that repeat the call whatever parallel_tool_calls says (Hermes'
+      ``tool-calls ::= (tool-call space)+``; Kimi K3's and Functionary v3.2's choice of tools repeated)
+      allow one call.
+    A root of another shape is left as it is (docs/serve.md's format table)."""
+    if not parallel:
+        grammar = _REPEATED_CALLS.sub(r"\1\2 space", grammar)
+        grammar = _REPEATED_CHOICE.sub(r"\1\2", grammar)
+    root = re.search(r"^root ::= (.*)$", grammar, re.MULTILINE) if required else None
+    items = _top_level_items(root.group(1)) if root else None
+    if root is None or items is None:
+        return grammar
+    kept, calls = _calls_only(items, thinking, nested=False)
+    grammar = grammar[:root.start(1)] + " ".join(kept) + grammar[root.end(1):]
+    rule = re.search(rf"^{re.escape(calls)} ::= (.*)$", grammar, re.MULTILINE) if calls else None
+    rule_items = _top_level_items(rule.group(1)) if rule else None
+    if rule is None or not rule_items:
+        return grammar
+    return grammar[:rule.start(1)] + " ".join(_without_trailing_text(rule_items)) + grammar[rule.end(1):]
+
+
+# llama.cpp's names: text up to a delimiter (common_peg's until parser), the calls repeated
+_TEXT = re.compile(r"until-\d+\??")
 _RULE_NAME = re.compile(r"[A-Za-z0-9-]+")
 _REPEATED_CALLS = re.compile(r"^(tool-calls ::= )\((tool-call\??) space\)\+$", re.MULTILINE)
+_REPEATED_CHOICE = re.compile(  # a choice of tools repeated, in the calls' rule (`tools`, `<format>-tool-call`)
+    r"^((?:tools|[A-Za-z0-9-]+-tool-call) ::= (?:[^(\n]*? )?)(\([A-Za-z0-9-]+(?: \| [A-Za-z0-9-]+)*\)|[A-Za-z0-9-]+)\+",
+    re.MULTILINE)
 
 
-def _calls_first(root: str) -> str:
-    """A required call's root rule without the text before the calls: the item before its last (the
-    calls' rule), past any ``space``, if that item is text up to the format's opening tag."""
-    items = _top_level_items(root)
-    if not items or not _RULE_NAME.fullmatch(items[-1]):
-        return root
-    k = len(items) - 2
-    while k >= 0 and items[k] == "space":
+def _calls_only(items: list[str], thinking: Sequence[str], nested: bool) -> tuple[list[str], str | None]:
+    """A sequence's items (a root's, or an alternative's of a group in it: nested) without the free
+    text before and after its calls, and the name of the calls' rule. The calls: the last item naming
+    a rule, or a group of alternatives (each narrowed). The text before them, past any ``space``: a
+    bare ``until-N``, or one with its markers (``"open"? until-N "close"?``, or such a group, optional)."""
+    k = len(items) - 1
+    while k >= 0 and not (_is_calls(items[k]) or _is_group(items[k])):
         k -= 1
-    if k < 0 or not _TEXT_BEFORE_CALLS.fullmatch(items[k]):
-        return root
-    return " ".join(items[:k] + items[k + 1:])
+    if k < 0:
+        return items, None
+    calls: str | None = items[k]
+    if _is_group(items[k]):
+        alternatives = [" ".join(_calls_only(_top_level_items(a) or [a], thinking, True)[0])
+                        for a in _alternatives(items[k][1:-1])]
+        items, calls = [*items[:k], "(" + " | ".join(dict.fromkeys(alternatives)) + ")", *items[k + 1:]], None
+    j = k - 1
+    while j >= 0 and items[j] == "space":
+        j -= 1
+    start = _text_block_start(items, j, thinking, nested)
+    if start is None:
+        before = items[:k]
+    else:  # (text a marker opens: the parser's way out of a reasoning left open, which must now be closed)
+        marked = not _TEXT.fullmatch(items[start])
+        before = [_closed(item, thinking) if marked else item for item in items[:start]] + items[j + 1:k]
+    return [*before, items[k], *(item for item in items[k + 1:] if not _TEXT.fullmatch(item))], calls
+
+
+def _text_block_start(items: list[str], j: int, thinking: Sequence[str], nested: bool) -> int | None:
+    """Where the free text that ends at items[j] starts (None: items[j] is no free text, or reasoning:
+    a block that a thinking tag opens, closes or follows)."""
+    if j < 0:
+        return None
+    if items[j].startswith("(") and items[j].endswith(")?"):  # ("open" until-N "close")?
+        inner = _top_level_items(items[j][1:-2]) or []
+        markers = [item for item in inner if not _TEXT.fullmatch(item)]
+        plain = len(inner) - len(markers) == 1 and all(_is_literal(m) and not _is_thinking(m, thinking) for m in markers)
+        return j if plain else None
+    end = j - 1 if _is_literal(items[j]) and items[j].endswith("?") and j >= 1 and _TEXT.fullmatch(items[j - 1]) else j
+    if not _TEXT.fullmatch(items[end]):
+        return None
+    opens = end >= 1 and _is_literal(items[end - 1]) and (items[end - 1].endswith("?") or (nested and end == 1))
+    start = end - 1 if opens else end
+    around = items[max(start - 1, 0):start] + items[start:end] + items[end + 1:j + 1]
+    return None if any(_is_thinking(item, thinking) for item in around) else start
+
+
+def _closed(item: str, thinking: Sequence[str]) -> str:
+    """A reasoning group, optional, with its end tag required (Kimi K3's reasoning ends at its end tag
+    or at the response section's opener)."""
+    inner = _top_level_items(item[1:-2]) if item.startswith("(") and item.endswith(")?") else None
+    if not inner or not (inner[-1].endswith("?") and _is_thinking(inner[-1], thinking)):
+        return item
+    return "(" + " ".join([*inner[:-1], inner[-1][:-1]]) + ")?"
+
+
+def _without_trailing_text(items: list[str]) -> list[str]:
+    """A rule's items without the free text (``until-N?``) after its last rule or group."""
+    last = max((i for i, item in enumerate(items) if not (_is_literal(item) or item == "space" or _TEXT.fullmatch(item))),
+               default=len(items) - 1)
+    return [*items[:last + 1], *(item for item in items[last + 1:] if not _TEXT.fullmatch(item))]
+
+
+def _is_calls(item: str) -> bool:
+    return bool(_RULE_NAME.fullmatch(item)) and item != "space" and not _TEXT.fullmatch(item)
+
+
+def _is_group(item: str) -> bool:
+    return item.startswith("(") and item.endswith(")")
+
+
+def _is_literal(item: str) -> bool:
+    return item.startswith('"') and item.removesuffix("?").endswith('"')
+
+
+def _is_thinking(item: str, thinking: Sequence[str]) -> bool:
+    return item.removesuffix("?") in {_gbnf_literal(tag) for tag in thinking if tag}
+
+
+def _gbnf_literal(text: str) -> str:
+    return '"' + "".join(_GBNF_ESCAPES.get(ch, ch) for ch in text) + '"'
 
 
 def _top_level_items(body: str) -> list[str] | None:
     """The items of a GBNF rule's body (a literal, a class, a group, a name, with its repetition mark),
     None if it has alternatives at its top level."""
-    items: list[str] = []
-    item, depth, i = "", 0, 0
+    return None if len(_split(body, "|")) > 1 else [item for item in _split(body, " ") if item]
+
+
+def _alternatives(body: str) -> list[str]:
+    """A GBNF body's alternatives at its top level."""
+    return [alternative.strip() for alternative in _split(body, "|")]
+
+
+def _split(body: str, separator: str) -> list[str]:
+    """A GBNF body cut where `separator` stands at its top level (outside groups, literals, classes)."""
+    parts: list[str] = []
+    depth, i, start = 0, 0, 0
     while i < len(body):
-        ch = body[i]
-        if ch in '"[':  # a literal or a class, up to its unescaped end
-            close, j = ('"' if ch == '"' else "]"), i + 1
-            while body[j] != close:
-                j += 2 if body[j] == "\\" else 1
-            item, i = item + body[i:j + 1], j + 1
-            continue
-        depth += (ch == "(") - (ch == ")")
-        if depth == 0 and ch == "|":
-            return None
-        if depth == 0 and ch == " ":
-            if item:
-                items.append(item)
-            item = ""
-        else:
-            item += ch
+        if body[i] in '"[':  # a literal or a class, up to its unescaped end
+            close, i = ('"' if body[i] == '"' else "]"), i + 1
+            while body[i] != close:
+                i += 2 if body[i] == "\\" else 1
+        depth += (body[i] == "(") - (body[i] == ")")
+        if depth == 0 and body[i] == separator:
+            parts.append(body[start:i])
+            start = i + 1
         i += 1
-    return [*items, item] if item else items
+    return [*parts, body[start:]]
 
 
 _GBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
