@@ -1,18 +1,21 @@
 """tool_choice "required", a named function and Anthropic's "any" on a template whose generation prompt
-opens the reply's reasoning, on Qwen2.5-Coder 0.5B Instruct given a thinking template of the pinned
-tree with --chat-template-file, through the server with the real `openai` and `anthropic` clients,
-greedy, streamed and not.
+already holds the reply's reasoning, on Qwen2.5-Coder 0.5B Instruct given Qwen3's template of the
+pinned tree with --chat-template-file, through the server with the real `openai` and `anthropic`
+clients, greedy, streamed and not.
 
-QwQ-32B's template ends the prompt with "<|im_start|>assistant\\n<think>\\n" (the reply starts inside
-its reasoning), Qwen3's with enable_thinking false with "<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n"
-(an empty reasoning, closed). llama.cpp's grammar of a required call starts with that generation
-prompt; the server's grammar takes it first, as llama.cpp's sampler does, so the call is forced from
-the reply's first token: the reply is a valid call in the format's syntax, read into tool_calls /
-tool_use, its reasoning (if any) into reasoning_content / a thinking block. (Left free, as before,
-this model writes its calls as bare JSON, which no parser reads as a call.)"""
+With enable_thinking false Qwen3's template ends the prompt with an empty, closed reasoning:
+"<|im_start|>assistant\n<think>\n\n</think>\n\n". llama.cpp's grammar of a required call starts
+with that generation prompt (its root: the generation prompt, then an optional reasoning); the
+server's grammar takes it first, as llama.cpp's sampler does, so the call is forced from the reply's
+first token: the reply is a valid call in the format's syntax, read into tool_calls / tool_use. (Left
+free, as before, this model writes its calls as bare JSON, which no parser reads as a call.)
+
+(QwQ's template, whose generation prompt opens the reasoning, "...assistant\n<think>\n", is taken the
+same way — tests/test_native_tool_choice.py — but this model, not trained to reason, never ends its
+reasoning there: the reply holds to the grammar, reasoning until max_tokens.)"""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -24,26 +27,18 @@ from upstream_programs import templates_dir
 
 pytestmark = pytest.mark.integration
 
-# (template, chat_template_kwargs): a generation prompt that opens the reasoning, one that closes an empty one
-TEMPLATES = {"qwq": ("Qwen-QwQ-32B.jinja", {}), "qwen3-no-thinking": ("Qwen-Qwen3-0.6B.jinja", {"enable_thinking": False})}
+QWEN3 = "Qwen-Qwen3-0.6B.jinja"
+NO_THINKING = {"enable_thinking": False}
 GREEDY: dict[str, Any] = {"temperature": 0, "seed": 0, "max_tokens": 200}
 
 
 @pytest.fixture(scope="module")
-def servers(qwen_path, tmp_path_factory) -> Iterator[Callable[[str], tuple[Server, dict[str, Any]]]]:
-    """A server per template of TEMPLATES, started when first asked for; and the body's extra fields."""
-    started: dict[str, Server] = {}
-
-    def server(name: str) -> tuple[Server, dict[str, Any]]:
-        template, kwargs = TEMPLATES[name]
-        if name not in started:
-            started[name] = start_server(qwen_path, tmp_path_factory.mktemp("qwen-thinking"), "--n-ctx", "2048",
-                                         "--chat-template-file", str(templates_dir() / template))
-        return started[name], {"chat_template_kwargs": kwargs} if kwargs else {}
-
-    yield server
-    for s in started.values():
-        stop_server(s)
+def served(qwen_path, tmp_path_factory) -> Iterator[tuple[Server, dict[str, Any]]]:
+    """The server with Qwen3's template, and the body's field that turns its reasoning off."""
+    s = start_server(qwen_path, tmp_path_factory.mktemp("qwen-thinking"), "--n-ctx", "2048",
+                     "--chat-template-file", str(templates_dir() / QWEN3))
+    yield s, {"chat_template_kwargs": NO_THINKING}
+    stop_server(s)
 
 
 def ask(served: tuple[Server, dict[str, Any]], messages: list[dict[str, Any]], **fields: Any) -> tuple[Any, str]:
@@ -71,13 +66,11 @@ def streamed(served: tuple[Server, dict[str, Any]], messages: list[dict[str, Any
     return text, reasoning, finish, list(calls.values())
 
 
-@pytest.mark.parametrize("tool_choice, names", [("required", {"get_weather", "add"}),
-                                                ({"type": "function", "function": {"name": "add"}}, {"add"})],
-                         ids=["required", "named"])
-@pytest.mark.parametrize("template", list(TEMPLATES))
-def test_a_required_call_is_made_after_the_generation_prompt(servers, template, tool_choice, names):
-    served = servers(template)
-    for messages in (WEATHER_IN_PARIS, TWO_CITIES):
+@pytest.mark.parametrize("tool_choice, names, asked", [
+    ("required", {"get_weather", "add"}, (WEATHER_IN_PARIS, TWO_CITIES)),
+    ({"type": "function", "function": {"name": "add"}}, {"add"}, (WEATHER_IN_PARIS,))], ids=["required", "named"])
+def test_a_required_call_is_made_after_the_generation_prompt(served, tool_choice, names, asked):
+    for messages in asked:
         reply, reasoning = ask(served, messages, tool_choice=tool_choice)
         choice = reply.choices[0]
         assert reply.model_extra["pyllamaopt"]["tool_format"] == "hermes"
@@ -90,13 +83,26 @@ def test_a_required_call_is_made_after_the_generation_prompt(servers, template, 
         assert streamed_calls == [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
 
 
-def test_anthropics_any_makes_a_tool_use_after_the_generation_prompt(servers):
-    """(QwQ's template: the Anthropic route takes no template arguments to turn Qwen3's reasoning off)"""
-    server, extra = servers("qwq")
+def test_anthropics_any_makes_a_tool_use_after_the_generation_prompt(qwen_path, tmp_path):
+    """The Anthropic route passes no template arguments: Qwen3's template with its reasoning off by
+    default (the same generation prompt)."""
+    source = (templates_dir() / QWEN3).read_text()
+    switched = source.replace("enable_thinking is defined and enable_thinking is false", "true")
+    assert switched != source
+    (tmp_path / "qwen3-no-thinking.jinja").write_text(switched)
+    server = start_server(qwen_path, tmp_path, "--n-ctx", "2048", "--chat-template-file",
+                          str(tmp_path / "qwen3-no-thinking.jinja"))
+    try:
+        ask_claude(server)
+    finally:
+        stop_server(server)
+
+
+def ask_claude(server: Server) -> None:
     claude = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
     request: dict[str, Any] = dict(model="m", max_tokens=GREEDY["max_tokens"], system=SYSTEM["content"],
-                                   tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"}, extra_body=extra,
-                                   messages=[{"role": "user", "content": TWO_CITIES[1]["content"]}])
+                                   tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"},
+                                   messages=[{"role": "user", "content": WEATHER_IN_PARIS[1]["content"]}])
     message = claude.messages.create(**request)
     uses = [(b.name, b.input) for b in message.content if b.type == "tool_use"]
     assert message.stop_reason == "tool_use" and uses and all(valid(*u) for u in uses), message
