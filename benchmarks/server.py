@@ -4,6 +4,7 @@
                                 [--gen 32] [--clients 4,8] [--no-reference] [--interleave]
                                 [--engines pyllamaopt,pyllamaopt-tier2[@SHARE],llama-server]
     python benchmarks/server.py --route chat [--shapes append,workspace] [--turns 16] [--per-turn]
+                                [--chat-template-file FILE [--enable-thinking]]
 (--route chat: chat messages, each server's own answers re-sent: benchmarks/server_chat.py.)
 
 Every prompt goes as token ids to /v1/completions, greedy, streamed. Both servers run the same
@@ -491,6 +492,9 @@ def main() -> int:
                         help="chat: messages to /v1/chat/completions, interleaved (benchmarks/server_chat.py)")
     parser.add_argument("--check", type=int, default=4, help="chat: the last turns compared with a cold server")
     parser.add_argument("--per-turn", action="store_true", help="chat: where each turn's time went")
+    parser.add_argument("--chat-template-file", type=Path, help="chat: both servers' template (their option)")
+    parser.add_argument("--enable-thinking", action="store_true",
+                        help="chat: chat_template_kwargs enable_thinking true; answers re-sent with their reasoning")
     args = parser.parse_args()
     model = Model(models.resolve(args.model))
     engines = args.engines.split(",")
@@ -508,8 +512,10 @@ def main() -> int:
         if args.route == "chat":
             import server_chat  # (it imports this module's servers)
 
+            options = server_chat.ChatOptions(args.chat_template_file,
+                                              {"enable_thinking": True} if args.enable_thinking else None)
             server_chat.bench_chat(shape, model, server_bin, engines, args.turns or 16, args.gen, args.check,
-                                   args.per_turn)
+                                   args.per_turn, options)
         elif shape == "concurrent":
             bench_concurrent(model, server_bin, engines, [int(c) for c in args.clients.split(",")], n_turns, args.gen)
         else:

@@ -9,7 +9,11 @@ times); llama-server has one slot and its prompt cache.
 
 Shapes: `append` (the conversation grows, nothing earlier changes) and `workspace` (a file shown
 near the start, as Aider does, after the system prompt, edited every 3rd turn: everything after it
-changes).
+changes). --chat-template-file gives both servers a template file (llama-server's option, ours too)
+and --enable-thinking sends `chat_template_kwargs: {"enable_thinking": true}`: with a thinking
+template each answer's reasoning comes back apart (`reasoning_content`) and is re-sent with it, as
+the openai client hands a message back; the template renders the history as it does (most drop
+earlier turns' reasoning), and the answers compared with a cold server's include their reasoning.
 
 Per engine: prompt tokens computed (ours: usage `pyllamaopt.computed_tokens`; llama-server:
 `timings.prompt_n`), wall time, and whether the answers of the last --check turns equal those of a
@@ -52,11 +56,24 @@ class ChatReply:
     prefill: float = 0.0  # the server's own prefill time (ours: its metric; llama-server: prompt_ms)
     predicted: float = 0.0  # llama-server: predicted_ms (its generation, sampling included)
     cpu: float = 0.0     # the server process's CPU time during the request (all its threads)
+    reasoning: str = ""  # the answer's reasoning_content
 
 
-def messages_at(shape: str, turn: int, answers: list[str]) -> list[dict[str, str]]:
+@dataclass(frozen=True)
+class ChatOptions:
+    template_file: Path | None = None  # given to both servers (--chat-template-file)
+    template_kwargs: dict | None = None  # the requests' chat_template_kwargs
+
+    def server_args(self) -> tuple[str, ...]:
+        return ("--chat-template-file", str(self.template_file)) if self.template_file else ()
+
+    def extra_body(self) -> dict:
+        return {"chat_template_kwargs": self.template_kwargs} if self.template_kwargs else {}
+
+
+def messages_at(shape: str, turn: int, answers: list[ChatReply]) -> list[dict[str, str]]:
     """The conversation sent at `turn`: system prompt, (workspace,) earlier turns with this
-    engine's own answers, the new user message."""
+    engine's own answers (and their reasoning, if any), the new user message."""
     turns = data.turns(turn + 1)
     out = [{"role": "system", "content": data.system_prompt()}]
     if shape == "workspace":  # Aider's shape: the files as a user message the assistant acknowledges
@@ -64,7 +81,8 @@ def messages_at(shape: str, turn: int, answers: list[str]) -> list[dict[str, str
                  f"{data.workspace_file(turn // 3)}```"},
                 {"role": "assistant", "content": "Ok, I will propose changes to these files."}]
     for earlier, answer in zip(turns, answers):
-        out += [{"role": "user", "content": earlier.user}, {"role": "assistant", "content": answer}]
+        reasoning = {"reasoning_content": answer.reasoning} if answer.reasoning else {}
+        out += [{"role": "user", "content": earlier.user}, {"role": "assistant", "content": answer.text, **reasoning}]
     return out + [{"role": "user", "content": turns[turn].user}]
 
 
@@ -77,22 +95,26 @@ def prometheus_sum(server: Server, name: str) -> float:
     return 0.0
 
 
-def ask_chat(server: Server, client: openai.OpenAI, messages: list[dict[str, str]], gen: int) -> ChatReply:
+def ask_chat(server: Server, client: openai.OpenAI, messages: list[dict[str, str]], gen: int,
+             options: ChatOptions) -> ChatReply:
     ours = server.engine.startswith("pyllamaopt")
     prefill_before = prometheus_sum(server, "generate_prefill_duration_seconds_sum") if ours else 0.0
     cpu_before = server.cpu_seconds()
     start = time.perf_counter()
     stream = client.chat.completions.create(model="m", messages=messages, max_tokens=gen, temperature=0, stream=True,
-                                            stream_options={"include_usage": True})
+                                            stream_options={"include_usage": True}, extra_body=options.extra_body())
     pieces: list[str] = []
+    thoughts: list[str] = []
     first = None
     reply = ChatReply("", 0.0, 0.0, 0, 0, 0)
     for chunk in stream:
         extras = chunk.model_extra or {}
         text = "".join(choice.delta.content or "" for choice in chunk.choices)
-        if text:
+        thought = "".join((choice.delta.model_extra or {}).get("reasoning_content") or "" for choice in chunk.choices)
+        if text or thought:
             first = first or time.perf_counter()
-            pieces.append(text)
+        pieces.append(text)
+        thoughts.append(thought)
         if chunk.usage is not None:
             reply.generated, reply.prompt = chunk.usage.completion_tokens, chunk.usage.prompt_tokens
         if "computed_tokens" in extras.get("pyllamaopt", {}):  # the usage chunk's (a finish chunk's names the format)
@@ -103,47 +125,56 @@ def ask_chat(server: Server, client: openai.OpenAI, messages: list[dict[str, str
             reply.predicted = timings["predicted_ms"] / 1000
     end = time.perf_counter()
     reply.cpu = server.cpu_seconds() - cpu_before
-    reply.text, reply.wall, reply.ttft = "".join(pieces), end - start, (first or end) - start
+    reply.text, reply.reasoning = "".join(pieces), "".join(thoughts)
+    reply.wall, reply.ttft = end - start, (first or end) - start
     if ours:
         reply.prefill = prometheus_sum(server, "generate_prefill_duration_seconds_sum") - prefill_before
     return reply
 
 
-def render_seconds(model: Model, template: ChatTemplate, messages: list[dict[str, str]]) -> float:
+def render_seconds(model: Model, template: ChatTemplate, messages: list[dict[str, str]], options: ChatOptions) -> float:
     """What our server does to a chat request's messages before its prefill: render, tokenize."""
+    kwargs = {"chat_template_kwargs": options.template_kwargs} if options.template_kwargs else {}
     start = time.perf_counter()
-    prompt_tokens(model, template, messages, template.render(messages))
+    prompt_tokens(model, template, messages, template.render(messages, **kwargs), **kwargs)
     return time.perf_counter() - start
 
 
-def cold_answer(engine: str, model: Model, server_bin: Path | None, messages: list[dict[str, str]], gen: int) -> str:
-    with running(engine, model, server_bin, N_CTX, jinja=True) as server:
-        return ask_chat(server, server.client(), messages, gen).text
+def cold_answer(engine: str, model: Model, server_bin: Path | None, messages: list[dict[str, str]], gen: int,
+                options: ChatOptions) -> tuple[str, str]:
+    with running(engine, model, server_bin, N_CTX, jinja=True, extra=options.server_args()) as server:
+        reply = ask_chat(server, server.client(), messages, gen, options)
+        return reply.text, reply.reasoning
 
 
 def bench_chat(shape: str, model: Model, server_bin: Path | None, engines: list[str], n_turns: int, gen: int,
-               check: int, per_turn: bool) -> None:
+               check: int, per_turn: bool, options: ChatOptions = ChatOptions()) -> None:
     if shape not in CHAT_SHAPES:
         raise SystemExit(f"the chat route runs the shapes {', '.join(CHAT_SHAPES)}, not {shape}")
-    template = ChatTemplate.for_model(model)
+    template = ChatTemplate.for_model(model, file=options.template_file)
     replies: dict[str, list[ChatReply]] = {e: [] for e in engines}
     renders: list[float] = []
     with contextlib.ExitStack() as stack:
-        servers = {e: stack.enter_context(running(e, model, server_bin, N_CTX, jinja=True)) for e in engines}
+        servers = {e: stack.enter_context(running(e, model, server_bin, N_CTX, jinja=True, extra=options.server_args()))
+                   for e in engines}
         clients = {e: s.client() for e, s in servers.items()}
         for turn in range(n_turns):
             for engine in engines[turn % len(engines):] + engines[:turn % len(engines)]:
-                messages = messages_at(shape, turn, [r.text for r in replies[engine]])
-                replies[engine].append(ask_chat(servers[engine], clients[engine], messages, gen))
+                messages = messages_at(shape, turn, replies[engine])
+                replies[engine].append(ask_chat(servers[engine], clients[engine], messages, gen, options))
                 if engine.startswith("pyllamaopt"):
-                    renders.append(render_seconds(model, template, messages))
+                    renders.append(render_seconds(model, template, messages, options))
         load = os.getloadavg()[0]
     first = max(0, n_turns - check)
-    same = {e: sum(cold_answer(e, model, server_bin, messages_at(shape, t, [r.text for r in replies[e][:t]]), gen)
-                   == replies[e][t].text for t in range(first, n_turns)) for e in engines}
+    same = {e: sum(cold_answer(e, model, server_bin, messages_at(shape, t, replies[e][:t]), gen, options)
+                   == (replies[e][t].text, replies[e][t].reasoning) for t in range(first, n_turns)) for e in engines}
     prompts = [r.prompt for r in replies[engines[0]]]
     print(f"\n## chat route, shape {shape}: {n_turns} turns, prompts {prompts[0]}..{prompts[-1]} tokens "
           f"({engines[0]}'s rendering); load {load:.1f} after the trace")
+    if options.template_file:
+        thinking = {e: sum(bool(r.reasoning) for r in rs) for e, rs in replies.items()}
+        print(f"  template {options.template_file.name}, chat_template_kwargs {options.template_kwargs or {}}; "
+              f"answers with reasoning: {', '.join(f'{e} {n}/{n_turns}' for e, n in thinking.items())}")
     # decode per generated token: the engines' answers part at a near tie, and an answer that ends
     # early (end of turn) leaves fewer tokens to generate, so totals alone compare unequal work
     print(f"  {'engine':14} {'computed':>9} {'wall s':>7} {'TTFT med ms':>11} {'prefill s':>9} {'decode s':>8} "

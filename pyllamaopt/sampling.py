@@ -146,3 +146,13 @@ def trigger_settings(triggers: Sequence[tuple[str, str | int]] | None, grammar: 
         else:
             out.append(_core.GrammarTrigger(kind, value))
     return out
+
+
+def check_grammar_prefill(prefill: object, grammar: str, triggers: Sequence[_core.GrammarTrigger]) -> None:
+    """InvalidArgumentError for a grammar_prefill that is not text, or without a grammar applied from
+    the output's start (none, or a lazy one) to take it."""
+    if not isinstance(prefill, str):
+        raise InvalidArgumentError(f"grammar_prefill is text (a chat template's generation prompt), got {prefill!r}")
+    if prefill and (not grammar or triggers):
+        raise InvalidArgumentError("grammar_prefill is text a grammar takes before the output: give a grammar= "
+                                   "without grammar_triggers (llama.cpp prefills no lazy grammar)")

@@ -14,7 +14,8 @@ from .config import OptConfig
 from .errors import ContextOverflowError, InvalidArgumentError, SessionClosedError, SessionEvictedError
 from .logprobs import check_top, from_core, score_prompt
 from .model import Model, check_token_ids
-from .sampling import budget, check_max_tokens, output_grammar, sampling_settings, trigger_settings
+from .sampling import (budget, check_grammar_prefill, check_max_tokens, output_grammar, sampling_settings,
+                       trigger_settings)
 from .stats import Stats
 from .stop_strings import find_stop, held_back, stop_list
 from .tokens import Token, TokenLogprob
@@ -44,10 +45,12 @@ class Generation(Iterator[Token]):
 
     def __init__(self, session: Session, max_tokens: int | None, stop: Sequence[str],
                  sampling: _core.Sampling, on_finish: Callable[[Generation], None] | None = None, grammar: str = "",
-                 schema: SchemaGrammar | None = None, triggers: Sequence[_core.GrammarTrigger] = ()) -> None:
+                 schema: SchemaGrammar | None = None, triggers: Sequence[_core.GrammarTrigger] = (),
+                 grammar_prefill: str = "") -> None:
         self.session = session
         self._grammar = grammar
         self._triggers = list(triggers)
+        self._grammar_prefill = grammar_prefill
         self.schema = schema
         self._check: SchemaCheck | None = None
         self._on_finish = on_finish
@@ -103,7 +106,7 @@ class Generation(Iterator[Token]):
             session._running = self._ref  # (the finally clears it, whatever fails from here)
             if session._configured_for is not self._tag:  # another generation of the session came between
                 core.set_sampling(sampling)
-                core.set_grammar(self._grammar, budget(max_tokens, core.room), self._triggers)
+                core.set_grammar(self._grammar, budget(max_tokens, core.room), self._triggers, self._grammar_prefill)
                 session._configured_for = self._tag
             if max_tokens == 0:
                 self.finish_reason = "length"
@@ -338,7 +341,7 @@ class Session:
                  logit_bias: Mapping[int, float] | None = None, frequency_penalty: float = 0.0,
                  presence_penalty: float = 0.0, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  stop: str | Sequence[str] | None = (), grammar: str | None = None,
-                 grammar_triggers: Sequence[tuple[str, str | int]] | None = None,
+                 grammar_triggers: Sequence[tuple[str, str | int]] | None = None, grammar_prefill: str = "",
                  json_schema: dict | bool | SchemaGrammar | None = None, strict: bool = True,
                  logprobs: int | None = None, on_finish: Callable[[Generation], None] | None = None) -> Generation:
         """Stream generated tokens (greedy unless ``temperature`` > 0).
@@ -361,6 +364,11 @@ class Session:
                     constrains the rest. (kind, value) pairs: ("word", text) or ("pattern", regex)
                     found anywhere in the output, ("pattern_full", regex) matching all of it (the
                     grammar starts at its first capturing group that matched), ("token", token id)
+        grammar_prefill
+                    text ``grammar`` takes before the output, as though generated (it is not added to
+                    the session): a chat template's generation prompt, which llama.cpp's sampler
+                    feeds a chat format's grammar whose root starts with it (common_sampler_init);
+                    not with grammar_triggers (llama.cpp prefills no lazy grammar)
         json_schema a JSON Schema the output must be an instance of (True: any JSON value), or
                     one compiled with ``pyllamaopt.grammar.compile_json_schema`` (reused as is);
                     the supported keywords: docs/structured-output.md
@@ -401,11 +409,12 @@ class Session:
             raise InvalidArgumentError("grammar_triggers make a grammar= lazy, not a json_schema (whose check is "
                                        "of the whole output)")
         triggers = trigger_settings(grammar_triggers, gbnf, self.context.model.n_vocab)
+        check_grammar_prefill(grammar_prefill, gbnf, triggers)
         self.end_generation_in_progress()
         # parsed now, once: a bad grammar fails before generating
-        self._core.set_grammar(gbnf, budget(max_tokens, self._core.room), triggers)
+        self._core.set_grammar(gbnf, budget(max_tokens, self._core.room), triggers, grammar_prefill)
         self._core.set_sampling(settings)
-        generation = Generation(self, max_tokens, stops, settings, on_finish, gbnf, schema, triggers)
+        generation = Generation(self, max_tokens, stops, settings, on_finish, gbnf, schema, triggers, grammar_prefill)
         self._configured_for = generation._tag
         return generation
 

@@ -59,7 +59,9 @@ class Grammar:
     # ---- recognition (Earley, with Aycock-Horspool handling of nullable symbols)
     # items: (alt, dot, origin) for rules; (rep, count, origin) for repetitions
 
-    def matches(self, text: str, root: str = "root") -> bool:
+    def matches(self, text: str, root: str = "root", prefix: bool = False) -> bool:
+        """Whether `root` matches the whole `text`; with `prefix`, whether some string it matches
+        starts with `text`."""
         if not self._alts:
             self._index()
         by_lhs = self._by_lhs
@@ -119,6 +121,8 @@ class Grammar:
             waits.append(waiting)
             if i < n and not chart[i + 1]:
                 return False
+        if prefix:  # (every item of chart[n] is there because text[:n] was scanned)
+            return True
         return any(not isinstance(a, Rep) and alts[a][0] == root and dot == len(alts[a][1]) and origin == 0
                    for a, dot, origin in chart[n])
 

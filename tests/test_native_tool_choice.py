@@ -105,15 +105,51 @@ def test_every_reply_the_required_grammar_allows_is_calls_only(template, paralle
         assert parallel or len(calls) == 1, (text, message)
 
 
-@pytest.mark.parametrize("template", ["Qwen-QwQ-32B.jinja", "Qwen3.5-4B.jinja"])
-def test_a_generation_prompt_that_opens_the_thinking_leaves_the_reply_free(template):
-    """The generation prompt ends inside the grammar's reasoning rule ("<|im_start|>assistant\\n<think>\\n"):
-    the engine's grammar, which starts at the reply, cannot be started there; the reply is free and
-    parsed (not held to a root that makes it write the generation prompt again)."""
-    prompt = render_prompt(ChatTemplate.from_file(templates_dir() / template), ASK, [WEATHER], ToolChoice("required"),
-                           GenerateParams())
-    assert prompt.reply_grammar is None and prompt.native is not None
+THINKING = "Qwen-QwQ-32B.jinja"  # its generation prompt opens the reasoning: "<|im_start|>assistant\n<think>\n"
 
+
+def test_a_generation_prompt_that_opens_the_thinking_is_taken_by_the_grammar_first():
+    """llama.cpp's root starts with the generation prompt, which here ends inside its reasoning rule:
+    the grammar is kept whole and takes the generation prompt before the reply (as llama.cpp's sampler
+    feeds it the prompt's tokens), so the reply goes on with the reasoning, then must call."""
+    prompt = render_prompt(ChatTemplate.from_file(templates_dir() / THINKING), ASK, [WEATHER], ToolChoice("required"),
+                           GenerateParams())
+    assert prompt.reply_prefill == "<|im_start|>assistant\n<think>\n" and not prompt.reply_triggers
+    assert prompt.generate_params(GenerateParams(), "call_").grammar_prefill == prompt.reply_prefill
+    grammar = parse_gbnf(prompt.reply_grammar)
+    thought = "The user asks for the weather in Paris and London.\n</think>"  # (the call right after it: below)
+    assert grammar.matches(prompt.reply_prefill + thought + PARIS)
+    assert grammar.matches(prompt.reply_prefill + thought + PARIS + "\n" + LONDON)
+    # (the narrowed root has no text between the reasoning and the calls: QwQ's grammar had only the text
+    # before the calls there, "\n\n" included)
+    for reply in (thought, thought + BARE, thought + "Sure! " + PARIS, thought + "\n\n" + PARIS, PARIS,
+                  "I will call it. " + PARIS):
+        assert not grammar.matches(prompt.reply_prefill + reply), reply
+    message = json.loads(prompt.native.parse(thought + PARIS, False))
+    assert message["reasoning_content"].strip() == thought.split("</think>")[0].strip()
+    assert [c["function"]["name"] for c in message["tool_calls"]] == ["get_weather"]
+
+
+def test_a_generation_prompt_the_root_starts_with_is_taken_out_of_it():
+    """(the same as taking it first: the grammar starts at the reply, nothing to prefill)"""
+    prompt = render_prompt(ChatTemplate.from_file(templates_dir() / QWEN), ASK, [WEATHER], ToolChoice("required"),
+                           GenerateParams())
+    assert prompt.reply_prefill == "" and parse_gbnf(prompt.reply_grammar).matches(PARIS)
+
+
+def native_templates() -> list[str]:
+    return sorted(p.name for p in templates_dir().glob("*.jinja") if ChatTemplate.from_file(p).native_tools)
+
+
+@pytest.mark.parametrize("thinking", [True, False], ids=["thinking", "no-thinking"])
+@pytest.mark.parametrize("template", native_templates())
+def test_every_native_required_grammar_takes_its_prefill(template, thinking):
+    """Every template of the pinned tree with native tools, a call required, reasoning on and off: the
+    reply's grammar is applied (never left free), and what it takes first is a start it allows."""
+    prompt = render_prompt(ChatTemplate.from_file(templates_dir() / template), ASK, [WEATHER, ADD],
+                           ToolChoice("required"), GenerateParams(), template_kwargs={"enable_thinking": thinking})
+    assert prompt.reply_grammar and not prompt.reply_triggers
+    assert parse_gbnf(prompt.reply_grammar).matches(prompt.reply_prefill, prefix=True), prompt.reply_prefill
 
 
 def test_command_r7b_loses_its_response_section_before_the_call():

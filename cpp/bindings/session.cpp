@@ -118,7 +118,7 @@ or 'token' (that token id generated).
         .def("fork", &llama_opt_session::fork, py::call_guard<py::gil_scoped_release>())
         .def("save", &llama_opt_session::save, py::call_guard<py::gil_scoped_release>())
         .def("set_grammar", &llama_opt_session::set_grammar, py::arg("gbnf"), py::arg("max_tokens") = 0,
-             py::arg("triggers") = std::vector<llama_opt_grammar_trigger>())
+             py::arg("triggers") = std::vector<llama_opt_grammar_trigger>(), py::arg("prefill") = "")
         .def("set_sampling", &llama_opt_session::set_sampling, py::arg("sampling"))
         .def("next_token", &llama_opt_session::next_token, py::call_guard<py::gil_scoped_release>())
         .def("step", &llama_opt_session::step, py::call_guard<py::gil_scoped_release>())

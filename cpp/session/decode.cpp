@@ -13,8 +13,9 @@ llama_opt_session_decode::llama_opt_session_decode(llama_opt_session_history & h
       sampler_(history.ctx().model(), history.ctx().settings().config) {}
 
 void llama_opt_session_decode::set_grammar(const std::string & gbnf, uint32_t max_tokens,
-                                           const std::vector<llama_opt_grammar_trigger> & triggers) {
-    sampler_.set_grammar(gbnf, max_tokens, triggers);
+                                           const std::vector<llama_opt_grammar_trigger> & triggers,
+                                           const std::string & prefill) {
+    sampler_.set_grammar(gbnf, max_tokens, triggers, prefill);
     output_budget_ = max_tokens;
 }
 

@@ -21,9 +21,9 @@ public:
 
     void set_sampling(const llama_opt_sampling & sampling);
     // the grammar of the following steps; max_tokens: the output's budget (0: none); with
-    // triggers, a lazy grammar (session/sampler)
+    // triggers, a lazy grammar; prefill: text it takes first (session/sampler)
     void set_grammar(const std::string & gbnf, uint32_t max_tokens,
-                     const std::vector<llama_opt_grammar_trigger> & triggers);
+                     const std::vector<llama_opt_grammar_trigger> & triggers, const std::string & prefill);
     bool generating() const { return generating_; }
 
     // llama_opt_session::next_token

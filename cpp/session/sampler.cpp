@@ -3,6 +3,8 @@
 #include "base/argmax.h"
 #include "methods/grammar.h"
 
+#include <cctype>
+
 llama_opt_sampler::llama_opt_sampler(const llama_opt_model & model, const llama_opt_config & config)
     : model_(model), config_(config) {
     set_sampling(llama_opt_sampling());
@@ -38,12 +40,21 @@ void llama_opt_sampler::set_sampling(const llama_opt_sampling & s) {
 }
 
 void llama_opt_sampler::set_grammar(const std::string & gbnf, uint32_t max_tokens,
-                                    const std::vector<llama_opt_grammar_trigger> & triggers) {
+                                    const std::vector<llama_opt_grammar_trigger> & triggers,
+                                    const std::string & prefill) {
     if (gbnf.empty() && !triggers.empty()) {
         throw llama_opt_error(llama_opt_errc::grammar, "grammar triggers without a grammar to start");
     }
+    if (!prefill.empty() && (gbnf.empty() || !triggers.empty())) {
+        throw llama_opt_error(llama_opt_errc::invalid_argument,
+                              "a grammar prefill is for a grammar applied from the output's start (not a lazy one)");
+    }
     auto awaiting = triggers.empty() ? nullptr : std::make_unique<llama_opt_grammar_trigger_watch>(triggers);
-    grammar_   = gbnf.empty() ? nullptr : std::make_unique<llama_opt_grammar>(model_.grammar_vocab(), gbnf);
+    auto grammar  = gbnf.empty() ? nullptr : std::make_unique<llama_opt_grammar>(model_.grammar_vocab(), gbnf);
+    if (!prefill.empty()) {
+        prefill_grammar(*grammar, prefill);
+    }
+    grammar_   = std::move(grammar);
     awaiting_  = std::move(awaiting);
     budget_    = config_.schema_fit_max_tokens ? max_tokens : 0;
     n_awaited_ = 0;
@@ -113,6 +124,23 @@ void llama_opt_sampler::watch_trigger(llama_token token) {
     }
     if (budget_ > 0) {
         grammar_->set_budget(budget_ > n_awaited_ ? budget_ - n_awaited_ : 1);
+    }
+}
+
+// As llama.cpp's common_sampler_init feeds a chat format's grammar the generation prompt (the
+// template's end of the prompt, which its grammar's root starts with): the text's tokens, less a
+// leading space some tokenizers put before a first special token. No budget is spent.
+void llama_opt_sampler::prefill_grammar(llama_opt_grammar & grammar, const std::string & text) const {
+    const std::vector<llama_token> tokens = model_.tokenize(text, false, true);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        const std::string piece = model_.token_piece(tokens[i], true);
+        if (i == 0 && !piece.empty() && std::isspace((unsigned char) piece[0]) && !std::isspace((unsigned char) text[0])) {
+            continue;
+        }
+        if (!grammar.accept_text(tokens[i], piece)) {
+            throw llama_opt_error(llama_opt_errc::grammar, "the grammar does not start with its prefill '" + text +
+                                  "': give a grammar whose root starts with that text, or no prefill", "grammar");
+        }
     }
 }
 

@@ -48,9 +48,12 @@ public:
     void start_generation(const std::vector<llama_token> & history) { adjust_->start(history); }
     // Throws llama_opt_error(grammar) if `gbnf` does not parse; "": no grammar. max_tokens: the
     // output's budget (0: none), which the grammar keeps to with schema_fit_max_tokens. With
-    // `triggers` the grammar is lazy: it starts when one of them fires.
+    // `triggers` the grammar is lazy: it starts when one of them fires. `prefill`: text the grammar
+    // takes before the output (prefill_grammar); throws llama_opt_error(grammar) if it does not take
+    // it, llama_opt_error(invalid_argument) with triggers (llama.cpp prefills no lazy grammar).
     void set_grammar(const std::string & gbnf, uint32_t max_tokens = 0,
-                     const std::vector<llama_opt_grammar_trigger> & triggers = {});
+                     const std::vector<llama_opt_grammar_trigger> & triggers = {},
+                     const std::string & prefill = "");
     // a grammar constrains the next pick (a lazy one only once triggered)
     bool constrained() const { return grammar_ != nullptr && awaiting_ == nullptr; }
     bool has_grammar() const { return grammar_ != nullptr; }
@@ -75,6 +78,7 @@ private:
     llama_token sample_allowed(const float * logits);  // seeded sampling under the grammar (adjusted logits)
     void        queue_jump_forward();                  // a forced string's own tokens, into inferred_queue_
     void        watch_trigger(llama_token token);      // a lazy grammar's wait: starts it when `token` fires a trigger
+    void        prefill_grammar(llama_opt_grammar & grammar, const std::string & text) const;
 
     const llama_opt_model &            model_;
     const llama_opt_config &           config_;

@@ -173,9 +173,10 @@ void llama_opt_session::set_sampling(const llama_opt_sampling & sampling) {
 }
 
 void llama_opt_session::set_grammar(const std::string & gbnf, uint32_t max_tokens,
-                                    const std::vector<llama_opt_grammar_trigger> & triggers) {
+                                    const std::vector<llama_opt_grammar_trigger> & triggers,
+                                    const std::string & prefill) {
     lock_t lock(ctx_->mutex());
-    decode_.set_grammar(gbnf, max_tokens, triggers);
+    decode_.set_grammar(gbnf, max_tokens, triggers, prefill);
 }
 
 llama_token llama_opt_session::next_token() {

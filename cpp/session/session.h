@@ -122,8 +122,12 @@ public:
     // With `triggers` the grammar is lazy, as llama.cpp applies a chat format's tool-call grammar:
     // the output is free (the same tokens as without a grammar) until a trigger fires, then the
     // grammar takes the text from the trigger on and constrains the rest (methods/grammar-trigger).
+    // Otherwise `prefill` is text the grammar takes first, as though generated (it is not added to
+    // the history): a chat template's generation prompt, which llama.cpp's sampler feeds a chat
+    // format's grammar (its root starts with that text); llama_opt_error(grammar) if it does not take it.
     void set_grammar(const std::string & gbnf, uint32_t max_tokens = 0,
-                     const std::vector<llama_opt_grammar_trigger> & triggers = {});
+                     const std::vector<llama_opt_grammar_trigger> & triggers = {},
+                     const std::string & prefill = "");
 
     // Computes the KV of a pending (last sampled) token if any, then samples the next token
     // and adds it to the history as pending. Throws context_overflow when the history is full.

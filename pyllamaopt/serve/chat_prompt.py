@@ -38,7 +38,7 @@ from ..model import Model
 from ..stop_strings import stop_list
 from .chat_messages import Tool, ToolChoice, Turn, compact
 from .errors import BadRequest
-from .native_prompt import native_messages, native_render_args
+from .native_prompt import grammar_prefill, native_messages, native_render_args
 from .native_prompt import reply_grammar as native_reply_grammar
 from .params import GenerateParams, ReplyFormat
 from .reply_grammar import reply_grammar
@@ -63,6 +63,7 @@ class ChatPrompt:
     # constrains the reply from its start)
     reply_grammar: str | None = None
     reply_triggers: tuple[tuple[str, str | int], ...] = ()  # native: a lazy grammar's triggers (tool_choice "auto")
+    reply_prefill: str = ""  # native: what the grammar takes before the reply (native_prompt.grammar_prefill)
     native: Any = None  # the native format's reply parser (_core.ChatReplyParser)
     tool_format: str = "none"  # "generic", the native format's name (ChatTemplate.tool_format), "none" (no tools)
     stops: tuple[str, ...] = ()  # native: the format's own ends of a reply (llama.cpp's additional_stops)
@@ -72,7 +73,8 @@ class ChatPrompt:
         reply's grammar; the reply parsed as it streams (the service's events carry the parse), its
         calls' ids starting with `call_id_prefix`."""
         grammar = self.reply_grammar if self.tool_format != "none" else params.grammar
-        return replace(params, grammar=grammar, grammar_triggers=self.reply_triggers, stop=[*params.stop, *self.stops],
+        return replace(params, grammar=grammar, grammar_triggers=self.reply_triggers, grammar_prefill=self.reply_prefill,
+                       stop=[*params.stop, *self.stops],
                        reply=ReplyFormat(self.generic, call_id_prefix, self.native, self.tool_format))
 
 
@@ -146,9 +148,10 @@ def render_prompt(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence
 def _render_native(template: ChatTemplate, turns: Sequence[Turn], tools: Sequence[Tool], choice: ToolChoice,
                    mark_tool_results: bool, kwargs: dict[str, Any]) -> ChatPrompt:
     """The prompt in the model's own tool-calling format (native_prompt.py). Its grammar is
-    llama.cpp's, applied as llama.cpp applies it: from the reply's first token (a call required: the
-    reply opens with the call, native_prompt.reply_grammar), or lazily, from the format's opening tag
-    on (tool_choice "auto": the reply is free until it begins a call)."""
+    llama.cpp's, applied as llama.cpp applies it: from the reply's first token, past the generation
+    prompt (a call required: the reply opens with the call, native_prompt.reply_grammar and
+    grammar_prefill), or lazily, from the format's opening tag on (tool_choice "auto": the reply is
+    free until it begins a call)."""
     _call_names(turns)
     messages, results = native_messages(turns)
     render_args = {**native_render_args(tools, choice, add_generation_prompt=True), **kwargs}
@@ -161,7 +164,8 @@ def _render_native(template: ChatTemplate, turns: Sequence[Turn], tools: Sequenc
     grammar, triggers = native_reply_grammar(rendered.grammar, rendered.grammar_lazy, rendered.grammar_triggers,
                                              rendered.generation_prompt, choice.parallel,
                                              (rendered.thinking_start_tag, *rendered.thinking_end_tags))
-    return ChatPrompt(rendered.prompt, False, marked, template, messages, render_args, grammar, triggers,
+    prefill = grammar_prefill(rendered.grammar, rendered.grammar_lazy, rendered.generation_prompt)
+    return ChatPrompt(rendered.prompt, False, marked, template, messages, render_args, grammar, triggers, prefill,
                       native=rendered.parser, tool_format=template.tool_format, stops=tuple(rendered.additional_stops))
 
 

@@ -60,12 +60,11 @@ def reply_grammar(grammar: str, lazy: bool, triggers: Sequence[tuple[str, str, i
     from the format's opening tag on; RenderedChat.grammar_triggers as Session.generate takes them). A
     lazy grammar's root is the calls alone. Otherwise (a call required) llama.cpp's root rule starts
     with the generation prompt (the end of the prompt, "<|im_start|>assistant\\n"), which its sampler
-    feeds the grammar before the reply; the engine's grammar starts at the reply, so that leading
-    literal is taken out of the root rule. A root that does not start so is used as it is unless it
-    names the generation prompt elsewhere or starts with a part of it (a template whose generation
-    prompt opens the reply's thinking, "...assistant\\n<think>\\n": the rest is inside the grammar's
-    reasoning rule, which the engine's grammar cannot be started in): then None, the reply is free,
-    and parsed. `thinking`: the format's thinking tags (RenderedChat's thinking_start_tag and
+    feeds the grammar before the reply; a root whose first item is that literal has it taken out (the
+    engine's grammar then starts at the reply); any other root is kept whole, and the engine's grammar
+    takes the generation prompt first as llama.cpp's does (grammar_prefill: a generation prompt that
+    opens the reply's thinking, "...assistant\\n<think>\\n", leaves the grammar inside its reasoning
+    rule). `thinking`: the format's thinking tags (RenderedChat's thinking_start_tag and
     thinking_end_tags)."""
     if not grammar:
         return None, ()
@@ -76,13 +75,24 @@ def reply_grammar(grammar: str, lazy: bool, triggers: Sequence[tuple[str, str, i
     if root is None:
         return grammar, ()
     body = root.group(1)
-    literal = _gbnf_literal(generation_prompt)
-    first = (_top_level_items(body) or [""])[0]
-    if generation_prompt and body.startswith(literal + " "):
-        body = body[len(literal) + 1:]
-    elif generation_prompt and (literal in body or (first.startswith('"') and literal.startswith(first[:-1]))):
-        return None, ()
+    if _root_opens_with(body, generation_prompt):
+        body = body[len(_gbnf_literal(generation_prompt)) + 1:]
     return grammar[:root.start(1)] + body + grammar[root.end(1):], ()
+
+
+def grammar_prefill(grammar: str, lazy: bool, generation_prompt: str) -> str:
+    """What the engine's grammar of the reply (reply_grammar) takes before the reply, as llama.cpp's
+    sampler feeds a tool-call grammar applied from the reply's start the generation prompt's tokens
+    (common/sampling.cpp, common_grammar_needs_prefill): the generation prompt, unless reply_grammar
+    took it out of the root rule (then nothing); a lazy grammar takes nothing."""
+    root = re.search(r"^root ::= (.*)$", grammar, re.MULTILINE)
+    if not grammar or lazy or root is None or _root_opens_with(root.group(1), generation_prompt):
+        return ""
+    return generation_prompt
+
+
+def _root_opens_with(body: str, generation_prompt: str) -> bool:
+    return bool(generation_prompt) and body.startswith(_gbnf_literal(generation_prompt) + " ")
 
 
 def narrowed_grammar(grammar: str, required: bool, parallel: bool, thinking: Sequence[str] = ()) -> str:

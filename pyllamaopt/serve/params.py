@@ -36,6 +36,8 @@ class GenerateParams:
     grammar: str | None = None
     # make `grammar` lazy (Session.generate's grammar_triggers): a native format's calls, tool_choice "auto"
     grammar_triggers: tuple[tuple[str, str | int], ...] = ()
+    # text `grammar` takes first (Session.generate's grammar_prefill): a native format's generation prompt
+    grammar_prefill: str = ""
     json_schema: dict[str, Any] | bool | None = None
     # OpenAI's meaning: True, every constraint enforced by the grammar or a 400 naming the keyword;
     # False, what a grammar can enforce is, and the answer says whether the output is valid
@@ -54,4 +56,5 @@ class GenerateParams:
                 "seed": self.seed, "logit_bias": self.logit_bias, "frequency_penalty": self.frequency_penalty,
                 "presence_penalty": self.presence_penalty, "repeat_penalty": self.repeat_penalty,
                 "repeat_last_n": self.repeat_last_n, "stop": [] if self.generic_reply else self.stop,
-                "grammar": self.grammar, "grammar_triggers": self.grammar_triggers, "logprobs": self.logprobs}
+                "grammar": self.grammar, "grammar_triggers": self.grammar_triggers,
+                "grammar_prefill": self.grammar_prefill, "logprobs": self.logprobs}
