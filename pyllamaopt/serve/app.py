@@ -58,12 +58,19 @@ class ServeSettings:
     session_ttl: float = 30 * 60.0   # seconds an idle protocol session is kept
     max_body_bytes: int = 16 << 20
     kv_type: str | None = None       # OptConfig's kv_type (None: $LLAMA_OPT_KV_TYPE or f16)
+    kv_type_k: str | None = None     # OptConfig's kv_type_k (None: $LLAMA_OPT_KV_TYPE_K or kv_type's)
+    kv_type_v: str | None = None     # OptConfig's kv_type_v (None: $LLAMA_OPT_KV_TYPE_V or kv_type's)
     approximate_reuse: bool = False  # Tier 2: diff_reuse_shifted (service.py says how requests use it)
     sparse_tool_results: bool = False  # Tier 2: sparse_attn_enabled, the chat routes mark tool results
     json_whitespace: str = DEFAULT_JSON_WHITESPACE  # how response_format answers lay out JSON (grammar.WHITESPACE)
     chat_template_file: str | None = None  # the chat routes' template instead of the GGUF's (--chat-template-file)
     verbose: bool = False
     session_id_prefix: str = ""      # leads every protocol session id (a Ray replica's own: pyllamaopt/ray)
+
+    def kv_types(self) -> dict[str, str]:
+        """The KV cache types given (OptConfig's kv_type, kv_type_k, kv_type_v), by option name."""
+        given = {"kv_type": self.kv_type, "kv_type_k": self.kv_type_k, "kv_type_v": self.kv_type_v}
+        return {name: value for name, value in given.items() if value is not None}
 
     def check(self) -> None:
         """Refuses settings a server must not run with; the messages say what to change."""
@@ -112,8 +119,8 @@ _REQUEST_SEQUENCES = 16
 def create_app(settings: ServeSettings, config: OptConfig | None = None) -> FastAPI:
     model = Model(settings.model, verbose=settings.verbose)
     config = config if config is not None else OptConfig()
-    if settings.kv_type is not None:
-        config.set("kv_type", settings.kv_type)
+    for name, value in settings.kv_types().items():
+        config.set(name, value)
     if settings.approximate_reuse:
         config.set("diff_reuse_shifted", True)
     if settings.sparse_tool_results:
