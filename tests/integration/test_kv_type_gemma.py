@@ -22,22 +22,32 @@ GGML_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
 BYTES_PER_32_VALUES = {"f16": 64, "q8_0": 34, "q4_0": 18}  # a block of 32 values and its scale
 
 
-@pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
-def test_a_quantized_cache_takes_its_types_bytes_in_memory_and_on_disk(gemma, tmp_path, kv_type):
-    config = OptConfig(env={}, kv_type=kv_type, persist_enabled=True, persist_dir=str(tmp_path))
+def one_saved_entry(gemma, config, tmp_path, check_context) -> None:
+    """A context of `config` (check_context(ctx) first) saves 256 tokens: one entry, of about 256 ×
+    the context's bytes per token."""
     with Context(gemma, n_ctx=1024, n_threads=2, config=config) as ctx:
-        assert ctx.kv_type == kv_type
-        assert ctx.kv_bytes_per_token * BYTES_PER_32_VALUES["f16"] == \
-            gemma.kv_bytes_per_token * BYTES_PER_32_VALUES[kv_type]
-        layout = ctx.persist_layout
-        assert layout["k_type"] == layout["v_type"] == GGML_TYPES[kv_type]
-        assert layout["bytes_per_token"] == ctx.kv_bytes_per_token  # the rows llama.cpp stores, as they are
+        check_context(ctx)
         s = ctx.session()
         s.append(gemma.tokenize(SYSTEM)[:256])
         assert s.save() == 256
         s.close()
     entries = list(tmp_path.glob("*.llkv"))
     assert len(entries) == 1 and entries[0].stat().st_size < 256 * ctx.kv_bytes_per_token * 1.1
+
+
+@pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
+def test_a_quantized_cache_takes_its_types_bytes_in_memory_and_on_disk(gemma, tmp_path, kv_type):
+    config = OptConfig(env={}, kv_type=kv_type, persist_enabled=True, persist_dir=str(tmp_path))
+
+    def check_context(ctx):
+        assert ctx.kv_type == kv_type
+        assert ctx.kv_bytes_per_token * BYTES_PER_32_VALUES["f16"] == \
+            gemma.kv_bytes_per_token * BYTES_PER_32_VALUES[kv_type]
+        layout = ctx.persist_layout
+        assert layout["k_type"] == layout["v_type"] == GGML_TYPES[kv_type]
+        assert layout["bytes_per_token"] == ctx.kv_bytes_per_token  # the rows llama.cpp stores, as they are
+
+    one_saved_entry(gemma, config, tmp_path, check_context)
 
 
 def test_the_type_is_in_effect(gemma):
@@ -115,7 +125,8 @@ def test_shifted_reuse_refuses_q4_0_and_takes_q8_0(gemma):
 def test_k_and_v_of_different_types_take_each_types_bytes_in_memory_and_on_disk(gemma, tmp_path, kv_type):
     k, v = kv_type.split("/")
     config = OptConfig(env={}, persist_enabled=True, persist_dir=str(tmp_path), **kv_options(kv_type))
-    with Context(gemma, n_ctx=1024, n_threads=2, config=config) as ctx:
+
+    def check_context(ctx):
         assert (ctx.kv_type, ctx.kv_type_k, ctx.kv_type_v) == (kv_type, k, v)
         # Gemma 3 270M: K and V heads of 256 values each, so each is half of F16's bytes per token
         assert ctx.kv_bytes_per_token * 2 * BYTES_PER_32_VALUES["f16"] == \
@@ -123,12 +134,8 @@ def test_k_and_v_of_different_types_take_each_types_bytes_in_memory_and_on_disk(
         layout = ctx.persist_layout
         assert (layout["k_type"], layout["v_type"]) == (GGML_TYPES[k], GGML_TYPES[v])
         assert layout["bytes_per_token"] == ctx.kv_bytes_per_token
-        s = ctx.session()
-        s.append(gemma.tokenize(SYSTEM)[:256])
-        assert s.save() == 256
-        s.close()
-    entries = list(tmp_path.glob("*.llkv"))
-    assert len(entries) == 1 and entries[0].stat().st_size < 256 * ctx.kv_bytes_per_token * 1.1
+
+    one_saved_entry(gemma, config, tmp_path, check_context)
 
 
 def test_k_and_v_types_are_each_in_effect(gemma):
