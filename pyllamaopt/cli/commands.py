@@ -265,7 +265,7 @@ def serve(args: argparse.Namespace) -> int:
                              chat_template_file=args.chat_template_file,
                              verbose=args.verbose)
     # a malformed LLAMA_OPT_* variable or --kv-type* stops here, before the model loads
-    OptConfig(**settings.kv_types())
+    settings.set_kv_types(OptConfig())
     if args.ray:
         from ..ray.deploy import RayOptions, serve_on_ray
 

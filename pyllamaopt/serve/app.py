@@ -67,10 +67,13 @@ class ServeSettings:
     verbose: bool = False
     session_id_prefix: str = ""      # leads every protocol session id (a Ray replica's own: pyllamaopt/ray)
 
-    def kv_types(self) -> dict[str, str]:
-        """The KV cache types given (OptConfig's kv_type, kv_type_k, kv_type_v), by option name."""
+    def set_kv_types(self, config: OptConfig) -> OptConfig:
+        """`config` with the KV cache types given here set (OptConfig's kv_type, kv_type_k, kv_type_v)."""
         given = {"kv_type": self.kv_type, "kv_type_k": self.kv_type_k, "kv_type_v": self.kv_type_v}
-        return {name: value for name, value in given.items() if value is not None}
+        for name, value in given.items():
+            if value is not None:
+                config.set(name, value)
+        return config
 
     def check(self) -> None:
         """Refuses settings a server must not run with; the messages say what to change."""
@@ -118,9 +121,7 @@ _REQUEST_SEQUENCES = 16
 
 def create_app(settings: ServeSettings, config: OptConfig | None = None) -> FastAPI:
     model = Model(settings.model, verbose=settings.verbose)
-    config = config if config is not None else OptConfig()
-    for name, value in settings.kv_types().items():
-        config.set(name, value)
+    config = settings.set_kv_types(config if config is not None else OptConfig())
     if settings.approximate_reuse:
         config.set("diff_reuse_shifted", True)
     if settings.sparse_tool_results:
