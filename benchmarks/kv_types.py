@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Quantized KV caches (kv_type, issue 46) against F16: what a type saves and what it costs.
 
-    python benchmarks/kv_types.py [--types f16,q8_0,q4_0] [--lengths 1024,4096,8192]
+    python benchmarks/kv_types.py [--types f16,q8_0,q4_0,q8_0/q4_0] [--lengths 1024,4096,8192]
         [--depths 10,50,90] [--variants passkey,code,multi] [--trace-turns 12] [--threads 2]
         [--budget-gib 1] [--session-tokens 8192] [--no-llama-server] [--json out.json]
 
-For each type, in a context of its own (the same inputs as benchmarks/quality.py):
+A type is one for K and V ("q8_0") or a pair, K's then V's ("q8_0/q4_0": kv_type_k and kv_type_v,
+llama-server's --cache-type-k q8_0 --cache-type-v q4_0). For each, in a context of its own (the same
+inputs as benchmarks/quality.py):
   capacity     KV bytes per token (Context.kv_bytes_per_token) and how many sessions of
                --session-tokens tokens a KV budget of --budget-gib GiB keeps warm
   needle grid  quality.py's needles by length × depth × variant: recall of the greedy answer,
@@ -15,7 +17,7 @@ For each type, in a context of its own (the same inputs as benchmarks/quality.py
                the fourth, KL(f16 || type) and top-1 agreement of the next-token distribution,
                greedy agreement of the generated tokens, and the perplexity of the scripted answer
   llama-server llama.cpp's own server (tools/build_upstream.py: the same tree and CPU flags) with
-               --cache-type-k/-v of the type, flash attention, 2 threads: the same needles, each
+               --cache-type-k/-v of the types, flash attention, 2 threads: the same needles, each
                prompt computed whole (cache_prompt false): recall, its answers against its own
                f16's and against pyllamaopt's with the type, prefill and decode speed from its own
                timings
@@ -61,16 +63,22 @@ def needle_runs(ctx: Context, model: Model, cases: dict[tuple, quality.Case], an
     return out
 
 
+def cache_types(kv_type: str) -> tuple[str, str]:
+    """K's and V's types of a --types entry: "q8_0" (both) or "q8_0/q4_0" (K/V)."""
+    k, _, v = kv_type.partition("/")
+    return k, v or k
+
+
 def llama_server_needles(model: Model, kv_type: str, cases: dict[tuple, quality.Case], n_ctx: int,
                          answer_tokens: int) -> dict[tuple, dict]:
-    """The needles on llama-server with --cache-type-k/-v kv_type, each prompt computed whole."""
+    """The needles on llama-server with --cache-type-k/-v of kv_type, each prompt computed whole."""
     import build_upstream
     from server import running
 
     server_bin = build_upstream.build(("llama-server",)) / "llama-server"
+    k, v = cache_types(kv_type)
     out = {}
-    with running("llama-server", model, server_bin, n_ctx,
-                 extra=("--cache-type-k", kv_type, "--cache-type-v", kv_type)) as server:
+    with running("llama-server", model, server_bin, n_ctx, extra=("--cache-type-k", k, "--cache-type-v", v)) as server:
         for key, case in cases.items():
             body = {"prompt": case.context + case.question, "n_predict": answer_tokens, "temperature": 0,
                     "cache_prompt": False, "return_tokens": True}
@@ -148,8 +156,9 @@ def main() -> int:
     results, served = {}, {}
     for kv_type in types:  # each type on both engines before the next: drift of the machine hits both alike
         t0 = time.perf_counter()
+        k, v = cache_types(kv_type)
         with Context(model, n_ctx=n_ctx, n_seq_max=2, n_threads=args.threads,
-                     config=OptConfig(env={}, kv_type=kv_type)) as ctx:
+                     config=OptConfig(env={}, kv_type_k=k, kv_type_v=v)) as ctx:
             needles = needle_runs(ctx, model, cases, args.answer_tokens)
             trace = quality.trace_turns(quality.EXACT, ctx, model, args.trace_turns, args.gen, args.ppl_tokens)
             bytes_per_token = ctx.kv_bytes_per_token

@@ -568,13 +568,21 @@ class Context:
     @property
     def kv_bytes_per_token(self) -> int:
         """
-        KV cache bytes of one token in this context's kv_type (K and V, all layers).
+        KV cache bytes of one token in this context's kv_type (K and V, all layers, each in its type).
         """
     @property
     def kv_cells_used(self) -> int:
         ...
     @property
     def kv_type(self) -> str:
+        """
+        How the cache stores K and V: "q8_0" when they share a type, "q8_0/q4_0" (K/V) when not.
+        """
+    @property
+    def kv_type_k(self) -> str:
+        ...
+    @property
+    def kv_type_v(self) -> str:
         ...
     @property
     def pool_blocks(self) -> int:
@@ -851,7 +859,7 @@ def features() -> list[dict[str, typing.Any]]:
     """
 def fields() -> list[dict[str, typing.Any]]:
     """
-    The configurable values: name, variable, type, limits, help, choices ("a|b": a text field taking one of them; "": any), compile-time default.
+    The configurable values: name, variable, type, limits, help, choices ("a|b": a text field taking one of them, "|a|b": or ""; "": any), compile-time default.
     """
 def hash_block(tokens: collections.abc.Sequence[typing.SupportsInt | typing.SupportsIndex]) -> int:
     """

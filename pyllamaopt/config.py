@@ -45,7 +45,7 @@ class Field:
     min: float
     max: float
     help: str
-    choices: str  # "a|b|c": a "str" field taking one of these; "": any text (a path)
+    choices: str  # "a|b|c": a "str" field taking one of these ("|a|b": or "", not set); "": any text (a path)
     default: Any
 
 

@@ -94,12 +94,24 @@ class Context:
 
     @property
     def kv_type(self) -> str:
-        """How the KV cache stores K and V: "f16", "q8_0" or "q4_0" (OptConfig's kv_type)."""
+        """How the KV cache stores K and V: "f16", "q8_0" or "q4_0" when they share a type (OptConfig's
+        kv_type), "K/V" when kv_type_k / kv_type_v made them differ ("q8_0/q4_0", as llama-server's
+        --cache-type-k q8_0 --cache-type-v q4_0)."""
         return self._core.kv_type
 
     @property
+    def kv_type_k(self) -> str:
+        """K's type ("f16", "q8_0" or "q4_0")."""
+        return self._core.kv_type_k
+
+    @property
+    def kv_type_v(self) -> str:
+        """V's type ("f16", "q8_0" or "q4_0")."""
+        return self._core.kv_type_v
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        """KV cache bytes of one token in this context (K and V of all layers, in its kv_type)."""
+        """KV cache bytes of one token in this context (K and V of all layers, each in its type)."""
         return self._core.kv_bytes_per_token
 
     @property

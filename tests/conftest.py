@@ -69,9 +69,10 @@ def smollm2_path() -> Path:
     return models.resolve("smollm2-135m")
 
 
-@pytest.fixture(params=["f16", "q8_0", "q4_0"])
+@pytest.fixture(params=["f16", "q8_0", "q4_0", "q8_0/q4_0"])
 def kv_type(request) -> str:
-    """The KV cache types a Gemma-only exactness test runs with: reuse is exact relative to the same type."""
+    """The KV cache types a Gemma-only exactness test runs with ("K/V": families.kv_options): reuse is exact
+    relative to the same types."""
     return request.param
 
 

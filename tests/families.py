@@ -10,9 +10,18 @@ FAMILIES = {"gemma3-270m": "gemma_path", "smollm2-135m": "smollm2_path", "qwen2.
 
 # The (family, KV cache type) pairs of the tests taking `family_kv_path` / `family_kv_model`: each
 # family with f16, the quantized types on Gemma 3 (its sliding-window view included) and q8_0 on
-# SmolLM2 (the smallest model; full attention only). Reuse is exact relative to the same type.
+# SmolLM2 (the smallest model; full attention only); K and V of different types on Gemma 3, "K/V"
+# (kv_options): q8_0/q4_0 (llama-server users' quantized pair) and f16/q8_0 (an F16 K, which keeps
+# K's F16 dot products, with a quantized V). Reuse is exact relative to the same types.
 FAMILY_KV_TYPES = [(family, "f16") for family in FAMILIES] + \
-    [("gemma3-270m", "q8_0"), ("gemma3-270m", "q4_0"), ("smollm2-135m", "q8_0")]
+    [("gemma3-270m", "q8_0"), ("gemma3-270m", "q4_0"), ("smollm2-135m", "q8_0"),
+     ("gemma3-270m", "q8_0/q4_0"), ("gemma3-270m", "f16/q8_0")]
+
+
+def kv_options(kv_type: str) -> dict[str, str]:
+    """OptConfig's arguments for a KV cache type of FAMILY_KV_TYPES: "q8_0" (K and V) or "q8_0/q4_0" (K/V)."""
+    k, _, v = kv_type.partition("/")
+    return {"kv_type_k": k, "kv_type_v": v} if v else {"kv_type": k}
 
 
 def pair_id(pair: tuple[str, str]) -> str:

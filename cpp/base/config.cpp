@@ -155,7 +155,12 @@ const std::vector<llama_opt_field> & llama_opt_fields() {
         OPT_UINT(h2o_chunk_size,             "LLAMA_OPT_H2O_CHUNK_SIZE",       1, 1u << 24,   "H2O prompt tokens per chunk (>= window + budget)"),
         OPT_CHOICE(kv_type,                  "LLAMA_OPT_KV_TYPE",              LLAMA_OPT_KV_TYPES,
                    "how the KV cache stores K and V: f16, or llama.cpp's quantized q8_0 (half the bytes) or q4_0 (about a "
-                   "quarter); reuse is exact relative to the same type (needs flash attention)"),
+                   "quarter) for K and V (kv_type_k / kv_type_v: one alone); reuse is exact relative to the same types (needs "
+                   "flash attention)"),
+        OPT_CHOICE(kv_type_k,                "LLAMA_OPT_KV_TYPE_K",            LLAMA_OPT_KV_TYPES_OR_EMPTY,
+                   "K's type alone (empty: kv_type's), as llama-server's --cache-type-k"),
+        OPT_CHOICE(kv_type_v,                "LLAMA_OPT_KV_TYPE_V",            LLAMA_OPT_KV_TYPES_OR_EMPTY,
+                   "V's type alone (empty: kv_type's), as llama-server's --cache-type-v"),
         OPT_BOOL(stats_enabled,              "LLAMA_OPT_STATS",                                "print per-turn statistics to stderr"),
     };
     return fields;
@@ -223,7 +228,8 @@ static bool parse_bool(const std::string & text, bool & out) {
     return false;
 }
 
-// `text` if it is one of `choices` ("a|b|c", matched without regard to case); else fail() says which are.
+// `text` if it is one of `choices` ("a|b|c", matched without regard to case); else fail() says which are
+// (an empty choice, "|a|b", is the field's "not set": accepted, not listed).
 template <typename Fail>
 static std::string parse_choice(const std::string & text, const std::string & choices, Fail && fail) {
     const std::string t = lower(text);
@@ -234,7 +240,9 @@ static std::string parse_choice(const std::string & text, const std::string & ch
         if (t == choice) {
             return choice;
         }
-        allowed += (allowed.empty() ? "" : ", ") + choice;
+        if (!choice.empty()) {
+            allowed += (allowed.empty() ? "" : ", ") + choice;
+        }
     }
     fail("must be one of " + allowed);
     return "";

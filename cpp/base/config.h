@@ -32,8 +32,10 @@ const std::vector<llama_opt_feature> & llama_opt_features();
 // configuration
 //
 
-// The KV cache types kv_type takes (kv/kv-codec maps each to llama.cpp's type).
-constexpr const char * LLAMA_OPT_KV_TYPES = "f16|q8_0|q4_0";
+// The KV cache types kv_type takes (kv/kv-codec maps each to llama.cpp's type); kv_type_k and
+// kv_type_v take them too, or "" (the default: kv_type's).
+constexpr const char * LLAMA_OPT_KV_TYPES          = "f16|q8_0|q4_0";
+constexpr const char * LLAMA_OPT_KV_TYPES_OR_EMPTY = "|f16|q8_0|q4_0";
 
 struct llama_opt_config {
     uint32_t block_size = 64;  // tokens per hashed block
@@ -106,8 +108,10 @@ struct llama_opt_config {
     uint32_t h2o_chunk_size   = 512;  // prompt tokens per H2O chunk (>= window + budget)
 
     // How the KV cache stores K and V (kv/kv-codec): "f16" (llama.cpp's default), or llama.cpp's
-    // quantized cache types "q8_0" / "q4_0" for both. Reuse stays exact relative to the same type.
-    std::string kv_type = "f16";
+    // quantized cache types "q8_0" / "q4_0" for both. Reuse stays exact relative to the same types.
+    std::string kv_type   = "f16";
+    std::string kv_type_k;  // K's type alone ("": kv_type's), as llama-server's --cache-type-k
+    std::string kv_type_v;  // V's type alone ("": kv_type's), as llama-server's --cache-type-v
 
     bool stats_enabled = false;  // print per-turn statistics to stderr
 };

@@ -71,7 +71,7 @@ void register_config(py::module_ & m) {
             out.append(d);
         }
         return out;
-    }, "The configurable values: name, variable, type, limits, help, choices (\"a|b\": a text field taking one of them; \"\": any), compile-time default.");
+    }, "The configurable values: name, variable, type, limits, help, choices (\"a|b\": a text field taking one of them, \"|a|b\": or \"\"; \"\": any), compile-time default.");
 
     m.def("features", [] {
         py::list out;

@@ -119,9 +119,12 @@ void register_context(py::module_ & m) {
         .def_property_readonly("n_cached", memory_read(&llama_opt_kv_memory::n_cached))
         .def_property_readonly("kv_cells_used", memory_read(&llama_opt_kv_memory::cells_used))
         .def_property_readonly("block_size", &llama_opt_context::block_size)
-        .def_property_readonly("kv_type", [](const llama_opt_context & self) { return self.kv_codec().name; })
+        .def_property_readonly("kv_type", [](const llama_opt_context & self) { return self.kv_codec().name(); },
+                               "How the cache stores K and V: \"q8_0\" when they share a type, \"q8_0/q4_0\" (K/V) when not.")
+        .def_property_readonly("kv_type_k", [](const llama_opt_context & self) { return self.kv_codec().k.name; })
+        .def_property_readonly("kv_type_v", [](const llama_opt_context & self) { return self.kv_codec().v.name; })
         .def_property_readonly("kv_bytes_per_token", &llama_opt_context::kv_bytes_per_token,
-                               "KV cache bytes of one token in this context's kv_type (K and V, all layers).")
+                               "KV cache bytes of one token in this context's kv_type (K and V, all layers, each in its type).")
         .def_property_readonly("min_chunk", &llama_opt_context::min_chunk)
         .def_property_readonly("canonical", &llama_opt_context::canonical)
         .def_property_readonly("settings", &llama_opt_context::settings)

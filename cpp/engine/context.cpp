@@ -59,21 +59,26 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
             "the canonical schedule", "schedule");
     }
 
-    codec_ = llama_opt_kv_codec::from_name(cfg.kv_type);
+    codec_ = llama_opt_kv_codec::from_config(cfg);
     codec_.check(*model_, params.flash_attn);
     const bool scores_attention = cfg.attn_prune_enabled || (cfg.spec_prefill_enabled && cfg.spec_prefill_draft_model.empty());
     if ((scores_attention || cfg.h2o_enabled) && !codec_.identity()) {
-        // attention scores read K rows as F16 (methods/attn-capture; llama.cpp stores a quantized K
-        // rotated); H2O's gathered attention (patches/0010) was built and measured on F16 rows only
+        // attention scores read K rows as F16 from rows laid out as F16 K and V (methods/attn-capture;
+        // llama.cpp stores a quantized K rotated); H2O's gathered attention (patches/0010) was built
+        // and measured on F16 rows only
+        const std::string setting = codec_.k.quantized() ? codec_.k.setting : codec_.v.setting;
         throw llama_opt_error(llama_opt_errc::config,
             "attention scores (attn_prune_enabled, spec_prefill_enabled without a draft model) and H2O "
-            "(h2o_enabled) read the KV cache's K rows as F16: use kv_type='f16' with them", "kv_type");
+            "(h2o_enabled) read the KV cache's K rows as F16: use " + setting + "='f16' with them (they find "
+            "K in rows laid out as F16 K and V: a quantized V is refused too)", setting);
     }
-    if (cfg.diff_reuse_shifted && codec_.type == GGML_TYPE_Q4_0) {  // (llama.cpp's K-shift quantizes K again)
+    if (cfg.diff_reuse_shifted && codec_.k.type == GGML_TYPE_Q4_0) {
+        // llama.cpp's K-shift quantizes a moved K again; V rows move as they are stored, whatever their type
         throw llama_opt_error(llama_opt_errc::config,
-            "diff_reuse_shifted with kv_type='q4_0' is refused: its moved K rows, rotated and quantized again, "
-            "measured a KL of 0.11 against computing the edited history with q4_0 (q8_0: 0.004; f16: 0.002; "
-            "docs/exactness.md): use kv_type='q8_0' with it", "kv_type");
+            "diff_reuse_shifted with " + codec_.k.setting + "='q4_0' is refused: its moved K rows, rotated and "
+            "quantized again, measured a KL of 0.11 against computing the edited history with q4_0 (q8_0: 0.004; "
+            "f16: 0.002; docs/exactness.md): use " + codec_.k.setting + "='q8_0' with it (V's type does not "
+            "matter here: V rows move as they are)", codec_.k.setting);
     }
 
     const int32_t hw = (int32_t) std::max(1u, std::thread::hardware_concurrency());
@@ -90,8 +95,8 @@ llama_opt_context::llama_opt_context(std::shared_ptr<llama_opt_model> model, con
     cp.n_threads_batch = params.n_threads_batch > 0 ? params.n_threads_batch : cp.n_threads;
     cp.flash_attn_type = params.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.swa_full        = params.swa_full;
-    cp.type_k          = codec_.type;
-    cp.type_v          = codec_.type;
+    cp.type_k          = codec_.k.type;
+    cp.type_v          = codec_.v.type;
     cp.kv_unified      = true;  // sessions share the KV cells of a common prefix
     cp.no_perf         = true;
     // Tier 2: observe queries (set only then: exact mode computes in one graph)

@@ -2,34 +2,59 @@
 
 #include "base/types.h"
 
-llama_opt_kv_codec llama_opt_kv_codec::from_name(const std::string & name) {
+static llama_opt_kv_part part_of(const std::string & own, const std::string & own_setting, const std::string & both) {
+    llama_opt_kv_part part;
+    part.setting = own.empty() ? "kv_type" : own_setting;
+    part.name    = own.empty() ? both : own;
+    part.type    = part.name == "q8_0" ? GGML_TYPE_Q8_0 : part.name == "q4_0" ? GGML_TYPE_Q4_0 : GGML_TYPE_F16;
+    return part;
+}
+
+llama_opt_kv_codec llama_opt_kv_codec::from_config(const llama_opt_config & cfg) {
     llama_opt_kv_codec codec;
-    codec.name = name;
-    codec.type = name == "q8_0" ? GGML_TYPE_Q8_0 : name == "q4_0" ? GGML_TYPE_Q4_0 : GGML_TYPE_F16;
+    codec.k = part_of(cfg.kv_type_k, "kv_type_k", cfg.kv_type);
+    codec.v = part_of(cfg.kv_type_v, "kv_type_v", cfg.kv_type);
     return codec;
 }
 
+std::string llama_opt_kv_codec::name() const {
+    return k.type == v.type ? k.name : k.name + "/" + v.name;
+}
+
+static std::string named(const llama_opt_kv_part & part, const std::string & type) {
+    return part.setting + "='" + type + "'";
+}
+
 void llama_opt_kv_codec::check(const llama_opt_model & model, bool flash_attn) const {
-    if (identity()) {
-        return;
-    }
-    if (!flash_attn) {
+    if (v.quantized() && !flash_attn) {
         throw llama_opt_error(llama_opt_errc::config,
-            "kv_type='" + name + "' stores V quantized, which llama.cpp computes only with flash attention: create "
-            "the Context with flash_attn=True, or use kv_type='f16'", "kv_type");
+            named(v, v.name) + " stores V quantized, which llama.cpp computes only with flash attention: create "
+            "the Context with flash_attn=True, or use " + named(v, "f16"), v.setting);
     }
-    const auto     dims  = model.head_dims();
-    const uint32_t block = (uint32_t) ggml_blck_size(type);
-    if (dims.first % block != 0 || dims.second % block != 0) {
+    if (k.quantized() && !flash_attn) {
         throw llama_opt_error(llama_opt_errc::config,
-            "kv_type='" + name + "' stores K and V in blocks of " + std::to_string(block) + " values, which do not "
-            "divide this model's attention heads (K " + std::to_string(dims.first) + ", V " + std::to_string(dims.second) +
-            " values): use kv_type='f16' for this model", "kv_type");
+            named(k, k.name) + " stores K quantized: llama.cpp computes that without flash attention too, but "
+            "pyllamaopt's exact reuse with a quantized cache is built and tested on flash attention's paths only "
+            "(docs/exactness.md): create the Context with flash_attn=True, or use " + named(k, "f16"), k.setting);
+    }
+    const auto dims  = model.head_dims();
+    const bool alike = k.setting == v.setting && k.type == v.type;  // kv_type set both: say so once
+    for (const auto * part : { &k, &v }) {
+        const uint32_t block = (uint32_t) ggml_blck_size(part->type);
+        const uint32_t dim   = part == &k ? dims.first : dims.second;
+        if (!part->quantized() || dim % block == 0) {
+            continue;
+        }
+        throw llama_opt_error(llama_opt_errc::config,
+            named(*part, part->name) + " stores " + (alike ? "K and V" : part == &k ? "K" : "V") + " in blocks of " +
+            std::to_string(block) + " values, which do not divide this model's attention heads (K " +
+            std::to_string(dims.first) + ", V " + std::to_string(dims.second) + " values): use " +
+            named(*part, "f16") + " for this model", part->setting);
     }
 }
 
 uint64_t llama_opt_kv_codec::memory_bytes(const llama_opt_model & model, uint64_t n_tokens) const {
     const auto     dims = model.head_dims();
     const uint64_t heads = (uint64_t) model.n_layer() * (uint64_t) model.n_head_kv();
-    return n_tokens * heads * (ggml_row_size(type, dims.first) + ggml_row_size(type, dims.second));
+    return n_tokens * heads * (ggml_row_size(k.type, dims.first) + ggml_row_size(v.type, dims.second));
 }

@@ -31,8 +31,9 @@ llama_opt_kv_memory::llama_opt_kv_memory(llama_memory_t mem, const llama_opt_mod
     slots_.resize(params.n_seq);
 }
 
-// A quantized cache's type (in the compat hash too, which names entry files: entries of two types
-// for the same tokens live side by side), and what else decides the bits of its K rows:
+// A quantized cache's types (in the compat hash too, which names entry files: entries of two pairs
+// of types for the same tokens live side by side; "q8_0" for K and V alike, as before K and V could
+// differ, "f16/q8_0" when they do), and what else decides the bits of its quantized rows:
 // llama.cpp rotates them (a Hadamard transform) before quantizing unless LLAMA_ATTN_ROT_DISABLE
 // is set when the cache is made. ("" for F16: the identity of F16 entries stays what it was.)
 static std::string quantized_kv_compat(const llama_opt_kv_codec & codec) {
@@ -40,7 +41,7 @@ static std::string quantized_kv_compat(const llama_opt_kv_codec & codec) {
         return "";
     }
     const char * rot_disable = std::getenv("LLAMA_ATTN_ROT_DISABLE");  // (read as llama.cpp reads it)
-    return "|kv_type=" + codec.name + "|kv_rot=" + std::string(rot_disable && std::atoi(rot_disable) ? "0" : "1");
+    return "|kv_type=" + codec.name() + "|kv_rot=" + std::string(rot_disable && std::atoi(rot_disable) ? "0" : "1");
 }
 
 void llama_opt_kv_memory::open_persist_store(const llama_opt_model & model, const llama_opt_config & cfg) {
@@ -73,8 +74,8 @@ void llama_opt_kv_memory::open_persist_store(const llama_opt_model & model, cons
     persist_layout_.n_kv_heads      = (uint32_t) model.n_head_kv();
     persist_layout_.k_dim           = dims.first;
     persist_layout_.v_dim           = dims.second;
-    persist_layout_.k_type          = params_.codec.type;  // an entry of another type is never restored
-    persist_layout_.v_type          = params_.codec.type;
+    persist_layout_.k_type          = params_.codec.k.type;  // an entry of other types is never restored
+    persist_layout_.v_type          = params_.codec.v.type;
     persist_layout_.bytes_per_token = row;
     persist_ = std::make_unique<llama_opt_persist_store>(dir);
     if (cfg.persist_write_behind) {

@@ -195,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how the KV cache stores K and V: f16 (default), or llama.cpp's quantized q8_0 (half the "
                         "bytes: twice the sessions kept warm) or q4_0; reuse stays exact relative to the same type "
                         "(default $LLAMA_OPT_KV_TYPE or f16; docs/exactness.md)")
+    for part in ("k", "v"):
+        p.add_argument(f"--kv-type-{part}", default=None, metavar="{f16,q8_0,q4_0}",
+                       help=f"{part.upper()}'s type alone, as llama-server's --cache-type-{part} (default "
+                            f"$LLAMA_OPT_KV_TYPE_{part.upper()} or --kv-type's)")
     p.add_argument("--approximate-reuse", action="store_true",
                    help="Tier 2, off by default: after a change near a prompt's start, reuse the unchanged text "
                         "after it at its new position (approximate: answers say so; same as "

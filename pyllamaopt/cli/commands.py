@@ -254,18 +254,18 @@ def serve(args: argparse.Namespace) -> int:
     from ..serve.schema_cache import DEFAULT_JSON_WHITESPACE
     from ..serve import serve as run_server
 
-    # a malformed LLAMA_OPT_* variable or --kv-type stops here, before the model loads
-    OptConfig(**({"kv_type": args.kv_type} if args.kv_type is not None else {}))
     if args.replicas is not None and not args.ray:
         raise SystemExit("pyllamaopt serve: --replicas needs --ray")
     settings = ServeSettings(model=args.model, host=args.host, port=args.port, grpc_port=args.grpc_port,
-                             kv_type=args.kv_type,
+                             kv_type=args.kv_type, kv_type_k=args.kv_type_k, kv_type_v=args.kv_type_v,
                              n_ctx=args.n_ctx, threads=args.threads, api_key=args.api_key, tls_cert=args.tls_cert,
                              tls_key=args.tls_key, max_sessions=args.max_sessions, session_ttl=args.session_ttl,
                              approximate_reuse=args.approximate_reuse, sparse_tool_results=args.sparse_tool_results,
                              json_whitespace=args.json_whitespace or DEFAULT_JSON_WHITESPACE,
                              chat_template_file=args.chat_template_file,
                              verbose=args.verbose)
+    # a malformed LLAMA_OPT_* variable or --kv-type* stops here, before the model loads
+    settings.set_kv_types(OptConfig())
     if args.ray:
         from ..ray.deploy import RayOptions, serve_on_ray
 

@@ -58,12 +58,22 @@ class ServeSettings:
     session_ttl: float = 30 * 60.0   # seconds an idle protocol session is kept
     max_body_bytes: int = 16 << 20
     kv_type: str | None = None       # OptConfig's kv_type (None: $LLAMA_OPT_KV_TYPE or f16)
+    kv_type_k: str | None = None     # OptConfig's kv_type_k (None: $LLAMA_OPT_KV_TYPE_K or kv_type's)
+    kv_type_v: str | None = None     # OptConfig's kv_type_v (None: $LLAMA_OPT_KV_TYPE_V or kv_type's)
     approximate_reuse: bool = False  # Tier 2: diff_reuse_shifted (service.py says how requests use it)
     sparse_tool_results: bool = False  # Tier 2: sparse_attn_enabled, the chat routes mark tool results
     json_whitespace: str = DEFAULT_JSON_WHITESPACE  # how response_format answers lay out JSON (grammar.WHITESPACE)
     chat_template_file: str | None = None  # the chat routes' template instead of the GGUF's (--chat-template-file)
     verbose: bool = False
     session_id_prefix: str = ""      # leads every protocol session id (a Ray replica's own: pyllamaopt/ray)
+
+    def set_kv_types(self, config: OptConfig) -> OptConfig:
+        """`config` with the KV cache types given here set (OptConfig's kv_type, kv_type_k, kv_type_v)."""
+        given = {"kv_type": self.kv_type, "kv_type_k": self.kv_type_k, "kv_type_v": self.kv_type_v}
+        for name, value in given.items():
+            if value is not None:
+                config.set(name, value)
+        return config
 
     def check(self) -> None:
         """Refuses settings a server must not run with; the messages say what to change."""
@@ -111,9 +121,7 @@ _REQUEST_SEQUENCES = 16
 
 def create_app(settings: ServeSettings, config: OptConfig | None = None) -> FastAPI:
     model = Model(settings.model, verbose=settings.verbose)
-    config = config if config is not None else OptConfig()
-    if settings.kv_type is not None:
-        config.set("kv_type", settings.kv_type)
+    config = settings.set_kv_types(config if config is not None else OptConfig())
     if settings.approximate_reuse:
         config.set("diff_reuse_shifted", True)
     if settings.sparse_tool_results:

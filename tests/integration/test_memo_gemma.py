@@ -10,7 +10,7 @@ import pytest
 
 from pyllamaopt import Context, OptConfig
 
-from families import greedy_everywhere_seeded_on_f16
+from families import greedy_everywhere_seeded_on_f16, kv_options
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +30,7 @@ def copy_prompt(model):
 
 def generate(model, memo, kv_type="f16", **sampling):
     prompt = copy_prompt(model)
-    config = OptConfig(env={}, memo_enabled=memo, memo_gate=False, kv_type=kv_type)
+    config = OptConfig(env={}, memo_enabled=memo, memo_gate=False, **kv_options(kv_type))
     with Context(model, n_ctx=2048, n_threads=2, config=config) as ctx:
         s = ctx.session()
         s.append(prompt)

@@ -18,7 +18,7 @@ import pytest
 
 from pyllamaopt import Context, OptConfig, build_info
 
-from families import FAMILY_KV_TYPES, pair_id
+from families import FAMILY_KV_TYPES, kv_options, pair_id
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def logits_after(model, prompt, splits=(), *, flash_attn=True, n_threads=2, cell
     """Logits after `prompt`, appended in pieces cut at `splits`, in a session whose KV cells
     start after `cells_before` cells held by another session."""
     with Context(model, n_ctx=2048, n_batch=1024, n_threads=n_threads, flash_attn=flash_attn,
-                 schedule=schedule, config=OptConfig(env={}, kv_type=kv_type, **config)) as ctx:
+                 schedule=schedule, config=OptConfig(env={}, **kv_options(kv_type), **config)) as ctx:
         other = ctx.session()  # kept open: its cells stay taken
         if cells_before:
             other.append(model.tokenize("word " * cells_before, add_bos=False)[:cells_before])

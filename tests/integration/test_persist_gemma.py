@@ -9,6 +9,7 @@ import pytest
 
 from pyllamaopt import Context, Model, OptConfig
 
+from families import kv_options
 from test_reuse_gemma import SYSTEM, TURNS, scratch
 
 pytestmark = pytest.mark.integration
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 def test_restored_context_equals_computing_it(family_kv_path, tmp_path):
     path, kv_type = family_kv_path
-    config = OptConfig(env={}, persist_enabled=True, persist_dir=str(tmp_path), kv_type=kv_type)
+    config = OptConfig(env={}, persist_enabled=True, persist_dir=str(tmp_path), **kv_options(kv_type))
     saver = Model(path, progress=False)
     stored = saver.tokenize(SYSTEM + "".join(TURNS))
     assert len(stored) > 1024  # beyond Gemma's sliding window

@@ -15,6 +15,8 @@ import pytest
 
 from pyllamaopt import Context, OptConfig
 
+from families import kv_options
+
 pytestmark = pytest.mark.integration
 
 
@@ -56,7 +58,7 @@ def run(gemma, on: bool, flash_attn: bool, kv_type: str) -> list:
     """Logits after each step, and the generated tokens, of sessions that exercise the view."""
     out = []
     with Context(gemma, n_ctx=8192, n_threads=2, flash_attn=flash_attn,
-                 config=OptConfig(env={}, kv_type=kv_type)) as ctx:
+                 config=OptConfig(env={}, **kv_options(kv_type))) as ctx:
         ctx._core._set_swa_view(on)
         other = ctx.session()  # its cells lie below the others'
         other.append([gemma.bos_token] + random_tokens(700, seed=2))
@@ -76,7 +78,8 @@ def run(gemma, on: bool, flash_attn: bool, kv_type: str) -> list:
 
 
 # a quantized cache (kv_type) takes flash attention's one-row path over the view (docs/exactness.md)
-@pytest.mark.parametrize("flash_attn,kv_type", [(True, "f16"), (False, "f16"), (True, "q8_0"), (True, "q4_0")])
+@pytest.mark.parametrize("flash_attn,kv_type", [(True, "f16"), (False, "f16"), (True, "q8_0"), (True, "q4_0"),
+                                               (True, "q8_0/q4_0")])
 def test_the_window_view_gives_the_whole_cache_views_bits(gemma, flash_attn, kv_type):
     on, off = run(gemma, True, flash_attn, kv_type), run(gemma, False, flash_attn, kv_type)
     for got, expected in zip(on, off):
