@@ -32,6 +32,7 @@ class _PersistLayout(typing.TypedDict):
     v_dim: int
     k_type: int
     v_type: int
+    kv_type: str
     bytes_per_token: int
 class _PersistEntryInfo(typing.TypedDict):
     """

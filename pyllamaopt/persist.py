@@ -56,13 +56,19 @@ class PersistEntry:
 
     def unusable_by(self, layout: Mapping[str, object]) -> str:
         """Why a context whose ``persist_layout`` is `layout` never restores this entry: '' if it
-        does; "another model" (the model file's content differs), "another build" (the engine's
-        build, its CPU features or the context's KV settings differ), or the entry's problem."""
+        does; "another model" (the model file's content differs), "another KV type (q8_0; this
+        context: f16)" (the same model's, stored in other KV cache types: kv_type), "another build"
+        (the engine's build, its CPU features or the context's other KV settings differ), or the
+        entry's problem."""
         if self.problem:
             return self.problem
         if dict(self.layout) == dict(layout):
             return ""
-        return "another model" if self.layout.get("model_hash") != layout.get("model_hash") else "another build"
+        if self.layout.get("model_hash") != layout.get("model_hash"):
+            return "another model"
+        if self.layout.get("kv_type") != layout.get("kv_type"):
+            return f"another KV type ({self.layout.get('kv_type')}; this context: {layout.get('kv_type')})"
+        return "another build"
 
 
 _TMP_PREFIX = ".tmp-"   # kv-cache-persist's temporary files
@@ -137,7 +143,8 @@ class PersistStore:
 
     def foreign(self, layout: Mapping[str, object]) -> list[PersistEntry]:
         """The sound entries a context whose ``persist_layout`` is `layout` never restores: another
-        model's or another build's (a restart on another model or version finds them, and misses)."""
+        model's, KV type's or build's (a restart on another model, KV type or version finds them,
+        and misses)."""
         return [e for e in self.entries() if not e.problem and e.unusable_by(layout)]
 
     def restorable_chains(self, layout: Mapping[str, object]) -> set[int]:
@@ -210,7 +217,7 @@ class PersistStore:
 
     def remove_foreign(self, layout: Mapping[str, object]) -> int:
         """Removes the entries a context whose ``persist_layout`` is `layout` never restores
-        (``foreign``: another model's or another build's). Returns how many; raises PersistError
+        (``foreign``: another model's, KV type's or build's). Returns how many; raises PersistError
         naming those it could not remove."""
         return self._remove([e.path for e in self.foreign(layout)])
 

@@ -159,8 +159,8 @@ def test_cache_ls_marks_what_a_restart_finds(tiny_model, tiny_model_path, tmp_pa
     assert listing.returncode == 0, listing.stderr
     marks = [line.rsplit("  ", 1)[1] for line in listing.stdout.splitlines() if ".llkv" in line]
     assert sorted(marks) == ["another build", "another model", "usable"]
-    assert f"{tiny_model_path}: 1 entries (640 tokens) usable after a restart, 2 for another model or build" \
-        in listing.stdout
+    assert f"{tiny_model_path} (KV f16): 1 entries (640 tokens) usable after a restart, 2 for another model, build or " \
+        "KV type" in listing.stdout
     plain = run("cache", "ls", "--dir", str(kv))  # no model: listed as before, nothing marked
     assert plain.returncode == 0 and "usable" not in plain.stdout and plain.stdout.count(".llkv") == 3
 
@@ -186,12 +186,64 @@ def test_cache_clean_foreign_removes_what_a_server_of_the_model_never_restores(t
     assert len(llkv_files(kv)) == 3
     cleaned = run("cache", "clean", "--foreign", *model, "--dir", str(kv))
     assert cleaned.returncode == 0, cleaned.stderr
-    assert f"removed 2 file(s) (2 for another model or build); 1 entries left in {kv}" in cleaned.stdout
+    assert f"removed 2 file(s) (2 for another model, build or KV type); 1 entries left in {kv}" in cleaned.stdout
     listing = run("cache", "ls", "--dir", str(kv), *model)
     assert [line.rsplit("  ", 1)[1] for line in listing.stdout.splitlines() if ".llkv" in line] == ["usable"]
     assert restores(tiny_model, kv, own).persist_tokens_restored == 576  # (the last chunk is computed: the logits)
     again = run("cache", "clean", "--foreign", *model, "--dir", str(kv))
-    assert "removed 0 file(s) (0 for another model or build); 1 entries left" in again.stdout
+    assert "removed 0 file(s) (0 for another model, build or KV type); 1 entries left" in again.stdout
+
+
+def test_cache_sees_the_entries_of_a_server_of_the_kv_type_given(tmp_path):
+    """`cache ls / clean --foreign --model M --kv-type q8_0` take a server's KV type as `serve
+    --kv-type q8_0` does: its q8_0 entry is usable and kept. Without the option (an f16 server) the
+    entry is another KV type's, named with both types, and `clean --foreign` removes it."""
+    from pyllamaopt import Model
+    from test_persist import llkv_files, save_history, text_tokens
+    from tinymodel import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "heads32.gguf", n_embd=128)  # heads of 32 values: q8_0's blocks divide them
+    model, kv = Model(path), tmp_path / "kv"
+    save_history(model, kv, text_tokens(model, 700), kv_type="q8_0")
+    server = ["--dir", str(kv), "--model", str(path)]
+
+    def marks(*args):
+        listing = run("cache", "ls", *server, *args)
+        assert listing.returncode == 0, listing.stderr
+        return [line.rsplit("  ", 1)[1] for line in listing.stdout.splitlines() if ".llkv" in line], listing.stdout
+
+    usable, listing = marks("--kv-type", "q8_0")
+    assert usable == ["usable"]
+    assert f"{path} (KV q8_0): 1 entries (640 tokens) usable after a restart, 0 for another model" in listing
+    assert marks()[0] == ["another KV type (q8_0; this context: f16)"]
+    assert marks("--kv-type-v", "f16", "--kv-type", "q8_0")[0] == ["another KV type (q8_0; this context: q8_0/f16)"]
+    kept = run("cache", "clean", "--foreign", *server, "--kv-type", "q8_0")
+    assert kept.returncode == 0 and "removed 0 file(s) (0 for another model, build or KV type)" in kept.stdout
+    assert len(llkv_files(kv)) == 1
+    removed = run("cache", "clean", "--foreign", *server)  # an f16 server's view: not its entry
+    assert removed.returncode == 0 and "removed 1 file(s) (1 for another model, build or KV type)" in removed.stdout
+    assert llkv_files(kv) == []
+
+
+def test_a_kv_type_option_that_is_wrong_is_named_as_the_option(tmp_path, tiny_model_path):
+    """The --kv-type* options set OptConfig's kv_type* fields; the CLI's errors name the option given,
+    not the field: an unknown type (before the model loads), and a type the model cannot take."""
+    unknown = run("serve", "--model", str(tmp_path / "none.gguf"), "--kv-type-v", "q5_0")
+    assert unknown.returncode == 2, unknown.stderr
+    assert "pyllamaopt: error: --kv-type-v q5_0: must be one of f16, q8_0, q4_0" in unknown.stderr
+    assert "kv_type" not in unknown.stderr and "Traceback" not in unknown.stderr
+    from_variable = run("serve", "--model", str(tmp_path / "none.gguf"), env={"LLAMA_OPT_KV_TYPE_V": "q5_0"})
+    assert "LLAMA_OPT_KV_TYPE_V=q5_0: must be one of f16, q8_0, q4_0" in from_variable.stderr  # (named as given)
+
+    from pyllamaopt import Model
+    from test_persist import save_history, text_tokens
+
+    model, kv = Model(tiny_model_path), tmp_path / "kv"
+    save_history(model, kv, text_tokens(model, 100))
+    untakable = run("cache", "ls", "--dir", str(kv), "--model", str(tiny_model_path), "--kv-type", "q8_0")
+    assert untakable.returncode == 2, untakable.stderr  # the tiny model's heads of 16 values: q8_0's blocks are 32
+    assert "pyllamaopt: error: --kv-type q8_0 stores K and V in blocks of 32 values" in untakable.stderr
+    assert "use --kv-type f16 for this model" in untakable.stderr and "kv_type" not in untakable.stderr
 
 
 def test_a_commands_variables_are_read_only_by_that_command(tiny_model_path):

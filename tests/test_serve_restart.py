@@ -225,7 +225,7 @@ def test_a_server_on_entries_of_another_model_ignores_them_and_says_so_once(tiny
     finally:
         stop_server(second)
     log = second.log.read_text()
-    line = f"2 of 2 entries in {tmp_path / 'kv'} are for another model or build and will not be used"
+    line = f"2 of 2 entries in {tmp_path / 'kv'} are for another model, build or KV type and will not be used"
     assert log.count(line) == 1 and "pyllamaopt cache ls --model" in log, log
     assert f"`pyllamaopt cache clean --foreign --model {other}` removes them" in log, log
-    assert "another model or build" not in first.log.read_text()  # (a directory of its own model's entries)
+    assert "another model, build or KV type" not in first.log.read_text()  # (a directory of its own model's entries)

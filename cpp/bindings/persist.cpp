@@ -4,6 +4,7 @@
 
 #include "kv/disk-dir.h"
 #include "kv/disk-store.h"
+#include "kv/kv-codec.h"
 
 #include <pybind11/stl.h>
 
@@ -11,7 +12,8 @@ py::dict persist_layout_dict(const llama_opt_persist_layout & l) {
     using namespace pybind11::literals;
     return py::dict("model_hash"_a = l.model_hash, "compat_hash"_a = l.compat_hash, "block_size"_a = l.block_size,
                     "n_layers"_a = l.n_layers, "n_kv_heads"_a = l.n_kv_heads, "k_dim"_a = l.k_dim, "v_dim"_a = l.v_dim,
-                    "k_type"_a = l.k_type, "v_type"_a = l.v_type, "bytes_per_token"_a = l.bytes_per_token);
+                    "k_type"_a = l.k_type, "v_type"_a = l.v_type,
+                    "kv_type"_a = llama_opt_kv_types_name(l.k_type, l.v_type), "bytes_per_token"_a = l.bytes_per_token);
 }
 
 static py::dict entry_dict(const llama_opt_persist_entry & e) {

@@ -17,8 +17,16 @@ llama_opt_kv_codec llama_opt_kv_codec::from_config(const llama_opt_config & cfg)
     return codec;
 }
 
+static std::string type_name(int32_t type) {
+    return type >= 0 && type < GGML_TYPE_COUNT ? ggml_type_name((ggml_type) type) : "type " + std::to_string(type);
+}
+
+std::string llama_opt_kv_types_name(int32_t k_type, int32_t v_type) {
+    return k_type == v_type ? type_name(k_type) : type_name(k_type) + "/" + type_name(v_type);
+}
+
 std::string llama_opt_kv_codec::name() const {
-    return k.type == v.type ? k.name : k.name + "/" + v.name;
+    return llama_opt_kv_types_name(k.type, v.type);  // (ggml's names are the settings' values)
 }
 
 static std::string named(const llama_opt_kv_part & part, const std::string & type) {

@@ -34,6 +34,10 @@ struct llama_opt_kv_part {
     bool quantized() const { return type != GGML_TYPE_F16; }
 };
 
+// "q8_0" when K and V share a type, "K/V" ("q8_0/q4_0") when they differ: the name of a pair of
+// ggml types as Context.kv_type gives it (a disk entry's too, whose numbers may be any: "type 99").
+std::string llama_opt_kv_types_name(int32_t k_type, int32_t v_type);
+
 struct llama_opt_kv_codec {
     llama_opt_kv_part k;
     llama_opt_kv_part v;
@@ -42,8 +46,7 @@ struct llama_opt_kv_codec {
     // where set, else kv_type.
     static llama_opt_kv_codec from_config(const llama_opt_config & cfg);
 
-    // "q8_0" when K and V share a type, "K/V" ("q8_0/q4_0") when they differ: Context.kv_type, and
-    // the type in the disk tier's identity.
+    // llama_opt_kv_types_name of K's and V's: Context.kv_type, and the type in the disk tier's identity.
     std::string name() const;
 
     bool identity() const { return !k.quantized() && !v.quantized(); }

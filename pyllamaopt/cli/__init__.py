@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -38,6 +39,10 @@ ENV_DEFAULTS: dict[str, tuple[str, object, str]] = {
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")  # the engine's spellings
 
+# OptConfig fields that options set (serve's and cache's): a ConfigError about a field its option set
+# names the option, as the user wrote it (main)
+OPTION_OF_FIELD = {"kv_type": "--kv-type", "kv_type_k": "--kv-type-k", "kv_type_v": "--kv-type-v"}
+
 
 def _from_environment(variable: str, default: object, kind: str) -> object:
     text = os.environ.get(variable, "").strip()
@@ -71,6 +76,17 @@ def fill_defaults_from_environment(args: argparse.Namespace) -> None:
             setattr(args, dest, _from_environment(variable, default, kind))
 
 
+def _as_options(exc: Exception, args: argparse.Namespace) -> str:
+    """The error's message, with the OptConfig fields that this command's options set written as those
+    options: `kv_type_v='q5_0': must be one of ...` as `--kv-type-v q5_0: must be one of ...`."""
+    message = str(exc)
+    if isinstance(exc, ConfigError):
+        for field, option in OPTION_OF_FIELD.items():
+            if getattr(args, field, None) is not None:
+                message = re.sub(rf"\b{field}='([^']*)'", rf"{option} \1", message)
+    return message
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -96,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="threads (default: $LLAMA_OPT_THREADS or all)")
         p.add_argument("-v", "--verbose", action="store_const", const=True, default=None,
                        help="print llama.cpp's log (default: $LLAMA_OPT_VERBOSE)")
+
+    def kv_type_args(p: argparse.ArgumentParser, what: str) -> None:
+        p.add_argument(OPTION_OF_FIELD["kv_type"], default=None, metavar="{f16,q8_0,q4_0}",
+                       help=f"{what} (default $LLAMA_OPT_KV_TYPE or f16; docs/exactness.md)")
+        for part in ("k", "v"):
+            p.add_argument(OPTION_OF_FIELD[f"kv_type_{part}"], default=None, metavar="{f16,q8_0,q4_0}",
+                           help=f"{part.upper()}'s type alone, as llama-server's --cache-type-{part} (default "
+                                f"$LLAMA_OPT_KV_TYPE_{part.upper()} or --kv-type's)")
 
     def sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
         p.add_argument("-n", "--max-tokens", type=int, default=max_tokens, help=f"default {max_tokens}")
@@ -146,20 +170,21 @@ def build_parser() -> argparse.ArgumentParser:
                                    "docs/persist-format.md.")
     p.add_argument("action", choices=["ls", "clean", "verify"],
                    help="ls: list entries; clean: remove unreadable, old (--max-age) or least recently used "
-                        "(--max-mb) entries, another model's or build's (--foreign), or all (--all); verify: check "
-                        "every checksum")
+                        "(--max-mb) entries, another model's, build's or KV type's (--foreign), or all (--all); "
+                        "verify: check every checksum")
     p.add_argument("--dir", default=None, help="cache directory (default: $LLAMA_OPT_PERSIST_DIR or the default)")
     p.add_argument("--max-age", type=float, default=None, help="clean: remove entries unused for this many days")
     p.add_argument("--max-mb", type=float, default=None, help="clean: keep at most this many MiB")
     p.add_argument("--all", action="store_true", help="clean: remove every entry")
     p.add_argument("--foreign", action="store_true",
-                   help="clean: remove the entries a server of --model (this build) never restores: another model's "
-                        "or another build's (those `ls --model` marks so)")
+                   help="clean: remove the entries a server of --model (this build, --kv-type*) never restores: "
+                        "another model's, build's or KV type's (those `ls --model` marks so)")
     p.add_argument("--remove", action="store_true", help="verify: remove the bad entries")
     p.add_argument("-m", "--model", default=os.environ.get("LLAMA_OPT_MODEL") or None,
                    help="ls: mark the entries a server of this model (this build, `pyllamaopt serve --model`) "
-                        "restores after a restart and those for another model or build; clean --foreign: keep its "
-                        "entries, remove the others (default: $LLAMA_OPT_MODEL, else none)")
+                        "restores after a restart and those for another model, build or KV type; clean --foreign: "
+                        "keep its entries, remove the others (default: $LLAMA_OPT_MODEL, else none)")
+    kv_type_args(p, "with --model: the KV type of that server (its serve --kv-type), whose entries it restores")
     p.set_defaults(func=commands.cache)
 
     p = sub.add_parser("serve", help="OpenAI- and Anthropic-compatible HTTP server and the session protocol",
@@ -191,14 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
                    default=os.environ.get("LLAMA_OPT_SERVE_CHAT_TEMPLATE_FILE") or None,
                    help="render chats with this jinja template instead of the model's (as llama-server's option; "
                         "default: $LLAMA_OPT_SERVE_CHAT_TEMPLATE_FILE or the GGUF's own)")
-    p.add_argument("--kv-type", default=None, metavar="{f16,q8_0,q4_0}",
-                   help="how the KV cache stores K and V: f16 (default), or llama.cpp's quantized q8_0 (half the "
-                        "bytes: twice the sessions kept warm) or q4_0; reuse stays exact relative to the same type "
-                        "(default $LLAMA_OPT_KV_TYPE or f16; docs/exactness.md)")
-    for part in ("k", "v"):
-        p.add_argument(f"--kv-type-{part}", default=None, metavar="{f16,q8_0,q4_0}",
-                       help=f"{part.upper()}'s type alone, as llama-server's --cache-type-{part} (default "
-                            f"$LLAMA_OPT_KV_TYPE_{part.upper()} or --kv-type's)")
+    kv_type_args(p, "how the KV cache stores K and V: f16 (default), or llama.cpp's quantized q8_0 (half the "
+                    "bytes: twice the sessions kept warm) or q4_0; reuse stays exact relative to the same type")
     p.add_argument("--approximate-reuse", action="store_true",
                    help="Tier 2, off by default: after a change near a prompt's start, reuse the unchanged text "
                         "after it at its new position (approximate: answers say so; same as "
@@ -241,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fill_defaults_from_environment(args)
         return args.func(args) or 0
     except (PyllamaoptError, OSError) as exc:  # (OSError: a file the command cannot read or write)
-        print(f"pyllamaopt: error: {exc}", file=sys.stderr)
+        print(f"pyllamaopt: error: {_as_options(exc, args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)

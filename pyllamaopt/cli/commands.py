@@ -59,6 +59,17 @@ def _sampling(args: argparse.Namespace) -> _Sampling:
             "presence_penalty": args.presence_penalty, "repeat_last_n": args.repeat_last_n}
 
 
+class _KvTypes(TypedDict):
+    """The --kv-type* options (serve's and cache's), ServeSettings' fields; None where not given."""
+    kv_type: str | None
+    kv_type_k: str | None
+    kv_type_v: str | None
+
+
+def _kv_types(args: argparse.Namespace) -> _KvTypes:
+    return {"kv_type": args.kv_type, "kv_type_k": args.kv_type_k, "kv_type_v": args.kv_type_v}
+
+
 def _stream(generation: Generation) -> None:
     for token in generation:
         sys.stdout.write(token.text)
@@ -192,7 +203,7 @@ def cache(args: argparse.Namespace) -> int:
         if leftovers:
             print(f"  and {len(leftovers)} file(s) of interrupted saves, {sum(s for _, s in leftovers) / 2**20:.1f} MiB "
                   "(`pyllamaopt cache clean` removes those older than an hour, `clean --all` all)")
-        layout = _layout(args.model, store) if args.model and entries else None
+        layout = _layout(args, store) if args.model and entries else None
         for e in sorted(entries, key=lambda e: e.mtime, reverse=True):
             state = f"  PROBLEM: {e.problem}" if e.problem else ""
             if layout is not None and not e.problem:
@@ -202,8 +213,9 @@ def cache(args: argparse.Namespace) -> int:
                   f"used {e.age / 3600:>7.1f} h ago  model {e.model_hash:016x}{state}{extends}")
         if layout is not None:
             usable = [e for e in entries if not e.unusable_by(layout)]
-            print(f"{args.model}: {len(usable)} entries ({sum(e.n_tokens - e.base_tokens for e in usable)} tokens) usable after a "
-                  f"restart, {len(store.foreign(layout))} for another model or build (never used by it)")
+            print(f"{args.model} (KV {layout['kv_type']}): {len(usable)} entries "
+                  f"({sum(e.n_tokens - e.base_tokens for e in usable)} tokens) usable after a restart, "
+                  f"{len(store.foreign(layout))} for another model, build or KV type (never used by it)")
         return 0
     if args.action == "verify":
         problems = store.verify(remove=args.remove)
@@ -223,26 +235,29 @@ def cache(args: argparse.Namespace) -> int:
     if args.foreign and not args.model:
         raise SystemExit("pyllamaopt: error: --foreign needs --model MODEL (or $LLAMA_OPT_MODEL): the model whose "
                          "server's entries to keep")
-    layout = _layout(args.model, store) if args.foreign else None  # (the model is loaded before anything goes)
+    layout = _layout(args, store) if args.foreign else None  # (the model is loaded before anything goes)
     try:
         removed = store.clear() if args.all else store.clean(
             max_age=None if args.max_age is None else args.max_age * 86400, max_mb=args.max_mb)
         foreign = 0 if layout is None else store.remove_foreign(layout)
     except (InvalidArgumentError, PersistError) as exc:  # days beyond what seconds can count; files kept
         raise SystemExit(f"pyllamaopt: error: {exc}") from None
-    of_others = "" if layout is None else f" ({foreign} for another model or build)"
+    of_others = "" if layout is None else f" ({foreign} for another model, build or KV type)"
     print(f"removed {removed + foreign} file(s){of_others}; {len(store.entries())} entries left in {store.directory}")
     return 0
 
 
-def _layout(model_name: str, store: PersistStore) -> dict[str, object]:
-    """The layout of the entries a server of `model_name` (its context as `pyllamaopt serve` makes
-    it, this build) writes and restores in the store's directory."""
+def _layout(args: argparse.Namespace, store: PersistStore) -> dict[str, object]:
+    """The layout of the entries a server of --model with the --kv-type* given (its context as
+    `pyllamaopt serve` makes it, this build) writes and restores in the store's directory."""
+    from ..serve import ServeSettings
+
+    server = ServeSettings(model=args.model, **_kv_types(args))  # (its config as the server's, below)
+    config = server.set_kv_types(OptConfig(persist_enabled=True, persist_dir=str(store.directory)))
     try:
-        model = Model(model_name)
+        model = Model(args.model)
     except PyllamaoptError as exc:
-        raise SystemExit(f"pyllamaopt: error: --model {model_name}: {exc}") from None
-    config = OptConfig(persist_enabled=True, persist_dir=str(store.directory))
+        raise SystemExit(f"pyllamaopt: error: --model {args.model}: {exc}") from None
     with Context(model, n_ctx=256, n_seq_max=1, config=config) as context:  # (the layout does not depend on sizes)
         layout = context.persist_layout
     assert layout is not None, "a context with persistence has a layout"
@@ -257,9 +272,9 @@ def serve(args: argparse.Namespace) -> int:
     if args.replicas is not None and not args.ray:
         raise SystemExit("pyllamaopt serve: --replicas needs --ray")
     settings = ServeSettings(model=args.model, host=args.host, port=args.port, grpc_port=args.grpc_port,
-                             kv_type=args.kv_type, kv_type_k=args.kv_type_k, kv_type_v=args.kv_type_v,
-                             n_ctx=args.n_ctx, threads=args.threads, api_key=args.api_key, tls_cert=args.tls_cert,
-                             tls_key=args.tls_key, max_sessions=args.max_sessions, session_ttl=args.session_ttl,
+                             **_kv_types(args), n_ctx=args.n_ctx, threads=args.threads, api_key=args.api_key,
+                             tls_cert=args.tls_cert, tls_key=args.tls_key, max_sessions=args.max_sessions,
+                             session_ttl=args.session_ttl,
                              approximate_reuse=args.approximate_reuse, sparse_tool_results=args.sparse_tool_results,
                              json_whitespace=args.json_whitespace or DEFAULT_JSON_WHITESPACE,
                              chat_template_file=args.chat_template_file,

@@ -274,18 +274,27 @@ class NoChatTemplate:
 
 
 def _say_foreign_entries(context: Context, model: str) -> None:
-    """Once, at the start: entries of the disk tier this server never restores (another model's or
-    build's: each would be a miss), so that an operator who expected a warm restart knows why not."""
+    """Once, at the start: entries of the disk tier this server never restores (another model's,
+    build's or KV type's: each would be a miss), so that an operator who expected a warm restart
+    knows why not."""
     store = context.persist
     layout = None if store is None else context.persist_layout
     if store is None or layout is None:
         return
     foreign, entries = store.foreign(layout), store.entries()
     if foreign:
-        print(f"pyllamaopt serve: {len(foreign)} of {len(entries)} entries in {store.directory} are for another model or "
-              f"build and will not be used; `pyllamaopt cache ls --model {model}` marks them, `pyllamaopt cache clean "
-              f"--foreign --model {model}` removes them (not done here: a server of the other model may share the "
+        server = f"--model {model}{_kv_type_options(context)}"  # (the cache commands must see this server's types)
+        print(f"pyllamaopt serve: {len(foreign)} of {len(entries)} entries in {store.directory} are for another model, "
+              f"build or KV type and will not be used; `pyllamaopt cache ls {server}` marks them, `pyllamaopt cache "
+              f"clean --foreign {server}` removes them (not done here: a server of the other model may share the "
               "directory)", file=sys.stderr, flush=True)
+
+
+def _kv_type_options(context: Context) -> str:
+    """The serve options of the context's KV types: '' for f16, the default."""
+    if context.kv_type_k == context.kv_type_v:
+        return "" if context.kv_type == "f16" else f" --kv-type {context.kv_type}"
+    return f" --kv-type-k {context.kv_type_k} --kv-type-v {context.kv_type_v}"
 
 
 async def _expire_idle(service: Service, every: float) -> None:
@@ -307,7 +316,8 @@ def serve(settings: ServeSettings) -> None:
     scheme = "https" if settings.tls_cert else "http"
     app.state.ready_line = (f"pyllamaopt serve: {app.state.model_name} on {scheme}://{_address(settings.host, settings.port)}"
                             + (f", gRPC on {_address(settings.host, settings.grpc_port)}" if settings.grpc_port else "")
-                            + f" (n_ctx {app.state.service.context.n_ctx}); Ctrl-C stops it")
+                            + f" (n_ctx {app.state.service.context.n_ctx}, kv_type {app.state.service.context.kv_type})"
+                            + "; Ctrl-C stops it")
     config = uvicorn.Config(app, log_level="info" if settings.verbose else "warning", timeout_graceful_shutdown=30,
                             ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: a clean stop (uvicorn re-raises the signal it handled)

@@ -317,4 +317,4 @@ class Service:
         self.metrics.queue_depth.set(self.scheduler.queue_depth())
         self.metrics.follow_persist(self.context.stats)
         self._health = {"status": "ok", "sessions": len(self._sessions), "kv_cells_used": cells,
-                        "n_ctx": self.context.n_ctx}
+                        "n_ctx": self.context.n_ctx, "kv_type": self.context.kv_type}

@@ -22,6 +22,8 @@ def test_restored_context_equals_computing_it(family_kv_path, tmp_path):
     stored = saver.tokenize(SYSTEM + "".join(TURNS))
     assert len(stored) > 1024  # beyond Gemma's sliding window
     with Context(saver, n_ctx=4096, n_threads=2, config=config) as ctx:
+        # the formula (kv/kv-codec's memory_bytes) against the rows llama.cpp stores, as the disk tier measures them
+        assert ctx.kv_bytes_per_token == ctx.persist_layout["bytes_per_token"]
         s = ctx.session()
         s.append(stored)
         assert s.save() == len(stored) // 64 * 64

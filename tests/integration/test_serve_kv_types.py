@@ -29,6 +29,7 @@ def test_the_server_stores_k_and_v_in_the_types_given_and_answers_as_the_library
         assert info["kv_bytes"] * 2 * BYTES_PER_32_VALUES["f16"] == \
             len(prompt) * gemma.kv_bytes_per_token * (BYTES_PER_32_VALUES["q8_0"] + BYTES_PER_32_VALUES["q4_0"])
         served, _ = completion_tokens(server, prompt, 24)
+        assert server.request("GET", "/health")[1]["kv_type"] == "q8_0/q4_0"  # K's, then V's
     finally:
         stop_server(server)
     with Context(gemma, n_ctx=N_CTX, n_threads=2, config=OptConfig(env={}, kv_type_k="q8_0", kv_type_v="q4_0")) as ctx:
@@ -41,5 +42,27 @@ def test_an_unknown_v_type_stops_the_server_before_the_model_loads(tmp_path):
     result = subprocess.run([sys.executable, "-m", "pyllamaopt.cli", "serve", "--model", str(tmp_path / "none.gguf"),
                              "--kv-type-v", "q5_0"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert result.returncode != 0
-    assert "kv_type_v='q5_0': must be one of f16, q8_0, q4_0" in result.stderr
+    assert "--kv-type-v q5_0: must be one of f16, q8_0, q4_0" in result.stderr  # (the option given, not the field)
     assert "Traceback" not in result.stderr and "none.gguf" not in result.stderr
+
+
+def test_the_server_says_its_kv_type_and_how_to_see_its_entries(gemma_path, gemma, tmp_path):
+    """The ready line and /health name the KV type that runs; the start's notice of entries it never
+    restores (an f16 context's, here) gives the cache commands this server's --kv-type, without which
+    `cache clean --foreign` would take the f16 entries for its own and remove its q8_0 ones."""
+    kv = tmp_path / "kv"
+    with Context(gemma, n_ctx=N_CTX, n_threads=2, config=OptConfig(env={}, persist_enabled=True, persist_dir=str(kv))) as ctx:
+        session = ctx.session()
+        session.append(gemma.tokenize(SYSTEM)[:200])
+        assert session.save() == 192
+    server = start_server(gemma_path, tmp_path, "--kv-type", "q8_0",
+                          env={"LLAMA_OPT_PERSIST_ENABLED": "1", "LLAMA_OPT_PERSIST_DIR": str(kv)})
+    try:
+        status, health = server.request("GET", "/health")
+        assert status == 200 and health["kv_type"] == "q8_0", health
+    finally:
+        stop_server(server)
+    log = server.log.read_text()
+    assert f"(n_ctx {N_CTX}, kv_type q8_0); Ctrl-C stops it" in log, log
+    assert f"1 of 1 entries in {kv} are for another model, build or KV type" in log, log
+    assert f"`pyllamaopt cache clean --foreign --model {gemma_path} --kv-type q8_0` removes them" in log, log
