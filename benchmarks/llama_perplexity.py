@@ -14,6 +14,8 @@ chunks of input: the file holds the text three times and --chunks 1 scores the f
 file as plain text (special-token text such as "<start_of_turn>" is not parsed), so its tokens of
 chat markup differ from those of a Session given the same text with special tokens; the tokens it
 scored are read back from the base file and checked against the Model's plain tokenization.
+The base file (in a temporary folder, removed at the end) holds 2 bytes per vocabulary entry and
+scored token: about 1.2 GB for Gemma 3's 262k vocabulary and 2,355 tokens.
 """
 from __future__ import annotations
 
