@@ -3,7 +3,7 @@
 
     python benchmarks/kv_types.py [--types f16,q8_0,q4_0,q8_0/q4_0] [--lengths 1024,4096,8192]
         [--depths 10,50,90] [--variants passkey,code,multi] [--trace-turns 12] [--threads 2]
-        [--budget-gib 1] [--session-tokens 8192] [--no-llama-server] [--json out.json]
+        [--budget-gib 1] [--session-tokens 8192] [--no-llama-server] [--no-llama-perplexity] [--json out.json]
 
 A type is one for K and V ("q8_0") or a pair, K's then V's ("q8_0/q4_0": kv_type_k and kv_type_v,
 llama-server's --cache-type-k q8_0 --cache-type-v q4_0). For each, in a context of its own (the same
@@ -21,6 +21,11 @@ inputs as benchmarks/quality.py):
                prompt computed whole (cache_prompt false): recall, its answers against its own
                f16's and against pyllamaopt's with the type, prefill and decode speed from its own
                timings
+  llama-perplexity llama.cpp's own KL tool from the same tree (benchmarks/llama_perplexity.py) with
+               -ctk/-ctv of the types, flash attention: the agent trace's text (the tokens our trace
+               appends, as text), every token of its second half scored with all before it:
+               perplexity, KL and top-1 agreement against its own f16, beside our trace's figures
+               (skipped with --no-llama-server as well)
 Each type's figures are compared with f16's from the same run and the same engine (ratios side by
 side); the machine's load average is printed before and after (wall times under load say little:
 only the ratios).
@@ -39,6 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
+import llama_perplexity  # noqa: E402
 import quality  # noqa: E402
 
 from pyllamaopt import Context, Model, OptConfig, models  # noqa: E402
@@ -118,6 +124,14 @@ def pass_figures(r: dict, base: dict, served: dict | None) -> str:
     return text
 
 
+def trace_text(model: Model, n_turns: int) -> str:
+    """The agent trace's conversation as text: exactly the tokens quality.trace_turns appends (BOS aside)
+    when tokenized with special tokens."""
+    tokens = [t for _, segments, answer in quality.trace_segments(model, n_turns)
+              for t in [*(x for part, _ in segments for x in part), *answer]]
+    return model.detokenize(tokens[1:], special=True)
+
+
 def agreement(a: list[int], b: list[int]) -> float:
     """Share of the generated tokens equal up to the first difference."""
     same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
@@ -138,7 +152,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--budget-gib", type=float, default=1.0)
     parser.add_argument("--session-tokens", type=int, default=8192)
-    parser.add_argument("--no-llama-server", dest="llama_server", action="store_false")
+    parser.add_argument("--no-llama-server", dest="llama_server", action="store_false",
+                        help="neither llama-server nor llama-perplexity")
+    parser.add_argument("--no-llama-perplexity", dest="llama_perplexity", action="store_false")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -167,6 +183,13 @@ def main() -> int:
             served[kv_type] = llama_server_needles(model, kv_type, cases, n_ctx, args.answer_tokens)
         print(f"{kv_type}: {time.perf_counter() - t0:.0f} s, load {os.getloadavg()[0]:.1f}; "
               f"{pass_figures(results[kv_type], results['f16'], served.get(kv_type))}", flush=True)
+    scored = {}
+    if args.llama_server and args.llama_perplexity and args.trace_turns:
+        for kv_type, s in llama_perplexity.scores(model, trace_text(model, args.trace_turns),
+                                                  {t: cache_types(t) for t in types}, args.threads):
+            scored[kv_type] = s
+            print(f"llama-perplexity {kv_type}: load {os.getloadavg()[0]:.1f}; ppl {s.ppl:.3f}, KL vs its f16 "
+                  f"{s.kl:.4f}, top-1 {s.top1:.3f}", flush=True)
 
     base = results["f16"]
     budget = int(args.budget_gib * 2**30)
@@ -202,7 +225,9 @@ def main() -> int:
               + " | ".join(f"{row['prefill_vs_f16'][n]:.2f}" for n in lengths)
               + f" | {row['decode_vs_f16']:.2f} | {row['trace_kl']:.4f} | {row['trace_top1']:.2f} | "
               f"{row['trace_greedy']:.2f} | {row['trace_ppl']:.3f} |")
+    ours = {row["kv_type"]: row for row in rows}
     rows += served_table(served, results, lengths)
+    rows += perplexity_table(scored, ours)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
@@ -228,6 +253,25 @@ def served_table(served: dict[str, dict], results: dict[str, dict], lengths: lis
         print(f"| {kv_type} | {row['recall']:.2f} | {row['vs_f16']:.2f} | {row['vs_pyllamaopt']:.2f} | "
               + " | ".join(f"{prefill[n]:.2f}" for n in lengths) + f" | {decode:.2f} |")
         rows.append(row)
+    return rows
+
+
+def perplexity_table(scored: dict[str, llama_perplexity.Scores], ours: dict[str, dict]) -> list[dict]:
+    """llama-perplexity's figures against its own f16, beside pyllamaopt's trace figures."""
+    if not scored:
+        return []
+    print(f"\nllama-perplexity, same tree, -ctk/-ctv, on the agent trace's text: its {next(iter(scored.values())).scored} "
+          "tokens of the text's second half (plain tokenization), ours the measured turns' next token (KL, top-1) "
+          "and scripted answers (ppl)\n")
+    print("| kv_type | KL vs f16 (ours / its) | top-1 (ours / its) | ppl (ours / its) | ppl × f16 (ours / its) |")
+    print("|---" * 5 + "|")
+    rows = []
+    for kv_type, s in scored.items():
+        mine = ours[kv_type]
+        print(f"| {kv_type} | {mine['trace_kl']:.4f} / {s.kl:.4f} | {mine['trace_top1']:.2f} / {s.top1:.3f} | "
+              f"{mine['trace_ppl']:.3f} / {s.ppl:.3f} | {mine['trace_ppl'] / ours['f16']['trace_ppl']:.4f} / "
+              f"{s.ppl / scored['f16'].ppl:.4f} |")
+        rows.append(dict(engine="llama-perplexity", kv_type=kv_type, ppl=s.ppl, kl=s.kl, top1=s.top1, scored=s.scored))
     return rows
 
 
