@@ -38,10 +38,11 @@ import agent_trace_data as data
 import openai
 from server import Server, running
 
-from pyllamaopt import Model
+from pyllamaopt import Context, Model
 from pyllamaopt.chat import ChatTemplate, prompt_tokens
 
 N_CTX = 8192
+ROW_ALIGN = 4  # cpp/engine/context.h row_align(): canonical chunks start at multiples of it
 CHAT_SHAPES = ("append", "workspace")
 
 
@@ -132,12 +133,31 @@ def ask_chat(server: Server, client: openai.OpenAI, messages: list[dict[str, str
     return reply
 
 
-def render_seconds(model: Model, template: ChatTemplate, messages: list[dict[str, str]], options: ChatOptions) -> float:
-    """What our server does to a chat request's messages before its prefill: render, tokenize."""
+def render_seconds(model: Model, template: ChatTemplate, messages: list[dict[str, str]],
+                   options: ChatOptions) -> tuple[float, list[int]]:
+    """What our server does to a chat request's messages before its prefill (render, tokenize): its
+    time, and the prompt's tokens."""
     kwargs = {"chat_template_kwargs": options.template_kwargs} if options.template_kwargs else {}
     start = time.perf_counter()
-    prompt_tokens(model, template, messages, template.render(messages, **kwargs), **kwargs)
-    return time.perf_counter() - start
+    tokens = prompt_tokens(model, template, messages, template.render(messages, **kwargs), **kwargs)
+    return time.perf_counter() - start, tokens
+
+
+def exact_floor(prompts: list[list[int]], min_chunk: int) -> list[int]:
+    """The prompt tokens an exact engine computes at each turn, at the least, by the canonical
+    schedule (docs/exactness.md): an earlier prompt's rows are reusable where the new prompt repeats
+    them, in whole groups of ROW_ALIGN (its answer's rows, computed by decode steps, are not), and the
+    last chunk holds min_chunk tokens. The rest of what an engine computes beyond llama-server's is
+    not exactness's."""
+    def canonical(n: int) -> int:  # the rows a prompt of n tokens leaves reusable
+        return 0 if n < min_chunk else n // ROW_ALIGN * ROW_ALIGN
+
+    floors = []
+    for turn, tokens in enumerate(prompts):
+        held = max((min(canonical(len(p)), len(os.path.commonprefix([p, tokens]))) for p in prompts[:turn]), default=0)
+        last_chunk = (len(tokens) - min_chunk) // ROW_ALIGN * ROW_ALIGN if len(tokens) >= min_chunk else 0
+        floors.append(len(tokens) - min(held // ROW_ALIGN * ROW_ALIGN, last_chunk))
+    return floors
 
 
 def cold_answer(engine: str, model: Model, server_bin: Path | None, messages: list[dict[str, str]], gen: int,
@@ -154,6 +174,7 @@ def bench_chat(shape: str, model: Model, server_bin: Path | None, engines: list[
     template = ChatTemplate.for_model(model, file=options.template_file)
     replies: dict[str, list[ChatReply]] = {e: [] for e in engines}
     renders: list[float] = []
+    prompts: list[list[int]] = []  # ours, as our server tokenizes them
     with contextlib.ExitStack() as stack:
         servers = {e: stack.enter_context(running(e, model, server_bin, N_CTX, jinja=True, extra=options.server_args()))
                    for e in engines}
@@ -163,7 +184,9 @@ def bench_chat(shape: str, model: Model, server_bin: Path | None, engines: list[
                 messages = messages_at(shape, turn, replies[engine])
                 replies[engine].append(ask_chat(servers[engine], clients[engine], messages, gen, options))
                 if engine.startswith("pyllamaopt"):
-                    renders.append(render_seconds(model, template, messages, options))
+                    seconds, tokens = render_seconds(model, template, messages, options)
+                    renders.append(seconds)
+                    prompts.append(tokens)
         load = os.getloadavg()[0]
     first = max(0, n_turns - check)
     same = {e: sum(cold_answer(e, model, server_bin, messages_at(shape, t, replies[e][:t]), gen, options)
@@ -193,19 +216,41 @@ def bench_chat(shape: str, model: Model, server_bin: Path | None, engines: list[
                 print(f"  {engine} / llama-server: wall {sum(r.wall for r in rs) / sum(r.wall for r in base):.3f}, "
                       f"server CPU time {sum(r.cpu for r in rs) / sum(r.cpu for r in base):.3f}, "
                       f"prompt tokens computed {sum(r.computed for r in rs)} / {sum(r.computed for r in base)}")
-        if per_turn and "pyllamaopt" in replies:
-            print_turns(replies["pyllamaopt"], base, renders)
+        if "pyllamaopt" in replies:
+            with Context(model, n_ctx=256) as probe:  # the schedule's minimum chunk, as the server's context has it
+                floors = exact_floor(prompts, probe._core.min_chunk)
+            print_bounds(replies["pyllamaopt"], base, floors)
+            if per_turn:
+                print_turns(replies["pyllamaopt"], base, renders, floors)
 
 
-def print_turns(ours: list[ChatReply], its: list[ChatReply], renders: list[float]) -> None:
+def print_bounds(ours: list[ChatReply], its: list[ChatReply], floors: list[int]) -> None:
+    """Issue 47's goals against what exactness allows in this run: the prompt tokens the canonical
+    schedule computes at the least, and the wall ours would take if the tokens beyond llama-server's
+    were free (at our prefill's time per token in this run) and, besides, each generated token cost
+    its time per token."""
+    computed, its_computed = sum(r.computed for r in ours), sum(r.computed for r in its)
+    wall, its_wall = sum(r.wall for r in ours), sum(r.wall for r in its)
+    per_computed = sum(r.prefill for r in ours) / max(1, computed)
+    extra = (computed - its_computed) * per_computed
+    after_first = [max(1, r.generated - 1) for r in ours]
+    decode = sum(r.wall - r.ttft for r in ours)
+    its_per_token = sum(r.wall - r.ttft for r in its) / sum(max(1, r.generated - 1) for r in its)
+    print(f"  bounds: prompt tokens the exact schedule computes at the least {sum(floors)} "
+          f"({sum(floors) / its_computed:.3f} × llama-server's; ours {computed / its_computed:.3f} ×); wall ÷ its "
+          f"{wall / its_wall:.3f}, without the tokens beyond its {(wall - extra) / its_wall:.3f}, and besides with "
+          f"its time per generated token {(wall - extra - decode + its_per_token * sum(after_first)) / its_wall:.3f}")
+
+
+def print_turns(ours: list[ChatReply], its: list[ChatReply], renders: list[float], floors: list[int]) -> None:
     """Where each turn's time went, ours beside llama-server's (its own timings)."""
-    print(f"    {'turn':>4} {'prompt':>11} {'computed':>11} {'render+tok':>10} {'prefill ms':>13} "
+    print(f"    {'turn':>4} {'prompt':>11} {'computed':>11} {'floor':>5} {'render+tok':>10} {'prefill ms':>13} "
           f"{'ms/computed':>13} {'TTFT-prefill':>13} {'ms/gen token':>13} {'its predicted':>13} {'CPU s':>11}")
     for i, (a, b) in enumerate(zip(ours, its)):
         def per_token(r: ChatReply) -> float:
             return (r.wall - r.ttft) / max(1, r.generated - 1) * 1000
 
-        print(f"    {i:>4} {a.prompt:>5}/{b.prompt:<5} {a.computed:>5}/{b.computed:<5} {renders[i] * 1000:>10.1f} "
+        print(f"    {i:>4} {a.prompt:>5}/{b.prompt:<5} {a.computed:>5}/{b.computed:<5} {floors[i]:>5} {renders[i] * 1000:>10.1f} "
               f"{a.prefill * 1000:>6.0f}/{b.prefill * 1000:<6.0f} "
               f"{a.prefill / max(1, a.computed) * 1000:>6.2f}/{b.prefill / max(1, b.computed) * 1000:<6.2f} "
               f"{(a.ttft - a.prefill) * 1000:>6.0f}/{(b.ttft - b.prefill) * 1000:<6.0f} "
