@@ -174,7 +174,7 @@ def bench_chat(shape: str, model: Model, server_bin: Path | None, engines: list[
     template = ChatTemplate.for_model(model, file=options.template_file)
     replies: dict[str, list[ChatReply]] = {e: [] for e in engines}
     renders: list[float] = []
-    prompts: list[list[int]] = []  # ours, as our server tokenizes them
+    our_prompts: list[list[int]] = []  # as our server tokenizes them
     with contextlib.ExitStack() as stack:
         servers = {e: stack.enter_context(running(e, model, server_bin, N_CTX, jinja=True, extra=options.server_args()))
                    for e in engines}
@@ -186,7 +186,7 @@ def bench_chat(shape: str, model: Model, server_bin: Path | None, engines: list[
                 if engine.startswith("pyllamaopt"):
                     seconds, tokens = render_seconds(model, template, messages, options)
                     renders.append(seconds)
-                    prompts.append(tokens)
+                    our_prompts.append(tokens)
         load = os.getloadavg()[0]
     first = max(0, n_turns - check)
     same = {e: sum(cold_answer(e, model, server_bin, messages_at(shape, t, replies[e][:t]), gen, options)
@@ -218,7 +218,7 @@ def bench_chat(shape: str, model: Model, server_bin: Path | None, engines: list[
                       f"prompt tokens computed {sum(r.computed for r in rs)} / {sum(r.computed for r in base)}")
         if "pyllamaopt" in replies:
             with Context(model, n_ctx=256) as probe:  # the schedule's minimum chunk, as the server's context has it
-                floors = exact_floor(prompts, probe._core.min_chunk)
+                floors = exact_floor(our_prompts, probe._core.min_chunk)
             print_bounds(replies["pyllamaopt"], base, floors)
             if per_turn:
                 print_turns(replies["pyllamaopt"], base, renders, floors)
