@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Quantized KV caches (kv_type, issue 46) against F16: what a type saves and what it costs.
 
-    python benchmarks/kv_types.py [--types f16,q8_0,q4_0,q8_0/q4_0] [--lengths 1024,4096,8192]
+    python benchmarks/kv_types.py [--types f16,q8_0,q4_0,q8_0/q4_0] [--lengths 1024,4096,8192 ('': none)]
         [--depths 10,50,90] [--variants passkey,code,multi] [--trace-turns 12] [--threads 2]
         [--budget-gib 1] [--session-tokens 8192] [--no-llama-server] [--no-llama-perplexity] [--json out.json]
 
@@ -39,6 +39,7 @@ import os
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -109,19 +110,23 @@ def speed_ratios(runs: dict[tuple, dict], base: dict[tuple, dict], lengths: list
 
 
 def pass_figures(r: dict, base: dict, served: dict | None) -> str:
-    """One type's figures as soon as its pass ends (a run stopped midway keeps what it measured)."""
-    needles = r["needles"].values()
+    """One type's figures as soon as its pass ends (a run stopped midway keeps what it measured);
+    the needles' and the trace's only where they ran."""
+    parts = [needle_figures(r["needles"])] if r["needles"] else []
     turns = list(zip(base["trace"], r["trace"]))
-    text = (f"recall {quality.mean(float(v['recall']) for v in needles):.2f}, prefill tok/s "
-            f"{quality.mean(v['prefill_tok_s'] for v in needles):.0f}, decode tok/s "
-            f"{quality.mean(v['decode_tok_s'] for v in needles):.1f}, trace KL vs f16 "
-            f"{quality.mean(quality.kl(b.logits, t.logits) for b, t in turns):.4f}, top-1 "
-            f"{quality.mean(float(b.logits.argmax() == t.logits.argmax()) for b, t in turns):.2f}")
+    if turns:
+        parts.append(f"trace KL vs f16 {quality.mean(quality.kl(b.logits, t.logits) for b, t in turns):.4f}, top-1 "
+                     f"{quality.mean(float(b.logits.argmax() == t.logits.argmax()) for b, t in turns):.2f}")
     if served:
-        text += (f"; llama-server recall {quality.mean(float(v['recall']) for v in served.values()):.2f}, prefill tok/s "
-                 f"{quality.mean(v['prefill_tok_s'] for v in served.values()):.0f}, decode tok/s "
-                 f"{quality.mean(v['decode_tok_s'] for v in served.values()):.1f}")
-    return text
+        parts.append(f"llama-server {needle_figures(served)}")
+    return "; ".join(parts)
+
+
+def needle_figures(runs: dict[tuple, dict]) -> str:
+    needles = runs.values()
+    return (f"recall {quality.mean(float(v['recall']) for v in needles):.2f}, prefill tok/s "
+            f"{quality.mean(v['prefill_tok_s'] for v in needles):.0f}, decode tok/s "
+            f"{quality.mean(v['decode_tok_s'] for v in needles):.1f}")
 
 
 def trace_text(model: Model, n_turns: int) -> str:
@@ -142,8 +147,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="gemma3-270m")
     parser.add_argument("--types", default="f16,q8_0,q4_0")
-    parser.add_argument("--lengths", default="1024,4096,8192", help="'': no needle grid")
-    parser.add_argument("--depths", default="10,50,90")
+    parser.add_argument("--lengths", type=numbers, default="1024,4096,8192",
+                        help="the needles' prompt lengths ('': no needle grid, and no needle columns)")
+    parser.add_argument("--depths", type=numbers, default="10,50,90")
     parser.add_argument("--variants", default=",".join(quality.VARIANTS))
     parser.add_argument("--answer-tokens", type=int, default=quality.ANSWER_TOKENS)
     parser.add_argument("--trace-turns", type=int, default=12, help="agent-trace turns (0: none)")
@@ -157,13 +163,14 @@ def main() -> int:
     parser.add_argument("--no-llama-perplexity", dest="llama_perplexity", action="store_false")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    lengths, depths, variants = args.lengths, args.depths, [v for v in args.variants.split(",") if v]
+    if not (lengths and depths and variants) and args.trace_turns < 4:
+        parser.error("nothing to measure: give needles (--lengths, --depths, --variants) or --trace-turns 4 or more "
+                     "(the trace measures every third turn from the fourth)")
 
     types = args.types.split(",")
     if types[0] != "f16":
         types.insert(0, "f16")  # everything is compared with it
-    lengths = [int(x) for x in args.lengths.split(",") if x]
-    depths = [int(x) for x in args.depths.split(",")]
-    variants = args.variants.split(",")
     model = Model(models.resolve(args.model), progress=False)
     n_ctx = max(lengths + [8192 if args.trace_turns else 0]) + 256
     cases = needle_cases(model, lengths, depths, variants)
@@ -176,7 +183,8 @@ def main() -> int:
         with Context(model, n_ctx=n_ctx, n_seq_max=2, n_threads=args.threads,
                      config=OptConfig(env={}, kv_type_k=k, kv_type_v=v)) as ctx:
             needles = needle_runs(ctx, model, cases, args.answer_tokens)
-            trace = quality.trace_turns(quality.EXACT, ctx, model, args.trace_turns, args.gen, args.ppl_tokens)
+            trace = (quality.trace_turns(quality.EXACT, ctx, model, args.trace_turns, args.gen, args.ppl_tokens)
+                     if args.trace_turns else [])  # (trace_turns(0) would still append the first turn)
             bytes_per_token = ctx.kv_bytes_per_token
         results[kv_type] = dict(bytes_per_token=bytes_per_token, needles=needles, trace=trace)
         if args.llama_server and cases:
@@ -197,40 +205,69 @@ def main() -> int:
     for kv_type in types:
         r = results[kv_type]
         sessions = budget // (args.session_tokens * r["bytes_per_token"])
-        pairs = [(base["needles"][k], v) for k, v in r["needles"].items()]
-        turns = list(zip(base["trace"], r["trace"]))
-        prefill, decode = speed_ratios(r["needles"], base["needles"], lengths) if cases else ({}, math.nan)
-        rows.append(dict(
-            kv_type=kv_type, bytes_per_token=r["bytes_per_token"], sessions=sessions,
-            sessions_vs_f16=sessions / max(1, budget // (args.session_tokens * base["bytes_per_token"])),
-            recall=quality.mean(float(v["recall"]) for _, v in pairs),
-            needle_kl=quality.mean(quality.kl(b["logits"], v["logits"]) for b, v in pairs),
-            needle_top1=quality.mean(float(b["logits"].argmax() == v["logits"].argmax()) for b, v in pairs),
-            prefill_vs_f16=prefill, decode_vs_f16=decode,
-            trace_kl=quality.mean(quality.kl(b.logits, t.logits) for b, t in turns),
-            trace_top1=quality.mean(float(b.logits.argmax() == t.logits.argmax()) for b, t in turns),
-            trace_greedy=quality.mean(agreement(t.generated, b.generated) for b, t in turns),
-            trace_ppl=math.exp(quality.mean(x for t in r["trace"] for x in t.nll))))
-    print(f"\nKV budget {args.budget_gib:g} GiB, sessions of {args.session_tokens} tokens; needles: lengths "
-          f"{lengths} × depths {depths} × {variants}; agent trace: {len(base['trace'])} measured turns; "
-          f"load after the run {os.getloadavg()[0]:.1f}\n")
+        row = dict(kv_type=kv_type, bytes_per_token=r["bytes_per_token"], sessions=sessions,
+                   sessions_vs_f16=sessions / max(1, budget // (args.session_tokens * base["bytes_per_token"])))
+        if cases:
+            pairs = [(base["needles"][k], v) for k, v in r["needles"].items()]
+            prefill, decode = speed_ratios(r["needles"], base["needles"], lengths)
+            row.update(recall=quality.mean(float(v["recall"]) for _, v in pairs),
+                       needle_kl=quality.mean(quality.kl(b["logits"], v["logits"]) for b, v in pairs),
+                       needle_top1=quality.mean(float(b["logits"].argmax() == v["logits"].argmax()) for b, v in pairs),
+                       prefill_vs_f16=prefill, decode_vs_f16=decode)
+        if base["trace"]:
+            turns = list(zip(base["trace"], r["trace"]))
+            row.update(trace_kl=quality.mean(quality.kl(b.logits, t.logits) for b, t in turns),
+                       trace_top1=quality.mean(float(b.logits.argmax() == t.logits.argmax()) for b, t in turns),
+                       trace_greedy=quality.mean(agreement(t.generated, b.generated) for b, t in turns),
+                       trace_ppl=math.exp(quality.mean(x for t in r["trace"] for x in t.nll)))
+        rows.append(row)
+    needles_said = f"lengths {lengths} × depths {depths} × {variants}" if cases else "none"
+    print(f"\nKV budget {args.budget_gib:g} GiB, sessions of {args.session_tokens} tokens; needles: {needles_said}; "
+          f"agent trace: {len(base['trace'])} measured turns; load after the run {os.getloadavg()[0]:.1f}\n")
     print("pyllamaopt (KL, top-1 and greedy agreement against its f16)\n")
-    print("| kv_type | bytes/token | sessions | × f16 | needle recall | needle KL | needle top-1 | "
-          + " | ".join(f"prefill {n} × f16" for n in lengths)
-          + " | decode × f16 | trace KL | trace top-1 | greedy agreement | trace ppl |")
-    print("|---" * (12 + len(lengths)) + "|")
-    for row in rows:
-        print(f"| {row['kv_type']} | {row['bytes_per_token']} | {row['sessions']} | {row['sessions_vs_f16']:.2f} | "
-              f"{row['recall']:.2f} | {row['needle_kl']:.4f} | {row['needle_top1']:.2f} | "
-              + " | ".join(f"{row['prefill_vs_f16'][n]:.2f}" for n in lengths)
-              + f" | {row['decode_vs_f16']:.2f} | {row['trace_kl']:.4f} | {row['trace_top1']:.2f} | "
-              f"{row['trace_greedy']:.2f} | {row['trace_ppl']:.3f} |")
+    print_table(rows, our_columns(lengths if cases else None, bool(base["trace"])))
     ours = {row["kv_type"]: row for row in rows}
     rows += served_table(served, results, lengths)
     rows += perplexity_table(scored, ours)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
+
+
+Column = tuple[str, Callable[[dict], str]]
+
+
+def our_columns(lengths: list[int] | None, trace: bool) -> list[Column]:
+    """The table's columns: capacity, then the needles' (lengths None: no needle grid) and the trace's
+    where they ran."""
+    columns: list[Column] = [("kv_type", lambda r: r["kv_type"]), ("bytes/token", lambda r: f"{r['bytes_per_token']}"),
+                             ("sessions", lambda r: f"{r['sessions']}"),
+                             ("× f16", lambda r: f"{r['sessions_vs_f16']:.2f}")]
+    if lengths is not None:
+        columns += [("needle recall", lambda r: f"{r['recall']:.2f}"), ("needle KL", lambda r: f"{r['needle_kl']:.4f}"),
+                    ("needle top-1", lambda r: f"{r['needle_top1']:.2f}")]
+        columns += [(f"prefill {n} × f16", lambda r, n=n: f"{r['prefill_vs_f16'][n]:.2f}") for n in lengths]
+        columns += [("decode × f16", lambda r: f"{r['decode_vs_f16']:.2f}")]
+    if trace:
+        columns += [("trace KL", lambda r: f"{r['trace_kl']:.4f}"), ("trace top-1", lambda r: f"{r['trace_top1']:.2f}"),
+                    ("greedy agreement", lambda r: f"{r['trace_greedy']:.2f}"),
+                    ("trace ppl", lambda r: f"{r['trace_ppl']:.3f}")]
+    return columns
+
+
+def print_table(rows: list[dict], columns: list[Column]) -> None:
+    print("| " + " | ".join(name for name, _ in columns) + " |")
+    print("|---" * len(columns) + "|")
+    for row in rows:
+        print("| " + " | ".join(cell(row) for _, cell in columns) + " |")
+
+
+def numbers(text: str) -> list[int]:
+    """A comma-separated list of integers ('': none), as an argparse type."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
 
 
 def served_table(served: dict[str, dict], results: dict[str, dict], lengths: list[int]) -> list[dict]:

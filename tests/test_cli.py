@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,19 @@ def test_help_names_every_command():
     for command in ("run", "chat", "demo", "config", "info", "cache"):
         assert command in result.stdout
     assert "LLAMA_OPT_" in result.stdout
+
+
+def test_the_readmes_command_line_names_every_cache_option():
+    """README.md's "Command line" block shows `cache`'s options (--foreign, --model, --kv-type*, ...)."""
+    result = run("cache", "--help")
+    assert result.returncode == 0, result.stderr
+    # (each option's own line: the help's prose names llama-server's options too)
+    options = set(re.findall(r"^ +(?:-[a-z] [A-Z_]+, )?(--[a-z][a-z-]*)", result.stdout, re.M)) - {"--help"}
+    assert {"--foreign", "--model", "--kv-type", "--kv-type-k", "--kv-type-v", "--dir"} <= options
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("## Command line\n\n```\n", 1)[1].split("```", 1)[0]
+    cache_lines = block[block.index("pyllamaopt cache"):]
+    assert not [o for o in sorted(options) if not re.search(rf"{o}(?![a-z-])", cache_lines)], cache_lines
 
 
 def test_config_shows_values_and_sources():

@@ -140,8 +140,10 @@ def test_a_field_that_would_change_the_answer_is_honoured_or_refused_naming_it(s
 
 def test_unknown_fields_are_refused_on_every_route(server):
     messages = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0).messages
-    with pytest.raises(anthropic.BadRequestError, match="body.thinking: this server does not take this field"):
-        messages.create(model="m", max_tokens=4, messages=ASK, thinking={"type": "enabled", "budget_tokens": 1024})
+    # (Anthropic's thinking is taken: tests/test_serve_anthropic_thinking.py; llama-server's reasoning budget is not)
+    with pytest.raises(anthropic.BadRequestError,
+                       match="body.reasoning_budget_tokens: this server does not take this field"):
+        messages.create(model="m", max_tokens=4, messages=ASK, extra_body={"reasoning_budget_tokens": 1024})
     with pytest.raises(anthropic.BadRequestError, match="body.frequency_penalty"):
         messages.create(model="m", max_tokens=4, messages=ASK, extra_body={"frequency_penalty": 1})
     with pytest.raises(anthropic.BadRequestError, match="body.mcp_servers"):

@@ -201,7 +201,8 @@ def chat_request(body: CountTokensRequest, n_ctx: int) -> ChatRequest:
     """What the body asks, as rendering takes it (also the Ray gateway's, for routing by prefix)."""
     params = body.params(n_ctx) if isinstance(body, MessagesRequest) else GenerateParams()
     tools, choice = _tools(body)
-    return ChatRequest(_turns(body), tools, choice, params, continue_last=True)
+    return ChatRequest(_turns(body), tools, choice, params, continue_last=True,
+                       template_kwargs=body.template_kwargs())
 
 
 @router.post("/v1/messages")

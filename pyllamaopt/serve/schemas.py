@@ -9,6 +9,7 @@ keys we do not use are ignored: clients send back the assistant messages they re
 """
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any, Literal, cast
 
@@ -165,7 +166,14 @@ class ChatLogprobs(_Request):
         return self.top_logprobs or 0
 
 
-class ChatCompletionRequest(Sampling, _Choices, ChatLogprobs, _OpenAIUntracked):
+class _TemplateArguments(_Request):
+    """llama-server's chat_template_kwargs, on both chat routes."""
+
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="llama-server's: the chat template's own arguments (enable_thinking, ...)")
+
+
+class ChatCompletionRequest(Sampling, _Choices, ChatLogprobs, _OpenAIUntracked, _TemplateArguments):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=0)
@@ -177,8 +185,6 @@ class ChatCompletionRequest(Sampling, _Choices, ChatLogprobs, _OpenAIUntracked):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     modalities: list[Literal["text"]] | None = None  # text is what this server answers
-    chat_template_kwargs: dict[str, Any] | None = Field(
-        None, description="llama-server's: the chat template's own arguments (enable_thinking, ...)")
 
 
 class CompletionRequest(Sampling, _Choices, _OpenAIUntracked):
@@ -232,7 +238,11 @@ class AnthropicToolChoice(_Body):
     disable_parallel_tool_use: bool | None = None
 
 
-class CountTokensRequest(_Untracked):
+_THINKING_SHAPES = ('send thinking as {"type": "enabled", "budget_tokens": N} (N a positive integer) or '
+                    '{"type": "disabled"}')
+
+
+class CountTokensRequest(_Untracked, _TemplateArguments):
     """Anthropic's prompt: what /v1/messages/count_tokens counts, and /v1/messages answers."""
 
     model: str | None = None
@@ -246,6 +256,37 @@ class CountTokensRequest(_Untracked):
     system: str | list[dict[str, Any]] | None = None
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
+    # the template's enable_thinking (template_kwargs); budget_tokens is checked, not enforced (docs/serve.md)
+    thinking: dict[str, Any] | None = Field(None, description=_THINKING_SHAPES.removeprefix("send thinking as "))
+
+    @field_validator("thinking", mode="before")
+    @classmethod
+    def _thinking_shape(cls, thinking: Any) -> Any:
+        if thinking is None:
+            return None
+        if not isinstance(thinking, dict):
+            raise ValueError(f"{thinking!r} is not an object: {_THINKING_SHAPES}")
+        kind, budget = thinking.get("type"), thinking.get("budget_tokens")
+        if kind not in ("enabled", "disabled"):
+            raise ValueError(f"type {kind!r} is not taken: {_THINKING_SHAPES}")
+        if kind == "enabled" and (type(budget) is not int or budget < 1):
+            raise ValueError(f"budget_tokens {budget!r} is not a positive integer: {_THINKING_SHAPES}")
+        others = sorted(set(thinking) - ({"type", "budget_tokens"} if kind == "enabled" else {"type"}))
+        if others:
+            raise ValueError(f"{', '.join(others)} not taken: {_THINKING_SHAPES}")
+        return thinking
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """chat_template_kwargs, with thinking as the template's enable_thinking (enabled: true,
+        disabled: false); both given, they must agree."""
+        if self.thinking is None:
+            return self.chat_template_kwargs
+        enable = self.thinking["type"] == "enabled"
+        kwargs = dict(self.chat_template_kwargs or {})
+        if kwargs.get("enable_thinking", enable) != enable:
+            raise BadRequest(f"thinking.type {self.thinking['type']!r} and chat_template_kwargs.enable_thinking "
+                             f"{json.dumps(kwargs['enable_thinking'])} disagree: send one of them (or the same choice)")
+        return {**kwargs, "enable_thinking": enable}
 
 
 class MessagesRequest(CountTokensRequest):

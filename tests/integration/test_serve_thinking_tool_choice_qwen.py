@@ -84,8 +84,9 @@ def test_a_required_call_is_made_after_the_generation_prompt(served, tool_choice
 
 
 def test_anthropics_any_makes_a_tool_use_after_the_generation_prompt(qwen_path, tmp_path):
-    """The Anthropic route passes no template arguments: Qwen3's template with its reasoning off by
-    default (the same generation prompt)."""
+    """Qwen3's template with its reasoning off by default (the same generation prompt), the request
+    without template arguments (as `thinking: {"type": "disabled"}` would render it:
+    tests/test_serve_anthropic_thinking.py)."""
     source = (templates_dir() / QWEN3).read_text()
     switched = source.replace("enable_thinking is defined and enable_thinking is false", "true")
     assert switched != source

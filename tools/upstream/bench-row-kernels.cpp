@@ -2,8 +2,8 @@
 //   upstream   ggml_cpu_set_row_invariant_batch(0): upstream picks kernels by batch size (not exact)
 //   one-row    patches/0006: every row of a batch of <= 16 by the one-row kernels, row by row
 //   multi-row  patches/0009: the same bits, by kernels that read each weight block once for all rows
-// for the matrix products of Gemma 3 270M (per weight type) and for one whole llama_decode with every
-// row's logits after a context of --context tokens. Driven by benchmarks/row_kernels.py.
+// for the matrix products of Gemma 3 270M (per weight type) and for one whole llama_decode of -m's model
+// with every row's logits after a context of --context tokens. Driven by benchmarks/row_kernels.py.
 //
 // --prefill N,M,...: stage 2 of issue 22 instead: prompt processing of N tokens (512-token ubatches)
 // with upstream's kernels against every row of every ubatch computed like a one-token decode step
@@ -163,6 +163,7 @@ struct gemma {
     llama_model *    model = nullptr;
     llama_context *  ctx   = nullptr;
     std::vector<int> tokens;  // random ids, as llama-bench uses
+    std::string      name;    // for the tables' titles: general.name and the file's name
 
     gemma(const char * path, int n_threads, int n_ctx, bool swa_view = false) {
         model = llama_model_load_from_file(path, llama_model_default_params());
@@ -170,6 +171,12 @@ struct gemma {
             fprintf(stderr, "cannot load %s\n", path);
             exit(1);
         }
+        const char * slash = strrchr(path, '/');
+        const char * file  = slash ? slash + 1 : path;
+        char         general_name[128];
+        name = llama_model_meta_val_str(model, "general.name", general_name, sizeof general_name) > 0 ?
+                   std::string(general_name) + " (" + file + ")" :
+                   std::string(file);
         llama_context_params cp = llama_context_default_params();
         cp.n_ctx                = n_ctx;
         cp.n_batch = cp.n_ubatch = 512;
@@ -220,9 +227,9 @@ struct gemma {
 int bench_prefill(const char * model_path, int n_threads, const std::vector<int> & sizes, int reps) {
     const int n_max = *std::max_element(sizes.begin(), sizes.end());
     gemma     g(model_path, n_threads, n_max + 64);
-    printf("\nprefill of Gemma 3 270M, 512-token ubatches, %d threads: upstream kernels vs every row like a decode step\n"
+    printf("\nprefill of %s, 512-token ubatches, %d threads: upstream kernels vs every row like a decode step\n"
            "| tokens | upstream tok/s | every row like decode tok/s | time ratio (row-invariant / upstream) |\n|---|---|---|---|\n",
-           n_threads);
+           g.name.c_str(), n_threads);
     const mode invariant_all = { "row-invariant at any size", 1 << 30, 1 };
     for (int n : sizes) {
         std::vector<double> ms[2];
@@ -248,9 +255,9 @@ int bench_decode(const char * model_path, int n_threads, int n_context, int reps
     gemma g(model_path, n_threads, n_context + 64, swa_view);
     set_mode(kModes[0]);
     g.decode(0, n_context, false);  // the context, in upstream's prefill
-    char title[160];
-    snprintf(title, sizeof title, "llama_decode of Gemma 3 270M, every row's logits, after %d tokens, %d threads%s",
-             n_context, n_threads, swa_view ? ", sliding-window view" : "");
+    char title[512];
+    snprintf(title, sizeof title, "llama_decode of %s, every row's logits, after %d tokens, %d threads%s",
+             g.name.c_str(), n_context, n_threads, swa_view ? ", sliding-window view" : "");
     print_header(title);
     for (int rows : kRows) {
         print_row(rows, time_modes(reps, [&] {
