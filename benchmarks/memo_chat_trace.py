@@ -113,9 +113,10 @@ def main() -> int:
     for e in engines:
         if e.endswith("/2"):
             chosen = ", ".join(f"{c['type']}@{c['rows']}:{'multi' if c['multi'] else 'one'} "
-                               f"({c['multi_ns_per_element'] / c['one_ns_per_element']:.2f})"
+                               f"({c['multi_ns_per_element'] / c['one_ns_per_element']:.2f}; "
+                               f"{c['multi_samples']}/{c['one_samples']})"
                                for c in contexts[e].row_kernels() if c["multi_samples"] and c["one_samples"])
-            print(f"  {e} chose (type@rows: next arm (multi-row / row-by-row time)): {chosen}")
+            print(f"  {e} chose (type@rows: next arm (multi-row / row-by-row time; samples)): {chosen}")
     same = all(runs[e][t].tokens == runs[engines[0]][t].tokens for e in engines for t in range(args.turns))
     print(f"same tokens in every engine: {same}")
     for c in contexts.values():
