@@ -341,7 +341,7 @@ int32_t llama_opt_context::decode_evicting(int32_t seq, const llama_batch & batc
         }
         return llama_decode(ctx_.get(), batch);
     };
-    const bool timed = use_row_kernels();
+    const bool timed = set_row_kernel_table(batch.n_tokens);
     int32_t    rc    = decode();
     while (rc == 1 && evict && memory_->evict_one(seq, !evict_sessions)) {  // no room: free the least recently used KV, retry
         rc = decode();
@@ -361,7 +361,7 @@ int32_t llama_opt_context::decode_evicting(int32_t seq, const llama_batch & batc
 static_assert(GGML_TYPE_COUNT <= llama_opt_row_kernels::max_types, "a weight type beyond the row-kernel table");
 static_assert(GGML_CPU_ROW_KERNEL_MAX_ROWS == llama_opt_row_kernels::max_rows, "the row-kernel table's rows");
 
-bool llama_opt_context::use_row_kernels() {
+bool llama_opt_context::set_row_kernel_table(int32_t n_tokens) {
     // set on every decode: the table is the calling thread's, and another context may have set it there
     const uint32_t mode = settings_.config.row_kernels;
     if (mode != 2) {
@@ -369,13 +369,17 @@ bool llama_opt_context::use_row_kernels() {
         ggml_cpu_set_row_invariant_kernel_table(mode == 0 ? row_by_row : nullptr, 0);
         return false;
     }
-    row_kernel_masks_.resize(GGML_TYPE_COUNT);
     row_kernels_.table(row_kernel_masks_.data(), GGML_TYPE_COUNT);
-    ggml_cpu_set_row_invariant_kernel_table(row_kernel_masks_.data(), 1);
-    return true;
+    // timed only for decodes of small batches: a prefill chunk's one-row tail (its last layer after
+    // the output rows are picked) is not a decode step's one-row work, and would share that cell
+    const bool timed = n_tokens <= (int32_t) llama_opt_row_kernels::max_rows;
+    ggml_cpu_set_row_invariant_kernel_table(row_kernel_masks_.data(), timed);
+    return timed;
 }
 
 void llama_opt_context::row_kernels_measured(bool decoded) {
+    // untimed from here: another decode on this thread (a draft model's) is not this context's
+    ggml_cpu_set_row_invariant_kernel_table(row_kernel_masks_.data(), 0);
     llama_opt_row_kernels::row_times ns[GGML_TYPE_COUNT]   = {};
     llama_opt_row_kernels::row_times work[GGML_TYPE_COUNT] = {};
     ggml_cpu_take_row_invariant_kernel_times(ns, work);  // taken either way: the next decode starts from zero

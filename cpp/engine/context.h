@@ -33,6 +33,7 @@
 #include "base/types.h"
 #include "llama.h"
 
+#include <array>
 #include <algorithm>
 #include <functional>
 #include <memory>
@@ -182,8 +183,8 @@ private:
     // (cached sequences, then if evict_sessions idle sessions) and retries. Throws
     // decode_failed on other errors. Adds the time it took to work.us.
     int32_t decode_evicting(int32_t seq, const llama_batch & batch, bool evict, bool evict_sessions, llama_opt_work & work);
-    // the calling thread's row-kernel table for the next decode (config row_kernels); true: timed, chosen
-    bool use_row_kernels();
+    // the calling thread's row-kernel table for a decode of n_tokens (config row_kernels); true: timed
+    bool set_row_kernel_table(int32_t n_tokens);
     void row_kernels_measured(bool decoded);  // after a timed decode: its small batches' times to the chooser
     llama_opt_stats sessions_sum() const;  // every session's statistics, those gone included
 
@@ -212,6 +213,6 @@ private:
     llama_opt_memo_outputs                   memo_outputs_;
     llama_opt_memo_gate                      memo_gate_;
     llama_opt_row_kernels                    row_kernels_;
-    std::vector<uint32_t>                    row_kernel_masks_;  // the table of the decode in flight
+    std::array<uint32_t, llama_opt_row_kernels::max_types> row_kernel_masks_{};  // the table of the decode in flight
     mutable std::recursive_mutex             mutex_;
 };
