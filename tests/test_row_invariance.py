@@ -64,7 +64,8 @@ def test_a_kernel_table_keeps_every_row(program):
     for the types with a multi-row kernel on this x86 build (0009) and only for those."""
     output = assert_a_kernel_table_keeps_every_row(program)
     timed = dict(re.findall(r"^timed mul_mat (\S+) k=\d+ n=\d+ rows 5: (yes|no)$", output, re.M))
-    assert timed == {"q8_0": "yes", "q5_0": "yes", "q4_K": "yes", "q6_K": "yes", "q4_0": "yes",
+    # (Q4_0 is repacked on this CPU, as llama.cpp places it: its 8x8 gemv has no multi-row kernel)
+    assert timed == {"q8_0": "yes", "q5_0": "yes", "q4_K": "yes", "q6_K": "yes", "q4_0": "no",
                      "f32": "no", "f16": "no"}, output[-3000:]
 
 

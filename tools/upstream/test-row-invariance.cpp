@@ -336,7 +336,7 @@ int main(int argc, char ** argv) {
         { GGML_TYPE_Q8_0, 640, 1024 }, { GGML_TYPE_Q8_0, 2048, 640 }, { GGML_TYPE_Q5_0, 640, 2048 },
         { GGML_TYPE_Q5_0, 2048, 640 }, { GGML_TYPE_Q4_K, 1024, 640 }, { GGML_TYPE_Q4_K, 2048, 640 },
         { GGML_TYPE_Q6_K, 2048, 640 }, { GGML_TYPE_F32, 640, 256 },   { GGML_TYPE_F16, 640, 256 },
-        { GGML_TYPE_Q4_0, 640, 1024 },  // not repacked here: tinyBLAS's Q4_0 kernel
+        { GGML_TYPE_Q4_0, 640, 1024 },  // repacked (8x8) on AVX2, as llama.cpp places it: no multi-row gemv
     };
     const std::vector<float> x = random_floats(max_rows * 2048, rng, 1.0f);
     for (const shape & s : shapes) {
