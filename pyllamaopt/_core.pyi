@@ -555,6 +555,10 @@ class Context:
         ...
     def reset_stats(self) -> None:
         ...
+    def row_kernels(self) -> list:
+        """
+        What row_kernels=2 measured: per (weight type, rows) cell, the arm it takes next (multi-row kernels or row by row) and each arm's time per weight element and samples.
+        """
     def stats(self) -> Stats:
         ...
     @property

@@ -147,6 +147,12 @@ class Context:
     def reset_op_profile(self) -> None:
         self._core.reset_op_profile()
 
+    def row_kernels(self) -> list[dict[str, Any]]:
+        """What ``row_kernels=2`` (the default) measured for small batches' matrix products: per weight
+        type and row count, the path the next decode takes (``multi``: the multi-row kernels, else row
+        by row; the same bits) and each path's nanoseconds per weight element and samples."""
+        return list(self._core.row_kernels())
+
     @property
     def closed(self) -> bool:
         return self._core.closed

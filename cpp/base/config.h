@@ -72,6 +72,10 @@ struct llama_opt_config {
     bool     memo_shared    = true;  // drafts from the context's recent outputs too, not only the session's history
     bool     memo_gate      = true;  // check drafts only while they pay here (methods/memo-gate)
 
+    // small batches (<= 16 rows, memo checks) take 0006's one-row kernels row by row (0), 0009's
+    // multi-row kernels (1), or the faster of the two per weight type and row count (2, methods/row-kernels)
+    uint32_t row_kernels    = 2;
+
     bool     attn_prune_enabled   = false;
     uint32_t attn_prune_window    = 10;      // turns below the threshold before a block is pruned
     float    attn_prune_threshold = 0.001f;  // a block's attention mass per turn (scores summed over its tokens)

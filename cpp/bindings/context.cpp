@@ -3,6 +3,7 @@
 #include "bindings.h"
 
 #include "engine/context.h"
+#include "ggml.h"
 #include "session/session.h"
 
 #include <pybind11/stl.h>
@@ -98,6 +99,22 @@ void register_context(py::module_ & m) {
                  }
                  return out;
              }, "The operation profile (profile='time' or 'facts'): one dict per group of graph nodes.")
+        .def("row_kernels", [](const llama_opt_context & self) {
+                 py::list out;
+                 for (const auto & c : self.row_kernels().report()) {
+                     py::dict d;
+                     d["type"] = ggml_type_name((ggml_type) c.type);
+                     d["rows"] = c.rows;
+                     d["multi"] = c.multi;
+                     d["multi_ns_per_element"] = c.multi_arm.ns_per_work;
+                     d["multi_samples"] = c.multi_arm.samples;
+                     d["one_ns_per_element"] = c.one_arm.ns_per_work;
+                     d["one_samples"] = c.one_arm.samples;
+                     out.append(d);
+                 }
+                 return out;
+             }, "What row_kernels=2 measured: per (weight type, rows) cell, the arm it takes next (multi-row "
+                "kernels or row by row) and each arm's time per weight element and samples.")
         .def("reset_op_profile", [](llama_opt_context & self) {
                  std::lock_guard<std::recursive_mutex> lock(self.mutex());
                  if (llama_opt_op_profile * profile = self.op_profile()) {

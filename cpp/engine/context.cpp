@@ -1,6 +1,7 @@
 #include "engine/context.h"
 
 #include "engine/log.h"
+#include "ggml-cpu.h"
 #include "llama.h"
 
 #include <algorithm>
@@ -340,9 +341,13 @@ int32_t llama_opt_context::decode_evicting(int32_t seq, const llama_batch & batc
         }
         return llama_decode(ctx_.get(), batch);
     };
-    int32_t rc = decode();
+    const bool timed = set_row_kernel_table(batch.n_tokens);
+    int32_t    rc    = decode();
     while (rc == 1 && evict && memory_->evict_one(seq, !evict_sessions)) {  // no room: free the least recently used KV, retry
         rc = decode();
+    }
+    if (timed) {
+        row_kernels_measured(rc == 0);
     }
     work.us += (uint64_t) std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
     if (rc != 0 && rc != 1) {
@@ -351,4 +356,34 @@ int32_t llama_opt_context::decode_evicting(int32_t seq, const llama_batch & batc
             "llama_decode failed with code " + std::to_string(rc) + (why.empty() ? "" : ":\n" + why));
     }
     return rc;
+}
+
+static_assert(GGML_TYPE_COUNT <= llama_opt_row_kernels::max_types, "a weight type beyond the row-kernel table");
+static_assert(GGML_CPU_ROW_KERNEL_MAX_ROWS == llama_opt_row_kernels::max_rows, "the row-kernel table's rows");
+
+bool llama_opt_context::set_row_kernel_table(int32_t n_tokens) {
+    // set on every decode: the table is the calling thread's, and another context may have set it there
+    const uint32_t mode = settings_.config.row_kernels;
+    if (mode != 2) {
+        static const uint32_t row_by_row[GGML_TYPE_COUNT] = {};
+        ggml_cpu_set_row_invariant_kernel_table(mode == 0 ? row_by_row : nullptr, 0);
+        return false;
+    }
+    row_kernels_.table(row_kernel_masks_.data(), GGML_TYPE_COUNT);
+    // timed only for decodes of small batches: a prefill chunk's one-row tail (its last layer after
+    // the output rows are picked) is not a decode step's one-row work, and would share that cell
+    const bool timed = n_tokens <= (int32_t) llama_opt_row_kernels::max_rows;
+    ggml_cpu_set_row_invariant_kernel_table(row_kernel_masks_.data(), timed);
+    return timed;
+}
+
+void llama_opt_context::row_kernels_measured(bool decoded) {
+    // untimed from here: another decode on this thread (a draft model's) is not this context's
+    ggml_cpu_set_row_invariant_kernel_table(row_kernel_masks_.data(), 0);
+    llama_opt_row_kernels::row_times ns[GGML_TYPE_COUNT]   = {};
+    llama_opt_row_kernels::row_times work[GGML_TYPE_COUNT] = {};
+    ggml_cpu_take_row_invariant_kernel_times(ns, work);  // taken either way: the next decode starts from zero
+    if (decoded) {
+        row_kernels_.measured(row_kernel_masks_.data(), ns, work, GGML_TYPE_COUNT);
+    }
 }

@@ -24,6 +24,7 @@
 #include "engine/op-profile.h"
 #include "methods/memo.h"
 #include "methods/memo-gate.h"
+#include "methods/row-kernels.h"
 #include "engine/model.h"
 #include "methods/spec-prefill.h"
 #include "base/config.h"
@@ -32,6 +33,7 @@
 #include "base/types.h"
 #include "llama.h"
 
+#include <array>
 #include <algorithm>
 #include <functional>
 #include <memory>
@@ -128,6 +130,7 @@ public:
     llama_opt_memo_outputs &       memo_outputs() { return memo_outputs_; }
     const llama_opt_memo_outputs & memo_outputs() const { return memo_outputs_; }
     llama_opt_memo_gate &          memo_gate() { return memo_gate_; }  // whether drafts pay here
+    const llama_opt_row_kernels &  row_kernels() const { return row_kernels_; }  // small batches' kernels (row_kernels 2)
 
     // Statistics: each counter has one writer. A session counts its work in its own statistics
     // (session/counters), which the context follows and adds up, those of sessions that are gone
@@ -180,6 +183,9 @@ private:
     // (cached sequences, then if evict_sessions idle sessions) and retries. Throws
     // decode_failed on other errors. Adds the time it took to work.us.
     int32_t decode_evicting(int32_t seq, const llama_batch & batch, bool evict, bool evict_sessions, llama_opt_work & work);
+    // the calling thread's row-kernel table for a decode of n_tokens (config row_kernels); true: timed
+    bool set_row_kernel_table(int32_t n_tokens);
+    void row_kernels_measured(bool decoded);  // after a timed decode: its small batches' times to the chooser
     llama_opt_stats sessions_sum() const;  // every session's statistics, those gone included
 
     struct context_deleter {
@@ -206,5 +212,7 @@ private:
     std::unique_ptr<llama_opt_kv_memory>     memory_;
     llama_opt_memo_outputs                   memo_outputs_;
     llama_opt_memo_gate                      memo_gate_;
+    llama_opt_row_kernels                    row_kernels_;
+    std::array<uint32_t, llama_opt_row_kernels::max_types> row_kernel_masks_{};  // the table of the decode in flight
     mutable std::recursive_mutex             mutex_;
 };

@@ -35,19 +35,21 @@ def generate(model, memo, kv_type="f16", **sampling):
         s = ctx.session()
         s.append(prompt)
         tokens = [t.id for t in s.generate(96, **sampling)]
-        return tokens, s.logits(), s.stats
+        return tokens, s.logits(), s.stats, ctx.row_kernels()
 
 
 @pytest.mark.parametrize(("family_kv_path", "sampling"), greedy_everywhere_seeded_on_f16({"temperature": 0.7, "seed": 5}),
                          indirect=["family_kv_path"])
 def test_memo_is_exact(family_kv_model, sampling):
     model, kv_type = family_kv_model
-    tokens_off, logits_off, stats_off = generate(model, False, kv_type, **sampling)
-    tokens_on, logits_on, stats_on = generate(model, True, kv_type, **sampling)
+    tokens_off, logits_off, stats_off, _ = generate(model, False, kv_type, **sampling)
+    tokens_on, logits_on, stats_on, row_kernels = generate(model, True, kv_type, **sampling)
     assert tokens_on == tokens_off
     np.testing.assert_array_equal(logits_on, logits_off)
     assert stats_on.memo_tokens_skipped > len(tokens_on) // 4  # it copies: most drafts hold
     assert stats_on.forward_passes < stats_off.forward_passes
+    # the checks took both paths of a small batch (row_kernels 2, the default, tries each in turn)
+    assert any(c["rows"] > 1 and c["multi_samples"] and c["one_samples"] for c in row_kernels), row_kernels
 
 
 def generate_beside_a_cached_sequence(gemma, n_ctx, memo, stop):

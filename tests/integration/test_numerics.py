@@ -195,6 +195,26 @@ def test_a_small_batch_computes_each_row_like_a_decode_step(family_kv_model, n_r
     assert same(steps, batch)
 
 
+FAMILY_F16 = [pytest.param(pair, id=pair_id(pair)) for pair in FAMILY_KV_TYPES if pair[1] == "f16"]
+
+
+@pytest.mark.parametrize("family_kv_path", FAMILY_F16, indirect=True)
+@pytest.mark.parametrize("n_rows", [2, 3, 16])
+def test_row_by_row_and_multi_row_kernels_give_the_same_bits(family_kv_model, n_rows):
+    """patches/0019: methods/row-kernels picks, per weight type and row count, the path that is
+    faster as the context runs, so decode steps and a small batch must give the same bits whichever
+    path each took: row by row (row_kernels 0) or multi-row (1), tinyBLAS of one row included."""
+    model, kv_type = family_kv_model
+    prompt = numerics_prompt(model)
+    head = len(prompt) - n_rows
+    steps, batch = ({kernels: logits_after(model, prompt, splits, kv_type=kv_type, config={**OFF, "row_kernels": kernels})
+                     for kernels in (0, 1)}
+                    for splits in (tuple(range(head, len(prompt))), (head,)))
+    assert same(steps[0], steps[1])
+    assert same(batch[0], batch[1])
+    assert same(steps[0], batch[1])
+
+
 @pytest.mark.parametrize("n_rows", [2, 8, ROW_INVARIANT_BATCH + 1])
 def test_larger_batches_and_upstream_small_batches_differ_from_decode_steps(gemma, prompt, n_rows, upstream_small_batches):
     """Why patches/0006 exists: upstream's batched kernels (tinyBLAS, the tiled K-quant kernel

@@ -4,14 +4,17 @@
 // path. Built against the patched tree by tools/build_upstream.py, driven by
 // tests/test_row_invariance.py.
 //
-//   test-row-invariance [--upstream] [--quick] [--one-row-kernels]
+//   test-row-invariance [--upstream] [--quick] [--one-row-kernels] [--table]
 //
 // Default: ggml_cpu_set_row_invariant_batch(512) (patches/0006) with the multi-row kernels of
 // patches/0009 (--one-row-kernels: without them, row by row), the flash-attention KV tile of
 // patches/0003 and Q5_0 weights held as Q8_0 (patches/0016); exit 0 iff every row of every case equals its one-row result. --upstream: the
 // row-invariant batch at 0 (upstream's kernel choice by batch size; Q5_0 as Q5_0), to show that the test
 // fails where upstream's kernels change the bits. Each differing (case, batch) is printed as
-// "DIFF <case> rows=<n> differing=<k> max_abs=<x>".
+// "DIFF <case> rows=<n> differing=<k> max_abs=<x>". --table: the row-kernel table of patches/0019 instead:
+// for every weight type and 1..16 rows, both paths (the cell's bit set and cleared) give the rows'
+// one-row bits; two caller threads computing at once with opposite tables both keep them (each
+// graph's threads take the path of its caller's table); the times are taken for that cell only.
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
@@ -24,6 +27,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -34,6 +38,7 @@ struct options {
     bool upstream        = false;
     bool quick           = false;
     bool one_row_kernels = false;
+    bool table           = false;
 };
 
 // The CPU backend, and the buffer type llama.cpp gives each weight.
@@ -189,6 +194,12 @@ int report(const std::string & name, int64_t n_rows, int n_threads, const compar
 
 std::vector<int64_t> batch_sizes(const options & opt) {
     std::vector<int64_t> sizes;
+    if (opt.table) {
+        for (int64_t b = 1; b <= GGML_CPU_ROW_KERNEL_MAX_ROWS; ++b) {
+            sizes.push_back(b);
+        }
+        return sizes;
+    }
     for (int64_t b = 2; b <= (opt.quick ? 17 : 64); ++b) {
         sizes.push_back(b);
     }
@@ -197,6 +208,92 @@ std::vector<int64_t> batch_sizes(const options & opt) {
         sizes.push_back(512);
     }
     return sizes;
+}
+
+// The caller's table: every cell multi-row (all set) or row by row (all clear), but bit `rows` of
+// `type`'s mask flipped when `flip`.
+std::vector<uint32_t> kernel_table(bool multi, ggml_type type, int64_t rows, bool flip) {
+    std::vector<uint32_t> masks(GGML_TYPE_COUNT, multi ? UINT32_MAX : 0u);
+    if (flip) {
+        masks[type] ^= 1u << rows;
+    }
+    return masks;
+}
+
+// --table, one matrix: each row count's batch under four tables (all multi-row or all row by row, with
+// that cell's bit flipped or not) equals the rows computed alone row by row; a timed run adds time and
+// the weight's elements to that (type, rows) cell only.
+int table_checks(cpu_backend & cpu, const mul_mat_case & mm, const std::vector<float> & x, const std::vector<float> & alone,
+                 int & checks) {
+    int failures = 0;
+    for (int n_threads : { 2, 3 }) {
+        ggml_backend_cpu_set_n_threads(cpu.backend, n_threads);
+        for (int64_t rows = 1; rows <= GGML_CPU_ROW_KERNEL_MAX_ROWS; ++rows) {
+            for (int variant = 0; variant < 4; ++variant) {
+                const std::vector<uint32_t> masks = kernel_table(variant & 1, mm.type, rows, variant & 2);
+                ggml_cpu_set_row_invariant_kernel_table(masks.data(), 0);
+                const std::vector<float> batch = mm.run(cpu, x.data(), rows);
+                failures += report(mm.name() + " table=" + std::to_string(variant), rows, n_threads,
+                                   compare_rows(batch.data(), alone.data(), mm.n, rows));
+                ++checks;
+            }
+        }
+    }
+    uint64_t ns[GGML_TYPE_COUNT][GGML_CPU_ROW_KERNEL_MAX_ROWS + 1]   = {};
+    uint64_t work[GGML_TYPE_COUNT][GGML_CPU_ROW_KERNEL_MAX_ROWS + 1] = {};
+    ggml_cpu_take_row_invariant_kernel_times(ns, work);  // untimed runs: nothing
+    for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
+        for (int r = 0; r <= GGML_CPU_ROW_KERNEL_MAX_ROWS; ++r) {
+            if (ns[t][r] || work[t][r]) {
+                printf("DIFF %s untimed runs timed: type %s rows %d\n", mm.name().c_str(), ggml_type_name((ggml_type) t), r);
+                ++failures;
+            }
+        }
+    }
+    ggml_cpu_set_row_invariant_kernel_table(nullptr, 1);
+    mm.run(cpu, x.data(), 5);
+    ggml_cpu_set_row_invariant_kernel_table(nullptr, 0);
+    ggml_cpu_take_row_invariant_kernel_times(ns, work);
+    // timed only where this build has a multi-row kernel for the type (the driver checks which)
+    const bool timed = work[mm.type][5] > 0;
+    printf("timed %s rows 5: %s\n", mm.name().c_str(), timed ? "yes" : "no");
+    for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
+        for (int r = 0; r <= GGML_CPU_ROW_KERNEL_MAX_ROWS; ++r) {
+            const bool cell = timed && t == mm.type && r == 5;
+            if ((ns[t][r] > 0) != cell || work[t][r] != (cell ? (uint64_t) (mm.k * mm.n) : 0)) {
+                printf("DIFF %s times: type %s rows %d ns %llu work %llu\n", mm.name().c_str(),
+                       ggml_type_name((ggml_type) t), r, (unsigned long long) ns[t][r], (unsigned long long) work[t][r]);
+                ++failures;
+            }
+        }
+    }
+    ++checks;
+    return failures;
+}
+
+// --table, two callers at once, each with its own backend of 2 threads, their tables opposite and
+// swapped every round: every batch keeps the rows' bits (a thread reading another caller's table, or
+// one switch for all, would split an op between the two paths and leave outputs uncomputed).
+int concurrent_table_checks(const mul_mat_case & mm, const std::vector<float> & x, const std::vector<float> & alone,
+                            int & checks) {
+    int failures[2] = {};
+    auto caller = [&](int who) {
+        cpu_backend cpu;
+        ggml_backend_cpu_set_n_threads(cpu.backend, 2);
+        for (int round = 0; round < 200; ++round) {
+            const int64_t rows = 2 + round % (GGML_CPU_ROW_KERNEL_MAX_ROWS - 1);
+            const std::vector<uint32_t> masks = kernel_table((round + who) % 2, mm.type, rows, false);
+            ggml_cpu_set_row_invariant_kernel_table(masks.data(), 0);
+            const std::vector<float> batch = mm.run(cpu, x.data(), rows);
+            failures[who] += report(mm.name() + " concurrent caller " + std::to_string(who), rows, 2,
+                                    compare_rows(batch.data(), alone.data(), mm.n, rows));
+        }
+    };
+    std::thread other(caller, 1);
+    caller(0);
+    other.join();
+    checks += 400;
+    return failures[0] + failures[1];
 }
 
 }  // namespace
@@ -210,8 +307,10 @@ int main(int argc, char ** argv) {
             opt.quick = true;
         } else if (strcmp(argv[i], "--one-row-kernels") == 0) {
             opt.one_row_kernels = true;
+        } else if (strcmp(argv[i], "--table") == 0) {
+            opt.table = true;
         } else {
-            fprintf(stderr, "usage: %s [--upstream] [--quick] [--one-row-kernels]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--upstream] [--quick] [--one-row-kernels] [--table]\n", argv[0]);
             return 2;
         }
     }
@@ -237,16 +336,25 @@ int main(int argc, char ** argv) {
         { GGML_TYPE_Q8_0, 640, 1024 }, { GGML_TYPE_Q8_0, 2048, 640 }, { GGML_TYPE_Q5_0, 640, 2048 },
         { GGML_TYPE_Q5_0, 2048, 640 }, { GGML_TYPE_Q4_K, 1024, 640 }, { GGML_TYPE_Q4_K, 2048, 640 },
         { GGML_TYPE_Q6_K, 2048, 640 }, { GGML_TYPE_F32, 640, 256 },   { GGML_TYPE_F16, 640, 256 },
-        { GGML_TYPE_Q4_0, 640, 1024 },  // not repacked here: tinyBLAS's Q4_0 kernel
+        { GGML_TYPE_Q4_0, 640, 1024 },  // repacked (8x8) on AVX2, as llama.cpp places it: no multi-row gemv
     };
     const std::vector<float> x = random_floats(max_rows * 2048, rng, 1.0f);
     for (const shape & s : shapes) {
         mul_mat_case       mm(cpu, s.type, s.k, s.n, rng);
         std::vector<float> alone(max_rows * s.n);
         ggml_backend_cpu_set_n_threads(cpu.backend, 1);
+        const std::vector<uint32_t> row_by_row = kernel_table(false, s.type, 0, false);
+        ggml_cpu_set_row_invariant_kernel_table(opt.table ? row_by_row.data() : nullptr, 0);
         for (int64_t r = 0; r < max_rows; ++r) {
             const std::vector<float> one = mm.run(cpu, x.data() + r * s.k, 1);
             memcpy(alone.data() + r * s.n, one.data(), s.n * sizeof(float));
+        }
+        if (opt.table) {
+            const int case_failures = table_checks(cpu, mm, x, alone, checks) +
+                (s.type == GGML_TYPE_Q8_0 || s.type == GGML_TYPE_Q5_0 ? concurrent_table_checks(mm, x, alone, checks) : 0);
+            printf("%s %s table\n", case_failures ? "FAIL" : "ok  ", mm.name().c_str());
+            failures += case_failures;
+            continue;
         }
         int case_failures = 0;
         for (int n_threads : { 2, 3 }) {
@@ -265,8 +373,11 @@ int main(int argc, char ** argv) {
     struct fa_shape {
         int64_t d, n_head, n_head_kv, n_kv;
     };
-    for (const fa_shape & shape : { fa_shape{ 256, 4, 1, 100 }, fa_shape{ 256, 4, 1, 300 }, fa_shape{ 256, 4, 1, 700 },
-                                    fa_shape{ 64, 9, 3, 300 } }) {
+    std::vector<fa_shape> fa_shapes = { { 256, 4, 1, 100 }, { 256, 4, 1, 300 }, { 256, 4, 1, 700 }, { 64, 9, 3, 300 } };
+    if (opt.table) {
+        fa_shapes.clear();  // attention takes no weights: the table does not apply
+    }
+    for (const fa_shape & shape : fa_shapes) {
         flash_attn_case          fa(shape.d, shape.n_head, shape.n_head_kv, shape.n_kv, rng);
         const int64_t            n_kv  = shape.n_kv;
         const int64_t            total = std::min<int64_t>(opt.quick ? 17 : 64, n_kv);
@@ -295,6 +406,6 @@ int main(int argc, char ** argv) {
 
     printf("%s: %d of %d (case, batch, threads) checks with differing rows (%s kernels)\n",
            failures ? "FAIL" : "PASS", failures, checks,
-           opt.upstream ? "upstream" : opt.one_row_kernels ? "one-row" : "row-invariant multi-row");
+           opt.upstream ? "upstream" : opt.one_row_kernels ? "one-row" : opt.table ? "table-chosen" : "row-invariant multi-row");
     return failures ? 1 : 0;
 }
