@@ -126,7 +126,7 @@ const std::vector<llama_opt_field> & llama_opt_fields() {
         OPT_UINT(memo_draft_max,             "LLAMA_OPT_MEMO_DRAFT_MAX",       1, LLAMA_OPT_MEMO_MATCH_MAX,
                  "most tokens of earlier output checked in one forward pass"),
         OPT_BOOL(memo_shared,                "LLAMA_OPT_MEMO_SHARED",                          "memo drafts from every session's recent outputs, not only the session's own history"),
-        OPT_BOOL(memo_gate,                  "LLAMA_OPT_MEMO_GATE",                            "check memo drafts only while their rows cost less than their confirmed tokens saved (timed as the context runs)"),
+        OPT_BOOL(memo_gate,                  "LLAMA_OPT_MEMO_GATE",                            "check each memo draft only as far as its tokens are confirmed more often than their rows cost (timed as the context runs)"),
         OPT_UINT(row_kernels,                "LLAMA_OPT_ROW_KERNELS",          0, 2,          "small batches' matrix products: 0 row by row, 1 multi-row kernels, 2 the faster per weight type and row count (timed as the context runs); the same bits"),
         OPT_BOOL(attn_prune_enabled,         "LLAMA_OPT_ATTN_PRUNE_ENABLED",                   "attention sink pruning (Tier 2)"),
         OPT_UINT(attn_prune_window,          "LLAMA_OPT_ATTN_PRUNE_WINDOW",    1, 1u << 20,   "turns of inactivity before eviction"),

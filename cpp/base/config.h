@@ -70,7 +70,7 @@ struct llama_opt_config {
     bool     memo_enabled   = false;
     uint32_t memo_draft_max = LLAMA_OPT_MEMO_MATCH_MAX;  // most drafted tokens checked per forward pass (methods/memo.h)
     bool     memo_shared    = true;  // drafts from the context's recent outputs too, not only the session's history
-    bool     memo_gate      = true;  // check drafts only while they pay here (methods/memo-gate)
+    bool     memo_gate      = true;  // check drafts only as far as they pay here (methods/memo-gate)
 
     // small batches (<= 16 rows, memo checks) take 0006's one-row kernels row by row (0), 0009's
     // multi-row kernels (1), or the faster of the two per weight type and row count (2, methods/row-kernels)

@@ -2,14 +2,30 @@
 
 #include <algorithm>
 
-bool llama_opt_memo_gate::open(uint32_t match) {
+uint32_t llama_opt_memo_gate::draft_length(uint32_t match, uint32_t max_tokens) {
     std::lock_guard<std::mutex> lock(mutex_);
-    weighed & w = by_match_[length_of(match)];
-    if (step_us_ == 0 || w.saved_us >= w.cost_us || ++w.refused >= probe_every) {
-        w.refused = 0;
-        return true;
+    max_tokens = std::min(max_tokens, LLAMA_OPT_MEMO_MATCH_MAX);
+    if (step_us_ == 0) {
+        return max_tokens;  // nothing to price a row by yet
     }
-    return false;
+    const uint32_t length = length_of(match);
+    const double   row    = row_steps_locked();
+    // the i-th token saves a step with the chance that it and every one before it are confirmed
+    // (falling with i), and costs a row: check while that chance outweighs the row
+    uint32_t n        = 0;
+    double   all_yes  = 1;
+    while (n < max_tokens) {
+        all_yes *= chance_locked(length, n + 1);
+        if (all_yes <= row) {
+            break;
+        }
+        ++n;
+    }
+    if (n < max_tokens && ++since_probe_[length] >= probe_every) {
+        since_probe_[length] = 0;
+        ++n;  // measure the first place the pricing cut
+    }
+    return n;
 }
 
 void llama_opt_memo_gate::step(uint64_t us) {
@@ -17,23 +33,62 @@ void llama_opt_memo_gate::step(uint64_t us) {
     step_us_ = step_us_ == 0 ? (double) us : 0.9 * step_us_ + 0.1 * (double) us;
 }
 
-void llama_opt_memo_gate::checked(uint32_t match, uint32_t n_drafted, double added_us) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (step_us_ == 0) {
-        return;  // nothing to price it by yet
+void llama_opt_memo_gate::fade(places & p) {
+    for (tally & t : p) {
+        t.reached *= decay;
+        t.confirmed *= decay;
     }
-    const double added = std::clamp(added_us, 0.0, n_drafted * step_us_);
-    weighed &    w     = by_match_[length_of(match)];
-    w.cost_us          = decay * w.cost_us + added;
-    w.saved_us         = decay * w.saved_us;
 }
 
-void llama_opt_memo_gate::confirmed(uint32_t match) {
+void llama_opt_memo_gate::checked(uint32_t match, uint32_t n_drafted, double added_us) {
     std::lock_guard<std::mutex> lock(mutex_);
-    by_match_[length_of(match)].saved_us += step_us_;
+    if (step_us_ == 0 || n_drafted == 0) {
+        return;  // nothing to price it by yet
+    }
+    row_cost_ = decay * row_cost_ + std::clamp(added_us / step_us_, 0.0, (double) n_drafted);
+    rows_     = decay * rows_ + n_drafted;
+    places & own = by_match_[length_of(match)];
+    fade(own);
+    fade(all_);
+    own[1].reached += 1;
+    all_[1].reached += 1;
+}
+
+void llama_opt_memo_gate::confirmed(uint32_t match, uint32_t place, uint32_t n_drafted) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (place == 0 || place > LLAMA_OPT_MEMO_MATCH_MAX || step_us_ == 0) {
+        return;  // (a check before any step was not counted as reached)
+    }
+    for (places * p : { &by_match_[length_of(match)], &all_ }) {
+        (*p)[place].confirmed += 1;
+        if (place < n_drafted && place < LLAMA_OPT_MEMO_MATCH_MAX) {
+            (*p)[place + 1].reached += 1;  // the next drafted token is sampled against
+        }
+    }
+}
+
+double llama_opt_memo_gate::row_steps_locked() const {
+    return (row_cost_ + prior_row) / (rows_ + 1);
+}
+
+double llama_opt_memo_gate::chance_locked(uint32_t length, uint32_t place) const {
+    const tally & all    = all_[place];
+    const double  pooled = (all.confirmed + 2 * prior_yes) / (all.reached + 2);
+    const tally & own    = by_match_[length][place];
+    return std::min(1.0, (own.confirmed + shrink * pooled) / (own.reached + shrink));
 }
 
 double llama_opt_memo_gate::step_us() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return step_us_;
+}
+
+double llama_opt_memo_gate::row_steps() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return row_steps_locked();
+}
+
+double llama_opt_memo_gate::chance(uint32_t match, uint32_t place) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return chance_locked(length_of(match), std::clamp<uint32_t>(place, 1, LLAMA_OPT_MEMO_MATCH_MAX));
 }

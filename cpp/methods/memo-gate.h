@@ -1,15 +1,18 @@
 #pragma once
 
-// methods/memo-gate: whether checking a memo draft pays on this model and machine. A drafted token
-// is one more row of the check's batch and costs part of a decode step: about half on Gemma 3 270M,
-// whose 262k-entry output layer dominates a step and is read once for all rows, but ~0.8 on
-// Qwen2.5-Coder-0.5B, whose matrix products are bound by arithmetic at a few rows on this CPU
-// (docs/memo.md). Only a drafted token that sampling confirms saves a step, and how many are
-// confirmed depends on how long a match the draft came from. So the gate weighs, per match length,
-// the time drafted rows added to their passes against the steps their confirmed tokens saved
-// (decayed sums: the last ~50 checks of that length weigh); while the rows cost more than they
-// saved, only one draft in probe_every of that length goes through, to keep measuring. It decides
-// how fast, never what: with or without a draft, every token is plain decoding's (Tier 1).
+// methods/memo-gate: how much of a memo draft to check on this model and machine. A drafted token
+// is one more row of the check's batch and costs part of a decode step: about a tenth to a half on
+// Gemma 3 270M, whose 262k-entry output layer dominates a step and is read once for all rows, but
+// ~0.8 on SmolLM2-135M and Qwen2.5-Coder-0.5B at chat depths, whose steps are mostly attention
+// (per row) or arithmetic-bound matrix products (docs/memo.md). Only a drafted token that sampling
+// confirms saves a step, and the i-th is confirmed only if the ones before it were. So the gate
+// prices a row in steps (the time drafted rows added to their passes over a plain step's: decayed
+// over the last ~50 checks), estimates per match length and place in the draft how often a token
+// reached is confirmed (each length's own counts, shrunk toward all lengths' while it has few),
+// and checks the longest prefix of the draft whose every token is confirmed more often than a row
+// costs. One decision in probe_every per length checks one token more, to keep measuring what the
+// pricing cut. It decides how fast, never what: with or without a draft, every token is plain
+// decoding's (Tier 1).
 
 #include "base/numerics.h"
 
@@ -19,28 +22,45 @@
 
 class llama_opt_memo_gate {
 public:
-    static constexpr uint32_t probe_every = 16;    // a closed length lets one draft in this many through
-    static constexpr double   decay       = 0.98;  // per check of a length
+    static constexpr uint32_t probe_every = 16;    // one decision in this many per length: a token more
+    static constexpr double   decay       = 0.98;  // per check (of all, and of the length)
+    // before counts of its own, a length's chance of a place weighs like this many drafts at all
+    // lengths' chance; and before any check, a row is priced at half a step, and a token reached
+    // is confirmed 4 times in 5 (so that the first drafts are checked and measured)
+    static constexpr double shrink      = 4;
+    static constexpr double prior_row   = 0.5;
+    static constexpr double prior_yes   = 0.8;
 
-    // Whether a draft found after a match of `match` tokens should be checked (a refusal counts
-    // toward that length's next probe).
-    bool open(uint32_t match);
-    void step(uint64_t us);                     // a plain one-row decode step took `us`
+    // How many of the first `max_tokens` tokens of a draft found after a match of `match` tokens
+    // to check (0: none).
+    uint32_t draft_length(uint32_t match, uint32_t max_tokens);
+    void step(uint64_t us);  // a plain one-row decode step took `us`
     // a check of `n_drafted` tokens after a match of `match`: its drafted rows added `added_us`
     // to the pass (a row is counted at most a step: more is the machine's noise, a preemption)
     void checked(uint32_t match, uint32_t n_drafted, double added_us);
-    void confirmed(uint32_t match);             // a drafted token was confirmed: a step saved
-    double step_us() const;                     // decayed mean time of a plain step (0: none yet)
+    // the `place`-th (1-based) of `n_drafted` tokens drafted after a match of `match` was confirmed
+    void confirmed(uint32_t match, uint32_t place, uint32_t n_drafted);
+    double step_us() const;  // decayed mean time of a plain step (0: none yet)
+    double row_steps() const;  // what a drafted row costs, in plain steps
+    // how often the `place`-th drafted token after a match of `match`, reached, is confirmed
+    double chance(uint32_t match, uint32_t place) const;
 
 private:
-    struct weighed {
-        double   cost_us  = 0;  // time drafted rows added
-        double   saved_us = 0;  // steps confirmed tokens saved
-        uint32_t refused  = 0;  // drafts refused since the last let through
+    struct tally {
+        double reached   = 0;  // drafted tokens at this place whose predecessors were all confirmed
+        double confirmed = 0;
     };
+    using places = std::array<tally, LLAMA_OPT_MEMO_MATCH_MAX + 1>;  // [place], 1-based
     static uint32_t length_of(uint32_t match) { return match < LLAMA_OPT_MEMO_MATCH_MAX ? match : LLAMA_OPT_MEMO_MATCH_MAX; }
+    static void     fade(places & p);
+    double          row_steps_locked() const;
+    double          chance_locked(uint32_t length, uint32_t place) const;
 
-    mutable std::mutex                                mutex_;
-    double                                            step_us_ = 0;
-    std::array<weighed, LLAMA_OPT_MEMO_MATCH_MAX + 1> by_match_{};
+    mutable std::mutex                                   mutex_;
+    double                                               step_us_   = 0;
+    double                                               row_cost_  = 0;  // decayed steps drafted rows added
+    double                                               rows_      = 0;  // decayed drafted rows
+    places                                               all_{};          // every length's
+    std::array<places, LLAMA_OPT_MEMO_MATCH_MAX + 1>     by_match_{};
+    std::array<uint32_t, LLAMA_OPT_MEMO_MATCH_MAX + 1>   since_probe_{};  // decisions since a length's last probe
 };

@@ -76,7 +76,7 @@ llama_token llama_opt_session_decode::take(llama_token token) {
     history_.push(token);
     if (history_.draft_active() && history_.confirm_draft(token)) {  // its KV came with the check
         counters_.count(&llama_opt_stats::memo_tokens_skipped, 1);
-        history_.ctx().memo_gate().confirmed(draft_match_);
+        history_.ctx().memo_gate().confirmed(draft_match_, ++draft_confirmed_, draft_size_);
         if (history_.draft_shared()) {
             counters_.count(&llama_opt_stats::memo_shared_tokens_skipped, 1);
         }
@@ -146,8 +146,12 @@ std::optional<llama_opt_memo_draft> llama_opt_session_decode::find_draft() const
     if (cfg.memo_shared) {
         history_.ctx().memo_outputs().improve(tokens.data(), tokens.size(), max_tokens, draft);
     }
-    if (!draft.tokens.empty() && cfg.memo_gate && !history_.ctx().memo_gate().open(draft.match)) {
-        return std::nullopt;  // drafts after such matches have cost more than they saved here
+    if (!draft.tokens.empty() && cfg.memo_gate) {
+        // the drafted tokens after such matches that are confirmed more often than their rows cost here
+        draft.tokens.resize(history_.ctx().memo_gate().draft_length(draft.match, (uint32_t) draft.tokens.size()));
+        if (draft.tokens.empty()) {
+            return std::nullopt;
+        }
     }
     return draft;
 }
@@ -185,11 +189,17 @@ bool llama_opt_session_decode::check_draft() {
     count_draft_hit(draft.shared);
     // (the pending row's part of the pass: a step)
     ctx.memo_gate().checked(draft.match, draft.tokens.size(), (double) work.us - ctx.memo_gate().step_us());
-    draft_match_ = draft.match;
-    history_.start_draft(std::move(draft.tokens), draft.shared);
+    start_draft(std::move(draft));
     history_.computed(history_.size());
     history_.take_logits(history_.draft_rows().data());
     return true;
+}
+
+void llama_opt_session_decode::start_draft(llama_opt_memo_draft draft) {
+    draft_match_     = draft.match;
+    draft_size_      = (uint32_t) draft.tokens.size();
+    draft_confirmed_ = 0;
+    history_.start_draft(std::move(draft.tokens), draft.shared);
 }
 
 void llama_opt_session_decode::add_rows(const llama_opt_memo_draft & draft, std::vector<llama_opt_row> & rows) const {
@@ -225,9 +235,8 @@ void llama_opt_session_decode::take_rows(const float * logits, std::optional<lla
         count_draft_hit(draft.shared);
         history_.ctx().memo_gate().checked(draft.match, draft.tokens.size(),
                                            (double) us * draft.tokens.size() / n_rows);  // its rows' share
-        draft_match_ = draft.match;
         history_.draft_rows().assign(logits, logits + n_rows * n_vocab);
-        history_.start_draft(std::move(draft.tokens), draft.shared);
+        start_draft(std::move(draft));
     }
     history_.computed(history_.size());
     history_.take_logits(logits);

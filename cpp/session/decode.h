@@ -39,10 +39,11 @@ public:
     static void prefetch_steps(llama_opt_context & ctx, const std::vector<llama_opt_session_decode *> & decoders);
 
 private:
-    // memo: a draft for the next step (empty: none found); nullopt: memo off, or a draft the gate
-    // refused (methods/memo-gate: drafts after such matches cost more than they saved here)
+    // memo: a draft for the next step (empty: none found), cut by the gate (methods/memo-gate) to what
+    // pays here; nullopt: memo off, or the gate cut it all
     std::optional<llama_opt_memo_draft> find_draft() const;
-    bool check_draft();                       // memo: the pending step and a draft in one batch; false: no draft
+    bool check_draft();                            // memo: the pending step and a draft in one batch; false: no draft
+    void start_draft(llama_opt_memo_draft draft);  // its rows computed: sampling confirms its tokens
     // prefetch_steps: the rows of the next step if it is a decode step (the pending token, then the
     // memo's draft if there is one), appended to `rows`; false if the step is something else
     void add_rows(const llama_opt_memo_draft & draft, std::vector<llama_opt_row> & rows) const;  // the pending token's, the draft's
@@ -63,6 +64,8 @@ private:
     size_t                       output_begin_  = 0;      // where the turn's generated tokens begin
     uint32_t                     output_budget_ = 0;      // set_grammar's max_tokens: the most this turn generates
     int32_t                      logprobs_      = -1;     // sampling.logprobs
-    uint32_t                     draft_match_   = 0;      // memo: the match the draft being confirmed came from
+    uint32_t                     draft_match_   = 0;      // memo: the match the draft being confirmed came from,
+    uint32_t                     draft_size_    = 0;      // its drafted tokens,
+    uint32_t                     draft_confirmed_ = 0;    // and how many of them sampling confirmed so far
     std::optional<llama_opt_token_logprob> last_logprob_;
 };

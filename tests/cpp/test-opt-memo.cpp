@@ -139,48 +139,96 @@ static void test_outputs_are_bounded_oldest_first() {
     CHECK(outputs.size() == 0 && outputs.n_tokens() == 0);
 }
 
-// The gate lets drafts through until it has measured a step, and while the confirmed tokens of
-// drafts after a match of that length saved at least what their rows cost; otherwise one draft in
-// probe_every, and it opens again once confirmations make up for the cost. Lengths are apart.
-static void test_the_gate_closes_while_drafts_cost_more_than_they_save() {
-    llama_opt_memo_gate gate;
-    CHECK(gate.open(3) && gate.open(3));  // nothing measured yet
-    gate.step(1000);
-    CHECK(gate.step_us() == 1000);
-    gate.checked(3, 3, 3 * 800);  // 3 drafted rows at 0.8 of a step...
-    gate.confirmed(3);            // ...one confirmed: 1000 saved for 2400 spent
-    uint32_t let_through = 0;
-    for (uint32_t i = 0; i < 4 * llama_opt_memo_gate::probe_every; ++i) {
-        let_through += gate.open(3);
+// Checks of `n` drafted tokens after a match of `match`, each row at `row` of a step, whose first
+// `yes` tokens sampling confirms.
+static void check(llama_opt_memo_gate & gate, uint32_t match, uint32_t n, double row, uint32_t yes, int times = 1) {
+    for (int t = 0; t < times; ++t) {
+        gate.checked(match, n, n * row * gate.step_us());
+        for (uint32_t place = 1; place <= yes; ++place) {
+            gate.confirmed(match, place, n);
+        }
     }
-    CHECK(let_through == 4);                 // probes only
-    CHECK(gate.open(8) && gate.open(8));     // another length: not measured, open
-    for (int i = 0; i < 3; ++i) {
-        gate.confirmed(3);  // 4000 saved by now
-    }
-    CHECK(gate.open(3) && gate.open(3));
 }
 
-// Old checks weigh less, and a check's noise (a row timed at more than a step) is not held against
-// it: drafts that pay reopen a gate closed by earlier ones.
+// How many of `decisions` drafts of 8 tokens after a match of `match` the gate cut to each length.
+static std::vector<uint32_t> lengths(llama_opt_memo_gate & gate, uint32_t match, uint32_t decisions) {
+    std::vector<uint32_t> seen(LLAMA_OPT_MEMO_MATCH_MAX + 1, 0);
+    for (uint32_t i = 0; i < decisions; ++i) {
+        ++seen[gate.draft_length(match, 8)];
+    }
+    return seen;
+}
+
+// Before a step is timed the whole draft goes; then the priors (a row at half a step, a token
+// reached confirmed 4 times in 5) check the places whose chance to be reached and confirmed
+// (0.8, 0.64, 0.51, 0.41...) outweighs the row: 3 tokens. Never more than asked.
+static void test_the_gate_starts_from_its_priors() {
+    llama_opt_memo_gate gate;
+    CHECK(gate.draft_length(3, 8) == 8 && gate.draft_length(3, 2) == 2);
+    gate.step(1000);
+    CHECK(gate.step_us() == 1000);
+    CHECK(gate.row_steps() == llama_opt_memo_gate::prior_row);
+    CHECK(gate.draft_length(3, 8) == 3 && gate.draft_length(3, 2) == 2);
+}
+
+// Rows cheap against the confirmations (Gemma copying a file): whole drafts. Rows at 0.6 of a step
+// with the first two drafted tokens always confirmed and the third never: drafts cut to 2, and one
+// decision in probe_every measures the third place.
+static void test_the_gate_cuts_where_a_row_costs_more_than_it_saves() {
+    llama_opt_memo_gate gate;
+    gate.step(1000);
+    check(gate, 6, 8, 0.2, 8, 50);
+    CHECK(gate.draft_length(6, 8) == 8);
+    llama_opt_memo_gate cut;
+    cut.step(1000);
+    check(cut, 5, 3, 0.6, 2, 50);
+    CHECK(cut.chance(5, 1) > 0.95 && cut.chance(5, 3) < 0.1);
+    const std::vector<uint32_t> seen = lengths(cut, 5, 4 * llama_opt_memo_gate::probe_every);
+    CHECK(seen[2] == 4 * (llama_opt_memo_gate::probe_every - 1) && seen[3] == 4);
+}
+
+// Rows at a step each (SmolLM2 at chat depths) with 58 % of first tokens confirmed: nothing pays,
+// and only the probes, one token each, are checked.
+static void test_the_gate_closes_where_no_row_pays() {
+    llama_opt_memo_gate gate;
+    gate.step(1000);
+    for (int i = 0; i < 50; ++i) {
+        check(gate, 4, 1, 1.0, i % 50 < 29 ? 1 : 0);
+    }
+    const std::vector<uint32_t> seen = lengths(gate, 4, 4 * llama_opt_memo_gate::probe_every);
+    CHECK(seen[0] == 4 * (llama_opt_memo_gate::probe_every - 1) && seen[1] == 4);
+}
+
+// A length not seen yet follows what all lengths have shown; one with counts of its own follows
+// its own.
+static void test_a_new_length_starts_from_all_lengths() {
+    llama_opt_memo_gate gate;
+    gate.step(1000);
+    check(gate, 3, 2, 0.7, 0, 40);  // after matches of 3 the first drafted token is never confirmed
+    CHECK(gate.draft_length(7, 8) == 0);
+    check(gate, 8, 4, 0.7, 4, 40);  // after matches of 8 (and longer) every one is
+    CHECK(gate.draft_length(8, 8) >= 4 && gate.draft_length(12, 8) >= 4);
+    CHECK(gate.draft_length(3, 8) == 0);
+}
+
+// A check's noise (a row timed at more than a step) counts as a step a row, and old checks weigh
+// less: drafts that pay reopen a length closed by earlier ones.
 static void test_the_gate_forgets_old_checks_and_noise() {
     llama_opt_memo_gate gate;
     gate.step(1000);
     gate.checked(5, 1, 100000);  // a preempted check: counted as one step, not 100
-    CHECK(!gate.open(5));
-    gate.confirmed(5);
-    CHECK(gate.open(5));
-    gate.checked(5, 4, 4000);  // four rows at a step each, none confirmed
-    CHECK(!gate.open(5));
-    for (int i = 0; i < 400; ++i) {  // then checks of 1 row at half a step, confirmed
-        gate.checked(5, 1, 500);
-        gate.confirmed(5);
-    }
-    CHECK(gate.open(5) && gate.open(5));
+    CHECK(gate.row_steps() == (1 + llama_opt_memo_gate::prior_row) / 2);
+    check(gate, 5, 4, 1.0, 0, 20);  // four rows at a step each, none confirmed
+    CHECK(gate.draft_length(5, 8) == 0);
+    check(gate, 5, 2, 0.25, 2, 400);  // then rows at a quarter of a step, confirmed
+    CHECK(gate.draft_length(5, 8) >= 2);
 }
 
 int main() {
-    test_the_gate_closes_while_drafts_cost_more_than_they_save();
+    test_the_gate_starts_from_its_priors();
+    test_the_gate_cuts_where_a_row_costs_more_than_it_saves();
+    test_the_gate_closes_where_no_row_pays();
+    test_a_new_length_starts_from_all_lengths();
     test_the_gate_forgets_old_checks_and_noise();
     test_a_check_confirms_drafted_tokens_in_order();
     test_an_output_drafts_for_a_history_ending_like_its_prompt();

@@ -2,7 +2,8 @@
 families.FAMILY_KV_TYPES): a model that copies from its context (a file quoted back) generates the
 same tokens, with bitwise the same logits, whether drafts of earlier output are checked in one
 batch or every token takes its own decode step. Every draft found is checked (memo_gate off: the
-gate follows timings, and these tests count what drafting does)."""
+gate follows timings, and these tests count what drafting does), but in the test of the gate's cut
+drafts."""
 from __future__ import annotations
 
 import numpy as np
@@ -28,9 +29,9 @@ def copy_prompt(model):
     return model.tokenize(before + "Repeat this file exactly:\n" + SOURCE + after, special=True)
 
 
-def generate(model, memo, kv_type="f16", **sampling):
+def generate(model, memo, kv_type="f16", gate=False, **sampling):
     prompt = copy_prompt(model)
-    config = OptConfig(env={}, memo_enabled=memo, memo_gate=False, **kv_options(kv_type))
+    config = OptConfig(env={}, memo_enabled=memo, memo_gate=gate, **kv_options(kv_type))
     with Context(model, n_ctx=2048, n_threads=2, config=config) as ctx:
         s = ctx.session()
         s.append(prompt)
@@ -46,10 +47,26 @@ def test_memo_is_exact(family_kv_model, sampling):
     tokens_on, logits_on, stats_on, row_kernels = generate(model, True, kv_type, **sampling)
     assert tokens_on == tokens_off
     np.testing.assert_array_equal(logits_on, logits_off)
-    assert stats_on.memo_tokens_skipped > len(tokens_on) // 4  # it copies: most drafts hold
-    assert stats_on.forward_passes < stats_off.forward_passes
+    # every drafted token confirmed saves its decode step, and some were
+    assert stats_off.forward_passes - stats_on.forward_passes == stats_on.memo_tokens_skipped > 0
+    if model.architecture == "gemma3":
+        # Gemma copies the file: most drafts hold. (How much another model's sample copies depends on
+        # the CPU's SIMD numerics: SmolLM2 at temperature 0.7 copies on an AVX-512 machine, and
+        # writes prose with 18 of 96 tokens confirmed from drafts on an AVX2-only one.)
+        assert stats_on.memo_tokens_skipped > len(tokens_on) // 4
     # the checks took both paths of a small batch (row_kernels 2, the default, tries each in turn)
     assert any(c["rows"] > 1 and c["multi_samples"] and c["one_samples"] for c in row_kernels), row_kernels
+
+
+def test_drafts_the_gate_cuts_are_exact(family_model):
+    """The gate (on by default) checks a prefix of each draft, as long as its rows pay on this
+    machine, or none: whatever it cuts, the tokens and logits are plain decoding's. Its first draft
+    is always checked (priced by its priors once a step is timed)."""
+    tokens_off, logits_off, _, _ = generate(family_model, False)
+    tokens_on, logits_on, stats_on, _ = generate(family_model, True, gate=True)
+    assert tokens_on == tokens_off
+    np.testing.assert_array_equal(logits_on, logits_off)
+    assert stats_on.memo_hits >= 1
 
 
 def generate_beside_a_cached_sequence(gemma, n_ctx, memo, stop):
