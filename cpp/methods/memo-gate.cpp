@@ -35,7 +35,7 @@ void llama_opt_memo_gate::step(uint64_t us) {
 
 void llama_opt_memo_gate::fade(places & p) {
     for (tally & t : p) {
-        t.reached *= decay;
+        t.compared *= decay;
         t.confirmed *= decay;
     }
 }
@@ -47,23 +47,18 @@ void llama_opt_memo_gate::checked(uint32_t match, uint32_t n_drafted, double add
     }
     row_cost_ = decay * row_cost_ + std::clamp(added_us / step_us_, 0.0, (double) n_drafted);
     rows_     = decay * rows_ + n_drafted;
-    places & own = by_match_[length_of(match)];
-    fade(own);
+    fade(by_match_[length_of(match)]);
     fade(all_);
-    own[1].reached += 1;
-    all_[1].reached += 1;
 }
 
-void llama_opt_memo_gate::confirmed(uint32_t match, uint32_t place, uint32_t n_drafted) {
+void llama_opt_memo_gate::compared(uint32_t match, uint32_t place, bool confirmed) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (place == 0 || place > LLAMA_OPT_MEMO_MATCH_MAX || step_us_ == 0) {
-        return;  // (a check before any step was not counted as reached)
+    if (place == 0 || place > LLAMA_OPT_MEMO_MATCH_MAX) {
+        return;
     }
     for (places * p : { &by_match_[length_of(match)], &all_ }) {
-        (*p)[place].confirmed += 1;
-        if (place < n_drafted && place < LLAMA_OPT_MEMO_MATCH_MAX) {
-            (*p)[place + 1].reached += 1;  // the next drafted token is sampled against
-        }
+        (*p)[place].compared += 1;
+        (*p)[place].confirmed += confirmed;
     }
 }
 
@@ -73,9 +68,9 @@ double llama_opt_memo_gate::row_steps_locked() const {
 
 double llama_opt_memo_gate::chance_locked(uint32_t length, uint32_t place) const {
     const tally & all    = all_[place];
-    const double  pooled = (all.confirmed + 2 * prior_yes) / (all.reached + 2);
+    const double  pooled = (all.confirmed + 2 * prior_yes) / (all.compared + 2);
     const tally & own    = by_match_[length][place];
-    return std::min(1.0, (own.confirmed + shrink * pooled) / (own.reached + shrink));
+    return (own.confirmed + shrink * pooled) / (own.compared + shrink);
 }
 
 double llama_opt_memo_gate::step_us() const {

@@ -7,12 +7,13 @@
 // (per row) or arithmetic-bound matrix products (docs/memo.md). Only a drafted token that sampling
 // confirms saves a step, and the i-th is confirmed only if the ones before it were. So the gate
 // prices a row in steps (the time drafted rows added to their passes over a plain step's: decayed
-// over the last ~50 checks), estimates per match length and place in the draft how often a token
-// reached is confirmed (each length's own counts, shrunk toward all lengths' while it has few),
-// and checks the longest prefix of the draft whose every token is confirmed more often than a row
-// costs. One decision in probe_every per length checks one token more, to keep measuring what the
-// pricing cut. It decides how fast, never what: with or without a draft, every token is plain
-// decoding's (Tier 1).
+// over the last ~50 checks), estimates per match length and place in the draft how often a drafted
+// token that sampling compared is confirmed (each length's own counts, shrunk toward all lengths'
+// while it has few), and checks the longest prefix of the draft whose every token's chance to be
+// reached and confirmed (the product over its place and those before) is above a row's cost. One
+// cut decision in probe_every per length checks one token more, to keep measuring what the pricing
+// cut. It decides how fast, never what: with or without a draft, every token is plain decoding's
+// (Tier 1).
 
 #include "base/numerics.h"
 
@@ -22,7 +23,7 @@
 
 class llama_opt_memo_gate {
 public:
-    static constexpr uint32_t probe_every = 16;    // one decision in this many per length: a token more
+    static constexpr uint32_t probe_every = 16;    // one cut decision in this many per length: a token more
     static constexpr double   decay       = 0.98;  // per check (of all, and of the length)
     // before counts of its own, a length's chance of a place weighs like this many drafts at all
     // lengths' chance; and before any check, a row is priced at half a step, and a token reached
@@ -38,16 +39,17 @@ public:
     // a check of `n_drafted` tokens after a match of `match`: its drafted rows added `added_us`
     // to the pass (a row is counted at most a step: more is the machine's noise, a preemption)
     void checked(uint32_t match, uint32_t n_drafted, double added_us);
-    // the `place`-th (1-based) of `n_drafted` tokens drafted after a match of `match` was confirmed
-    void confirmed(uint32_t match, uint32_t place, uint32_t n_drafted);
+    // sampling compared the `place`-th (1-based) token drafted after a match of `match` (every one
+    // before it was confirmed) and confirmed it or not
+    void compared(uint32_t match, uint32_t place, bool confirmed);
     double step_us() const;  // decayed mean time of a plain step (0: none yet)
     double row_steps() const;  // what a drafted row costs, in plain steps
-    // how often the `place`-th drafted token after a match of `match`, reached, is confirmed
+    // how often the `place`-th drafted token after a match of `match`, compared, is confirmed
     double chance(uint32_t match, uint32_t place) const;
 
 private:
     struct tally {
-        double reached   = 0;  // drafted tokens at this place whose predecessors were all confirmed
+        double compared  = 0;  // drafted tokens at this place sampling compared (all before confirmed)
         double confirmed = 0;
     };
     using places = std::array<tally, LLAMA_OPT_MEMO_MATCH_MAX + 1>;  // [place], 1-based

@@ -74,11 +74,14 @@ llama_token llama_opt_session_decode::next_token() {
 llama_token llama_opt_session_decode::take(llama_token token) {
     sampler_.accept(token);
     history_.push(token);
-    if (history_.draft_active() && history_.confirm_draft(token)) {  // its KV came with the check
-        counters_.count(&llama_opt_stats::memo_tokens_skipped, 1);
-        history_.ctx().memo_gate().confirmed(draft_match_, ++draft_confirmed_, draft_size_);
-        if (history_.draft_shared()) {
-            counters_.count(&llama_opt_stats::memo_shared_tokens_skipped, 1);
+    if (history_.draft_active()) {
+        const bool confirmed = history_.confirm_draft(token);  // if so, its KV came with the check
+        history_.ctx().memo_gate().compared(draft_match_, ++draft_place_, confirmed);
+        if (confirmed) {
+            counters_.count(&llama_opt_stats::memo_tokens_skipped, 1);
+            if (history_.draft_shared()) {
+                counters_.count(&llama_opt_stats::memo_shared_tokens_skipped, 1);
+            }
         }
     }
     counters_.count(&llama_opt_stats::tokens_generated, 1);
@@ -196,9 +199,8 @@ bool llama_opt_session_decode::check_draft() {
 }
 
 void llama_opt_session_decode::start_draft(llama_opt_memo_draft draft) {
-    draft_match_     = draft.match;
-    draft_size_      = (uint32_t) draft.tokens.size();
-    draft_confirmed_ = 0;
+    draft_match_ = draft.match;
+    draft_place_ = 0;
     history_.start_draft(std::move(draft.tokens), draft.shared);
 }
 

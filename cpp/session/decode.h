@@ -65,7 +65,6 @@ private:
     uint32_t                     output_budget_ = 0;      // set_grammar's max_tokens: the most this turn generates
     int32_t                      logprobs_      = -1;     // sampling.logprobs
     uint32_t                     draft_match_   = 0;      // memo: the match the draft being confirmed came from,
-    uint32_t                     draft_size_    = 0;      // its drafted tokens,
-    uint32_t                     draft_confirmed_ = 0;    // and how many of them sampling confirmed so far
+    uint32_t                     draft_place_   = 0;      // and how many of its tokens sampling compared so far
     std::optional<llama_opt_token_logprob> last_logprob_;
 };

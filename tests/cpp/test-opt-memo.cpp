@@ -5,6 +5,7 @@
 #include "methods/memo.h"
 #include "methods/memo-gate.h"
 
+#include <cmath>
 #include <vector>
 
 using tokens_t = std::vector<llama_token>;
@@ -144,8 +145,8 @@ static void test_outputs_are_bounded_oldest_first() {
 static void check(llama_opt_memo_gate & gate, uint32_t match, uint32_t n, double row, uint32_t yes, int times = 1) {
     for (int t = 0; t < times; ++t) {
         gate.checked(match, n, n * row * gate.step_us());
-        for (uint32_t place = 1; place <= yes; ++place) {
-            gate.confirmed(match, place, n);
+        for (uint32_t place = 1; place <= n && place <= yes + 1; ++place) {  // sampling stops at the first miss
+            gate.compared(match, place, place <= yes);
         }
     }
 }
@@ -160,7 +161,7 @@ static std::vector<uint32_t> lengths(llama_opt_memo_gate & gate, uint32_t match,
 }
 
 // Before a step is timed the whole draft goes; then the priors (a row at half a step, a token
-// reached confirmed 4 times in 5) check the places whose chance to be reached and confirmed
+// compared confirmed 4 times in 5) check the places whose chance to be reached and confirmed
 // (0.8, 0.64, 0.51, 0.41...) outweighs the row: 3 tokens. Never more than asked.
 static void test_the_gate_starts_from_its_priors() {
     llama_opt_memo_gate gate;
@@ -207,8 +208,44 @@ static void test_a_new_length_starts_from_all_lengths() {
     check(gate, 3, 2, 0.7, 0, 40);  // after matches of 3 the first drafted token is never confirmed
     CHECK(gate.draft_length(7, 8) == 0);
     check(gate, 8, 4, 0.7, 4, 40);  // after matches of 8 (and longer) every one is
-    CHECK(gate.draft_length(8, 8) >= 4 && gate.draft_length(12, 8) >= 4);
+    // 4 places measured, the 5th at all lengths' prior (0.8): 0.8 of ~0.96 still above 0.7
+    CHECK(gate.draft_length(8, 8) == 5 && gate.draft_length(12, 8) == 5);
     CHECK(gate.draft_length(3, 8) == 0);
+}
+
+// The figures as docs/memo.md states them: all lengths' rate of a place with the prior (0.8) as 2
+// comparisons, a length's own counts with all lengths' rate as `shrink` comparisons, each check
+// fading both by `decay`.
+static void test_the_chance_is_shrunk_as_documented() {
+    llama_opt_memo_gate gate;
+    gate.step(1000);
+    check(gate, 3, 1, 0.5, 1, 1);  // after a match of 3, one token compared and confirmed
+    check(gate, 7, 1, 0.5, 0, 1);  // after a match of 7, one compared and not
+    const double d       = llama_opt_memo_gate::decay;
+    const double prior   = llama_opt_memo_gate::prior_yes;
+    const double k       = llama_opt_memo_gate::shrink;
+    const double pooled  = (d + 2 * prior) / (d + 1 + 2);
+    CHECK(std::abs(gate.chance(7, 1) - k * pooled / (1 + k)) < 1e-12);
+    CHECK(std::abs(gate.chance(3, 1) - (1 + k * pooled) / (1 + k)) < 1e-12);  // (faded by its own checks only)
+    CHECK(std::abs(gate.chance(5, 1) - pooled) < 1e-12);  // no counts of its own
+    CHECK(std::abs(gate.row_steps() - (0.5 * d + 0.5 + llama_opt_memo_gate::prior_row) / (d + 1 + 1)) < 1e-12);
+}
+
+// A probe is one token more than the cut, never more than the draft found; each length counts its
+// own cut decisions.
+static void test_probes_stay_within_the_draft_and_their_length() {
+    llama_opt_memo_gate gate;
+    gate.step(1000);
+    check(gate, 4, 2, 0.6, 2, 50);  // 2 tokens, both confirmed: every draft of 2 goes whole
+    for (uint32_t i = 0; i < 2 * llama_opt_memo_gate::probe_every; ++i) {
+        CHECK(gate.draft_length(4, 2) == 2 && gate.draft_length(4, 1) == 1);
+    }
+    check(gate, 5, 1, 1.0, 0, 50);  // after matches of 5 and 6 nothing pays
+    for (uint32_t i = 1; i < llama_opt_memo_gate::probe_every; ++i) {
+        CHECK(gate.draft_length(5, 8) == 0);
+    }
+    CHECK(gate.draft_length(6, 8) == 0);   // another length's decision: not 5's probe
+    CHECK(gate.draft_length(5, 8) == 1);   // 5's 16th cut decision
 }
 
 // A check's noise (a row timed at more than a step) counts as a step a row, and old checks weigh
@@ -218,10 +255,10 @@ static void test_the_gate_forgets_old_checks_and_noise() {
     gate.step(1000);
     gate.checked(5, 1, 100000);  // a preempted check: counted as one step, not 100
     CHECK(gate.row_steps() == (1 + llama_opt_memo_gate::prior_row) / 2);
-    check(gate, 5, 4, 1.0, 0, 20);  // four rows at a step each, none confirmed
+    check(gate, 5, 4, 1.0, 0, 200);  // four rows at a step each, none confirmed
     CHECK(gate.draft_length(5, 8) == 0);
-    check(gate, 5, 2, 0.25, 2, 400);  // then rows at a quarter of a step, confirmed
-    CHECK(gate.draft_length(5, 8) >= 2);
+    check(gate, 5, 2, 0.25, 2, 100);  // then fewer checks of rows at a quarter of a step, confirmed:
+    CHECK(gate.draft_length(5, 8) >= 2);  // they outweigh the older ones only as those fade
 }
 
 int main() {
@@ -229,6 +266,8 @@ int main() {
     test_the_gate_cuts_where_a_row_costs_more_than_it_saves();
     test_the_gate_closes_where_no_row_pays();
     test_a_new_length_starts_from_all_lengths();
+    test_probes_stay_within_the_draft_and_their_length();
+    test_the_chance_is_shrunk_as_documented();
     test_the_gate_forgets_old_checks_and_noise();
     test_a_check_confirms_drafted_tokens_in_order();
     test_an_output_drafts_for_a_history_ending_like_its_prompt();
