@@ -150,7 +150,7 @@ std::optional<llama_opt_memo_draft> llama_opt_session_decode::find_draft() const
         history_.ctx().memo_outputs().improve(tokens.data(), tokens.size(), max_tokens, draft);
     }
     if (!draft.tokens.empty() && cfg.memo_gate) {
-        // the drafted tokens after such matches that are confirmed more often than their rows cost here
+        // the prefix of the draft that pays here (methods/memo-gate: confirmed more often than rows cost)
         draft.tokens.resize(history_.ctx().memo_gate().draft_length(draft.match, (uint32_t) draft.tokens.size()));
         if (draft.tokens.empty()) {
             return std::nullopt;
