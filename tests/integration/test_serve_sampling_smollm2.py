@@ -80,10 +80,12 @@ PENALTIES = [
 
 @pytest.mark.parametrize("fields", PENALTIES, ids=["frequency", "presence", "both-and-a-bias", "repeat", "negative-last-8"])
 def test_penalties_change_the_text_as_llama_servers_do(ours, upstream, smollm2_path, fields):
-    """Our text is the library's, token for token, and llama-server's up to the first step where
-    the best two adjusted logits are within 0.1 of each other: llama-server computes the prompt in
-    other chunks, and logits that differ in their last bits (0.05 was seen) may pick the other one
-    of a close pair; the penalties, which take the top candidates out, make such pairs frequent."""
+    """Our text is the library's, token for token, and llama-server's for at least 10 tokens, up to
+    the end or to a step where the best two adjusted logits are within 0.1 of each other: llama-server
+    computes the prompt in other chunks, and logits that differ in their last bits (0.05 was seen) may
+    pick the other one of a close pair; the penalties, which take the top candidates out, make such
+    pairs frequent. (Measured on an AVX2 CPU: the texts agreed to the end in all five settings,
+    "negative-last-8" through its first close pair, at token 8.)"""
     model = Model(str(smollm2_path))
     prompt = model.tokenize(f"<|im_start|>user\n{REPEAT}<|im_end|>\n<|im_start|>assistant\n", special=True)
     sampling = {**{k: v for k, v in fields.items() if k != "extra_body"}, **fields.get("extra_body", {})}
@@ -99,8 +101,9 @@ def test_penalties_change_the_text_as_llama_servers_do(ours, upstream, smollm2_p
     text = ours.client().completions.create(model="m", prompt=prompt, max_tokens=40, temperature=0, **fields)
     assert text.choices[0].text == model.detokenize(tokens)
     theirs = upstream.completions.create(model="m", prompt=prompt, max_tokens=40, temperature=0, **fields)
-    assert theirs.choices[0].text.startswith(model.detokenize(tokens[:close])), (close, text, theirs)
-    assert close >= 10
+    agree = max(i for i in range(len(tokens) + 1) if theirs.choices[0].text.startswith(model.detokenize(tokens[:i])))
+    assert agree == len(tokens) or margins[agree] < 0.1, (agree, margins[agree], text, theirs)
+    assert agree >= 10, (agree, text, theirs)
 
 
 def test_banned_tokens_never_appear_sampled_or_not(ours, smollm2_path):
