@@ -4,7 +4,8 @@ another type, and an f16 entry's identity is that of the builds before kv_type; 
 read K rows as F16 refuse a quantized cache. K and V of different types ("K/V",
 kv_type_k / kv_type_v) take the bytes of each, are in effect and are entries of their own.
 Reuse being exact relative to the same type is tested
-by the exactness tests on (family, KV type) pairs (families.FAMILY_KV_TYPES: test_reuse_gemma.py,
+by the exactness tests on (family, KV type) pairs (families.FAMILY_KV_TYPES, every pair with
+PYLLAMAOPT_TESTS_EVERY_KV_PAIR=1: test_reuse_gemma.py,
 test_persist_gemma.py, test_memo_gemma.py, test_numerics.py) and test_swa_view_gemma.py."""
 from __future__ import annotations
 
