@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Our attention and weight paths against llama.cpp's, side by side in one run: the same bits, the time.
 
-    python benchmarks/attention_paths.py [--path swa-view|shared-kv-tiles|q5_0-as-q8_0] [--tokens 11264]
+    python benchmarks/attention_paths.py [--path swa-view|shared-kv-tiles|q5_0-as-q8_0|q4_1-rows] [--tokens 11264]
                                          [--points 1024,4096,8192,10240] [--gen 48] [--repeats 2]
                                          [--threads 2]
 
@@ -12,6 +12,8 @@ query heads that read it (patches/0014, on by default) against upstream's loop
 (`ggml_cpu_set_flash_attn_shared_kv_tiles(0)`).
 --path q5_0-as-q8_0: Q5_0 weights held as Q8_0 blocks (patches/0016, on by default) against Q5_0
 as llama.cpp holds it (a second copy of the model loaded after `_set_q5_0_widened(False)`).
+--path q4_1-rows (with `--model smollm2-135m`): Q4_1 batches beyond 16 rows by the multi-row vec_dot
+(patches/0020, on by default) against upstream's vec_dot per output (`ggml_cpu_set_q4_1_rows(0)`).
 
 A session appends random tokens in 512-token chunks up to --tokens, then generates --gen tokens
 greedily; once with our path and once with llama.cpp's, alternating, --repeats times. Printed: the
@@ -19,7 +21,7 @@ forward time per token of the chunks starting at --points, of the whole prefill,
 generation pass at the end (a decode step, or a batch checking a memo draft), each the median over
 the repeats, with the ratio llama.cpp's ÷ ours; and whether both gave the same logits and tokens
 (they must: tests/integration/test_swa_view_gemma.py, tests/test_flash_attn_shared_kv.py,
-tests/test_q5_0_as_q8_0.py)."""
+tests/test_q5_0_as_q8_0.py, tests/integration/test_numerics.py)."""
 from __future__ import annotations
 
 import argparse
@@ -40,6 +42,8 @@ def run(model: Model, path: str, ours: bool, tokens: list[int], gen: int, thread
             ctx._core._set_swa_view(ours)
         elif path == "shared-kv-tiles":  # a process-wide ggml setting
             ctypes.CDLL(_core.__file__).ggml_cpu_set_flash_attn_shared_kv_tiles(int(ours))
+        elif path == "q4_1-rows":  # a process-wide ggml setting
+            ctypes.CDLL(_core.__file__).ggml_cpu_set_q4_1_rows(int(ours))
         s = ctx.session()
         per_chunk = {}
         for pos in range(0, len(tokens), CHUNK):
@@ -57,7 +61,7 @@ def run(model: Model, path: str, ours: bool, tokens: list[int], gen: int, thread
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--path", choices=("swa-view", "shared-kv-tiles", "q5_0-as-q8_0"), default="swa-view")
+    parser.add_argument("--path", choices=("swa-view", "shared-kv-tiles", "q5_0-as-q8_0", "q4_1-rows"), default="swa-view")
     parser.add_argument("--model", default="gemma3-270m")
     parser.add_argument("--tokens", type=int, default=11264)
     parser.add_argument("--points", default="1024,4096,8192,10240")
@@ -74,7 +78,7 @@ def main() -> None:
         models[False] = models[True]
     model = models[True]
     rng = random.Random(1)
-    tokens = [model.bos_token] + [rng.randrange(1000, 200000) for _ in range(args.tokens - 1)]
+    tokens = [model.bos_token] + [rng.randrange(1000, min(200000, model.n_vocab)) for _ in range(args.tokens - 1)]
     runs: dict[bool, list[dict]] = {True: [], False: []}
     for _ in range(args.repeats):
         for ours in (True, False):

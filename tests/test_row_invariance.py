@@ -1,6 +1,6 @@
 """Batch invariance of ggml's CPU kernels (tools/upstream/test-row-invariance.cpp, in the style of
 llama.cpp's test-backend-ops): with patches/0006's row-invariant batch on, every row of a
-matrix product (the default model's weight types Q8_0, Q5_0, Q4_K, Q6_K, and F32, F16, Q4_0;
+matrix product (the default model's weight types Q8_0, Q5_0, Q4_K, Q6_K, and F32, F16, Q4_0, Q4_1;
 batches of 2..64, 128 and 512 rows) and of flash attention (query rows against the one-row
 decode path, KV lengths across 64-cell tiles, Gemma 3's and SmolLM2's head layouts) is bitwise
 equal to the same row computed alone. With upstream's kernel choice the same program finds the
@@ -40,12 +40,13 @@ def test_every_row_equals_the_row_alone(program, kernels):
     """patches/0009's multi-row kernels (default) and 0006's one-row kernels row by row."""
     result = run(program, *kernels)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "PASS: 0 of 1804" in result.stdout
+    assert "PASS: 0 of 1934" in result.stdout
     for case in (*WEIGHT_CASES, "flash_attn_ext"):
         assert re.search(rf"^ok   {case} ", result.stdout, re.M), case
 
 
-WEIGHT_CASES = ("mul_mat q8_0", "mul_mat q5_0", "mul_mat q4_K", "mul_mat q6_K", "mul_mat f32", "mul_mat f16", "mul_mat q4_0")
+WEIGHT_CASES = ("mul_mat q8_0", "mul_mat q5_0", "mul_mat q4_K", "mul_mat q6_K", "mul_mat f32", "mul_mat f16", "mul_mat q4_0",
+                "mul_mat q4_1")
 
 
 def assert_a_kernel_table_keeps_every_row(program: Path) -> str:
@@ -66,14 +67,14 @@ def test_a_kernel_table_keeps_every_row(program):
     timed = dict(re.findall(r"^timed mul_mat (\S+) k=\d+ n=\d+ rows 5: (yes|no)$", output, re.M))
     # (Q4_0 is repacked on this CPU, as llama.cpp places it: its 8x8 gemv has no multi-row kernel)
     assert timed == {"q8_0": "yes", "q5_0": "yes", "q4_K": "yes", "q6_K": "yes", "q4_0": "no",
-                     "f32": "no", "f16": "no"}, output[-3000:]
+                     "f32": "no", "f16": "no", "q4_1": "yes"}, output[-3000:]
 
 
 def test_upstream_kernels_change_rows(program):
     """The check fails where upstream switches kernels by batch size: tinyBLAS for F32/F16 from 2
     rows, the repacked Q4_K gemm from 4, the tiled Q6_K kernel from 8, multi-query flash
     attention from 2. (Q8_0 and Q5_0 go through tinyBLAS too, whose per-output order is the
-    one-row kernel's: no row differs.)"""
+    one-row kernel's, and Q4_1 through vec_dot per output at every size: no row differs.)"""
     result = run(program, "--upstream", "--quick")
     assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-2000:]
     found = differing(result.stdout)
@@ -82,7 +83,7 @@ def test_upstream_kernels_change_rows(program):
     assert min(found["mul_mat q4_K k=1024 n=640"]) == 4
     assert min(found["mul_mat q6_K k=2048 n=640"]) == 8
     assert min(found["flash_attn_ext d=256 heads=4/1 n_kv=300"]) == 2
-    assert not any(name.startswith(("mul_mat q8_0", "mul_mat q5_0")) for name in found)
+    assert not any(name.startswith(("mul_mat q8_0", "mul_mat q5_0", "mul_mat q4_1")) for name in found)
 
 
 @pytest.mark.parametrize("cpu", OTHER_CPUS)
@@ -93,7 +94,7 @@ def test_every_row_equals_the_row_alone_on_other_cpus(cpu):
     program = build_for_other_cpu("test-row-invariance", cpu)
     result = run(program)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "PASS: 0 of 1804" in result.stdout
+    assert "PASS: 0 of 1934" in result.stdout
     assert_a_kernel_table_keeps_every_row(program)
     upstream = run(program, "--upstream", "--quick")
     assert upstream.returncode == 1, upstream.stdout[-4000:] + upstream.stderr[-2000:]

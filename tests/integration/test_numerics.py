@@ -137,9 +137,33 @@ def upstream_decode_attention():
 
 
 @pytest.fixture()
+def upstream_q4_1_batches():
+    """ggml's own path for Q4_1 batches beyond 16 rows (patches/0020 off): one vec_dot per output."""
+    yield from ggml_setting("q4_1_rows", 0)
+
+
+@pytest.fixture()
 def upstream_small_batches():
     """ggml's own kernels for batches of 2-16 rows (patches/0006 off) for the duration of a test."""
     yield from ggml_setting("row_invariant_batch", 0)
+
+
+def test_q4_1_batches_by_the_multi_row_kernel_give_upstreams_bits(smollm2_path, request):
+    """patches/0020: SmolLM2's Q4_1 matrix products in batches beyond 16 rows unpack each weight
+    block once for 16 rows (on in pyllamaopt) and give the bits of upstream's vec_dot per output:
+    a prompt appended in three pieces, each one chunk, and in the canonical schedule's chunks."""
+    from pyllamaopt import Model
+
+    model = Model(smollm2_path, progress=False)
+    prompt = numerics_prompt(model)
+
+    def results() -> list:
+        return [logits_after(model, prompt, (100, 300), schedule=schedule) for schedule in ("llama", "canonical")]
+
+    ours = results()
+    request.getfixturevalue("upstream_q4_1_batches")
+    for got, expected in zip(ours, results()):
+        assert same(got, expected)
 
 
 def test_shared_kv_tiles_give_the_bits_of_upstreams_prefill_loop(gemma):

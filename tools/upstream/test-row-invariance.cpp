@@ -8,7 +8,7 @@
 //
 // Default: ggml_cpu_set_row_invariant_batch(512) (patches/0006) with the multi-row kernels of
 // patches/0009 (--one-row-kernels: without them, row by row), the flash-attention KV tile of
-// patches/0003 and Q5_0 weights held as Q8_0 (patches/0016); exit 0 iff every row of every case equals its one-row result. --upstream: the
+// patches/0003, Q5_0 weights held as Q8_0 (patches/0016) and Q4_1's multi-row vec_dot (patches/0020); exit 0 iff every row of every case equals its one-row result. --upstream: the
 // row-invariant batch at 0 (upstream's kernel choice by batch size; Q5_0 as Q5_0), to show that the test
 // fails where upstream's kernels change the bits. Each differing (case, batch) is printed as
 // "DIFF <case> rows=<n> differing=<k> max_abs=<x>". --table: the row-kernel table of patches/0019 instead:
@@ -321,6 +321,7 @@ int main(int argc, char ** argv) {
     ggml_cpu_set_row_invariant_batch(opt.upstream ? 0 : (int) max_rows);
     ggml_cpu_set_row_invariant_kernels(opt.one_row_kernels ? 0 : 1);
     ggml_cpu_set_q5_0_widened(opt.upstream ? 0 : 1);  // Q5_0 weights as pyllamaopt holds them (patches/0016)
+    ggml_cpu_set_q4_1_rows(opt.upstream ? 0 : 1);      // as pyllamaopt sets it (patches/0020)
 
     cpu_backend  cpu;
     std::mt19937 rng(1234);
@@ -331,12 +332,13 @@ int main(int argc, char ** argv) {
         int64_t   k, n;
     };
     // Gemma 3 270M's matrices: attn_q / ffn_gate (640 -> 1024 / 2048), ffn_down (2048 -> 640),
-    // attn_output (1024 -> 640); K-quants need K % 256 == 0
+    // attn_output (1024 -> 640); K-quants need K % 256 == 0; SmolLM2's Q4_1 ffn_gate (576 -> 1536)
     const std::vector<shape> shapes = {
         { GGML_TYPE_Q8_0, 640, 1024 }, { GGML_TYPE_Q8_0, 2048, 640 }, { GGML_TYPE_Q5_0, 640, 2048 },
         { GGML_TYPE_Q5_0, 2048, 640 }, { GGML_TYPE_Q4_K, 1024, 640 }, { GGML_TYPE_Q4_K, 2048, 640 },
         { GGML_TYPE_Q6_K, 2048, 640 }, { GGML_TYPE_F32, 640, 256 },   { GGML_TYPE_F16, 640, 256 },
         { GGML_TYPE_Q4_0, 640, 1024 },  // repacked (8x8) on AVX2, as llama.cpp places it: no multi-row gemv
+        { GGML_TYPE_Q4_1, 576, 1536 },
     };
     const std::vector<float> x = random_floats(max_rows * 2048, rng, 1.0f);
     for (const shape & s : shapes) {
