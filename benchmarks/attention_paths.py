@@ -61,7 +61,8 @@ def run(model: Model, path: str, ours: bool, tokens: list[int], gen: int, thread
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--path", choices=("swa-view", "shared-kv-tiles", "q5_0-as-q8_0", "q4_1-rows"), default="swa-view")
+    parser.add_argument("--path", choices=("swa-view", "shared-kv-tiles", "q5_0-as-q8_0", "q4_1-rows"),
+                        default="swa-view")
     parser.add_argument("--model", default="gemma3-270m")
     parser.add_argument("--tokens", type=int, default=11264)
     parser.add_argument("--points", default="1024,4096,8192,10240")

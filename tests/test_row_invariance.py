@@ -1,7 +1,7 @@
 """Batch invariance of ggml's CPU kernels (tools/upstream/test-row-invariance.cpp, in the style of
 llama.cpp's test-backend-ops): with patches/0006's row-invariant batch on, every row of a
-matrix product (the default model's weight types Q8_0, Q5_0, Q4_K, Q6_K, and F32, F16, Q4_0, Q4_1;
-batches of 2..64, 128 and 512 rows) and of flash attention (query rows against the one-row
+matrix product (the default model's weight types Q8_0, Q5_0, Q4_K, Q6_K, and F32, F16, Q4_0, and SmolLM2's
+Q4_1; batches of 2..64, 128 and 512 rows) and of flash attention (query rows against the one-row
 decode path, KV lengths across 64-cell tiles, Gemma 3's and SmolLM2's head layouts) is bitwise
 equal to the same row computed alone. With upstream's kernel choice the same program finds the
 rows that differ: the test can fail. The check runs on this machine's build and on builds for
@@ -45,8 +45,8 @@ def test_every_row_equals_the_row_alone(program, kernels):
         assert re.search(rf"^ok   {case} ", result.stdout, re.M), case
 
 
-WEIGHT_CASES = ("mul_mat q8_0", "mul_mat q5_0", "mul_mat q4_K", "mul_mat q6_K", "mul_mat f32", "mul_mat f16", "mul_mat q4_0",
-                "mul_mat q4_1")
+WEIGHT_CASES = ("mul_mat q8_0", "mul_mat q5_0", "mul_mat q4_K", "mul_mat q6_K", "mul_mat f32", "mul_mat f16",
+                "mul_mat q4_0", "mul_mat q4_1")
 
 
 def assert_a_kernel_table_keeps_every_row(program: Path) -> str:
